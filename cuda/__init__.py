@@ -1,0 +1,1 @@
+"""Bundled CUDA/C++ sources (JIT-built on first GPU use)."""

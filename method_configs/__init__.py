@@ -1,0 +1,1 @@
+"""nerfstudio method specifications for bytesplat and its variants."""
