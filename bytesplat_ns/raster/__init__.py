@@ -1,0 +1,89 @@
+"""Rasterizer front end: one call signature, three backends.
+
+Every backend takes gsplat 1.4.0's ``rasterization`` arguments (the subset splatfacto uses) and
+returns ``(render_colors [C,H,W,D], render_alphas [C,H,W,1], info)``. ``info`` carries what
+gsplat's ``DefaultStrategy`` reads for densification: ``means2d`` (a graph tensor whose ``.grad``
+and, with ``absgrad=True``, ``.absgrad`` are filled by the backward), ``radii`` [C,N],
+``width``, ``height``, ``n_cameras`` and ``gaussian_ids`` (None: results are not packed).
+
+Backends:
+- ``reference``: pure PyTorch (projection, SH, tile binning, compositing), gradients by autograd,
+  any device. The CPU path and the oracle the other two are tested against.
+- ``gsplat``: gsplat 1.4.0's CUDA rasterizer, the baseline.
+- ``fused``: our CUDA kernels (``cuda/``), forward and backward in one launch.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Literal, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+Backend = Literal["reference", "gsplat", "fused"]
+BACKENDS: Tuple[str, ...] = ("reference", "gsplat", "fused")
+
+
+def resolve_backend(name: str, device: torch.device) -> str:
+    """Map ``auto`` to the backend for ``device`` and check the choice can run there."""
+    if name == "auto":
+        # The fused kernel becomes the GPU default once it lands (see fused.py); until then gsplat.
+        return "gsplat" if device.type == "cuda" else "reference"
+    if name not in BACKENDS:
+        raise ValueError(f"Unknown rasterizer '{name}'; choose one of auto, {', '.join(BACKENDS)}.")
+    if name in ("gsplat", "fused") and device.type != "cuda":
+        raise ValueError(
+            f"The '{name}' rasterizer needs a CUDA device but the model is on '{device}'. "
+            "Use --pipeline.model.rasterizer reference (or auto) on CPU."
+        )
+    return name
+
+
+def rasterize(
+    means: Tensor,
+    quats: Tensor,
+    scales: Tensor,
+    opacities: Tensor,
+    colors: Tensor,
+    viewmats: Tensor,
+    Ks: Tensor,
+    width: int,
+    height: int,
+    *,
+    backend: str = "reference",
+    sh_degree: Optional[int] = None,
+    backgrounds: Optional[Tensor] = None,
+    render_mode: Literal["RGB", "RGB+ED"] = "RGB",
+    absgrad: bool = False,
+    near_plane: float = 0.01,
+    far_plane: float = 1e10,
+    eps2d: float = 0.3,
+    tile_size: int = 16,
+) -> Tuple[Tensor, Tensor, Dict]:
+    """Render C views of N Gaussians with the chosen backend (see module docstring)."""
+    kwargs = dict(
+        sh_degree=sh_degree,
+        backgrounds=backgrounds,
+        render_mode=render_mode,
+        absgrad=absgrad,
+        near_plane=near_plane,
+        far_plane=far_plane,
+        eps2d=eps2d,
+        tile_size=tile_size,
+    )
+    args = (means, quats, scales, opacities, colors, viewmats, Ks, width, height)
+    if backend == "reference":
+        from bytesplat_ns.raster.reference import rasterize_reference
+
+        return rasterize_reference(*args, **kwargs)
+    if backend == "gsplat":
+        from gsplat.rendering import rasterization
+
+        render, alpha, info = rasterization(*args, packed=False, **kwargs)
+        info["n_cameras"] = viewmats.shape[0]
+        return render, alpha, info
+    if backend == "fused":
+        from bytesplat_ns.raster.fused import rasterize_fused
+
+        return rasterize_fused(*args, **kwargs)
+    raise ValueError(f"Unknown rasterizer backend '{backend}'")

@@ -1,0 +1,85 @@
+"""Workarounds for nerfstudio 1.1.5 on current torch and on offline machines.
+
+Applied by importing this module (the plugin imports it first): every nerfstudio CLI that loads a
+bytesplat config or lists methods imports the plugin before it touches checkpoints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import warnings
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import torch
+
+
+def allow_nerfstudio_checkpoints() -> None:
+    """Let ``torch.load``'s default ``weights_only=True`` (torch >= 2.6) read nerfstudio checkpoints.
+
+    nerfstudio's trainer and ``eval_utils`` call ``torch.load`` without ``weights_only``; their
+    checkpoints hold numpy scalars (scheduler and grad-scaler state). Allow-listing exactly those
+    types keeps the safe loader instead of switching it off for the whole process.
+    """
+    add_safe_globals = getattr(torch.serialization, "add_safe_globals", None)
+    if add_safe_globals is None:  # torch < 2.4 loads with weights_only=False by default
+        return
+    numpy_types = [np.dtype, np.ndarray, np.float64, np.float32, np.int64, np.int32, np.bool_]
+    numpy_types += [type(np.dtype(name)) for name in ("float64", "float32", "int64", "int32", "bool")]
+    scalar = getattr(getattr(np, "_core", getattr(np, "core", None)), "multiarray", None)
+    if scalar is not None and hasattr(scalar, "scalar"):
+        numpy_types.append(scalar.scalar)
+    reconstruct = getattr(scalar, "_reconstruct", None) if scalar is not None else None
+    if reconstruct is not None:
+        numpy_types.append(reconstruct)
+    add_safe_globals(numpy_types)
+
+
+@dataclass
+class LpipsStatus:
+    available: bool = True
+
+
+class _LpipsPlaceholder(torch.nn.Module):
+    """Stands in for LPIPS when its weights cannot be fetched; the model drops its value."""
+
+    def forward(self, *_args, **_kwargs) -> torch.Tensor:
+        return torch.tensor(0.0)
+
+
+@contextlib.contextmanager
+def offline_safe_lpips(timeout_s: float = 10.0) -> Iterator[LpipsStatus]:
+    """While active, building torchmetrics' LPIPS never crashes: without its AlexNet weights (an
+    offline machine) it warns once and yields a placeholder, and ``status.available`` is False."""
+    import torchmetrics.image.lpip as lpip_module
+
+    status = LpipsStatus()
+    real_class = lpip_module.LearnedPerceptualImagePatchSimilarity
+
+    def build(*args, **kwargs):
+        previous_timeout = socket.getdefaulttimeout()
+        socket.setdefaulttimeout(timeout_s)  # a dropped connection must not hang model setup
+        try:
+            return real_class(*args, **kwargs)
+        except Exception as error:  # noqa: BLE001 - any download/IO failure means "no LPIPS"
+            status.available = False
+            warnings.warn(
+                f"LPIPS is unavailable ({type(error).__name__}: {error}); its AlexNet weights could not be "
+                "loaded, so the lpips metric is skipped. Put alexnet-owt-7be5be79.pth in torch's hub "
+                "cache (~/.cache/torch/hub/checkpoints) to enable it.",
+                stacklevel=2,
+            )
+            return _LpipsPlaceholder()
+        finally:
+            socket.setdefaulttimeout(previous_timeout)
+
+    lpip_module.LearnedPerceptualImagePatchSimilarity = build  # type: ignore[assignment]
+    try:
+        yield status
+    finally:
+        lpip_module.LearnedPerceptualImagePatchSimilarity = real_class  # type: ignore[assignment]
+
+
+allow_nerfstudio_checkpoints()

@@ -1,0 +1,199 @@
+"""The bytesplat model: splatfacto's Gaussians and training schedule, rendered through our backends.
+
+It subclasses ``SplatfactoModel`` so ``ns-export gaussian-splat``, ``ns-viewer`` and ``ns-eval``
+accept it unchanged, and replaces the parts of splatfacto 1.1.5 that only run on CUDA (hard-coded
+``.cuda()`` calls, a ``torch.compile``d view matrix) or need the network (LPIPS weights).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Literal, Optional, Tuple, Type, Union
+
+import torch
+from nerfstudio.cameras.cameras import Cameras
+from nerfstudio.models.splatfacto import (
+    RGB2SH,
+    SplatfactoModel,
+    SplatfactoModelConfig,
+    num_sh_bases,
+    random_quat_tensor,
+)
+from nerfstudio.utils.rich_utils import CONSOLE
+
+from bytesplat_ns.compat import offline_safe_lpips
+from bytesplat_ns.errors import BytesplatError
+from bytesplat_ns.raster import rasterize, resolve_backend
+
+GAUSSIAN_PARAM_NAMES = ("means", "scales", "quats", "features_dc", "features_rest", "opacities")
+
+
+@dataclass
+class ByteSplatModelConfig(SplatfactoModelConfig):
+    """splatfacto's configuration plus the choice of rasterizer backend."""
+
+    _target: Type = field(default_factory=lambda: ByteSplatModel)
+    rasterizer: Literal["auto", "reference", "gsplat", "fused"] = "auto"
+    """Rasterizer backend. auto: fused on GPU once available (gsplat until then), reference on CPU."""
+
+
+def viewmat_from_camera_to_world(camera_to_world: torch.Tensor) -> torch.Tensor:
+    """[C,3,4] nerfstudio (OpenGL) camera-to-world -> [C,4,4] OpenCV world-to-camera.
+
+    Plain torch on purpose: splatfacto ``torch.compile``s this, which costs a C++ toolchain and
+    seconds of compile on CPU for a handful of multiplies.
+    """
+    rotation = camera_to_world[:, :3, :3] * camera_to_world.new_tensor([1.0, -1.0, -1.0])  # flip y, z
+    translation = camera_to_world[:, :3, 3:4]
+    rotation_inv = rotation.transpose(1, 2)
+    viewmat = torch.zeros(camera_to_world.shape[0], 4, 4, device=camera_to_world.device, dtype=camera_to_world.dtype)
+    viewmat[:, :3, :3] = rotation_inv
+    viewmat[:, :3, 3:4] = -rotation_inv @ translation
+    viewmat[:, 3, 3] = 1.0
+    return viewmat
+
+
+class ByteSplatModel(SplatfactoModel):
+    """splatfacto with a pluggable rasterizer (reference / gsplat / fused) that also runs on CPU."""
+
+    config: ByteSplatModelConfig
+
+    def populate_modules(self):
+        seed_points = self.seed_points
+        seeded = seed_points is not None and not self.config.random_init
+        num_random = self.config.num_random
+        # splatfacto's seeded initialisation hard-codes .cuda(): let it build everything else from a
+        # tiny random cloud, then put the seeded Gaussians in place ourselves.
+        if seeded:
+            self.seed_points = None
+            self.config.num_random = 16
+        try:
+            with offline_safe_lpips() as lpips_status:
+                super().populate_modules()
+        finally:
+            self.seed_points = seed_points
+            self.config.num_random = num_random
+        self.lpips_available = lpips_status.available
+        if seeded:
+            assert seed_points is not None
+            self.gauss_params = torch.nn.ParameterDict(self._gaussians_from_seed(*seed_points))
+        self._backend: Optional[str] = None
+
+    def _gaussians_from_seed(self, points: torch.Tensor, colors: torch.Tensor) -> Dict[str, torch.nn.Parameter]:
+        """Initial Gaussians at the seed points: isotropic, sized by the mean distance to 3 neighbours."""
+        points = points.float()
+        distances, _ = self.k_nearest_sklearn(points, 3)
+        mean_distance = torch.from_numpy(distances).mean(dim=-1, keepdim=True)
+        count = points.shape[0]
+        sh_bases = num_sh_bases(self.config.sh_degree)
+        features = torch.zeros(count, sh_bases, 3)
+        if colors.shape[0] > 0:
+            rgb = colors.float() / 255.0
+            features[:, 0] = RGB2SH(rgb) if self.config.sh_degree > 0 else torch.logit(rgb, eps=1e-10)
+        else:
+            features[:, 0] = torch.rand(count, 3)
+        return {
+            "means": torch.nn.Parameter(points),
+            "scales": torch.nn.Parameter(torch.log(mean_distance.repeat(1, 3))),
+            "quats": torch.nn.Parameter(random_quat_tensor(count)),
+            "features_dc": torch.nn.Parameter(features[:, 0].contiguous()),
+            "features_rest": torch.nn.Parameter(features[:, 1:].contiguous()),
+            "opacities": torch.nn.Parameter(torch.logit(0.1 * torch.ones(count, 1))),
+        }
+
+    @property
+    def rasterizer_backend(self) -> str:
+        """The backend actually used, resolved against the model's device on first use."""
+        if self._backend is None:
+            self._backend = resolve_backend(self.config.rasterizer, self.device)
+            CONSOLE.log(f"bytesplat: rasterizer backend '{self._backend}' on {self.device}")
+        return self._backend
+
+    def load_state_dict(self, dict, **kwargs):  # type: ignore  # noqa: A002 (splatfacto's signature)
+        if "gauss_params.means" not in dict and "means" not in dict:
+            found = sorted({key.split(".")[0] for key in dict})[:6]
+            raise BytesplatError(
+                "This checkpoint was not written by a Gaussian-splatting method (it has no Gaussian "
+                f"parameters; top-level entries: {', '.join(found) or 'none'}). Load a checkpoint "
+                "trained with `ns-train bytesplat` (or splatfacto)."
+            )
+        return super().load_state_dict(dict, **kwargs)
+
+    def _select_gaussians(self, camera: Cameras) -> Optional[Dict[str, torch.Tensor]]:
+        """The Gaussians to render: all of them, or those inside the viewer's crop box (None: empty)."""
+        params = {name: self.gauss_params[name] for name in GAUSSIAN_PARAM_NAMES}
+        if self.crop_box is None or self.training:
+            return params
+        inside = self.crop_box.within(self.means).squeeze()
+        if inside.sum() == 0:
+            return None
+        return {name: value[inside] for name, value in params.items()}
+
+    def get_outputs(self, camera: Cameras) -> Dict[str, Union[torch.Tensor, List]]:
+        if not isinstance(camera, Cameras):
+            CONSOLE.log("bytesplat: get_outputs expects a Cameras object")
+            return {}
+        if self.training:
+            if camera.shape[0] != 1:
+                raise BytesplatError("bytesplat trains on one camera per forward call")
+            camera_to_world = self.camera_optimizer.apply_to_camera(camera)
+        else:
+            camera_to_world = camera.camera_to_worlds
+
+        gaussians = self._select_gaussians(camera)
+        if gaussians is None:
+            return self.get_empty_outputs(int(camera.width.item()), int(camera.height.item()), self.background_color)
+
+        scale_factor = self._get_downscale_factor()
+        camera.rescale_output_resolution(1 / scale_factor)
+        intrinsics = camera.get_intrinsics_matrices().to(self.device)
+        width, height = int(camera.width.item()), int(camera.height.item())
+        camera.rescale_output_resolution(scale_factor)
+        self.last_size = (height, width)
+        viewmat = viewmat_from_camera_to_world(camera_to_world.to(self.device))
+
+        colors, sh_degree = self._colors_and_sh_degree(gaussians)
+        render_mode = "RGB+ED" if (self.config.output_depth_during_training or not self.training) else "RGB"
+        render, alpha, self.info = rasterize(
+            gaussians["means"],
+            gaussians["quats"],
+            torch.exp(gaussians["scales"]),
+            torch.sigmoid(gaussians["opacities"]).squeeze(-1),
+            colors,
+            viewmat,
+            intrinsics,
+            width,
+            height,
+            backend=self.rasterizer_backend,
+            sh_degree=sh_degree,
+            render_mode=render_mode,
+            absgrad=self.strategy.absgrad,
+        )
+        if self.training:
+            self.strategy.step_pre_backward(self.gauss_params, self.optimizers, self.strategy_state, self.step, self.info)
+
+        background = self._get_background_color()
+        rgb = torch.clamp(render[..., :3] + (1 - alpha) * background, 0.0, 1.0)
+        if self.config.use_bilateral_grid and self.training and camera.metadata and "cam_idx" in camera.metadata:
+            rgb = self._apply_bilateral_grid(rgb, camera.metadata["cam_idx"], height, width)
+
+        depth = None
+        if render_mode == "RGB+ED":
+            depth = torch.where(alpha > 0, render[..., 3:4], render[..., 3:4].detach().max()).squeeze(0)
+        if not self.training:
+            background = background.expand(height, width, 3)
+        return {"rgb": rgb.squeeze(0), "depth": depth, "accumulation": alpha.squeeze(0), "background": background}
+
+    def _colors_and_sh_degree(self, gaussians: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Optional[int]]:
+        coefficients = torch.cat((gaussians["features_dc"][:, None, :], gaussians["features_rest"]), dim=1)
+        if self.config.sh_degree > 0:
+            return coefficients, min(self.step // self.config.sh_degree_interval, self.config.sh_degree)
+        return torch.sigmoid(coefficients).squeeze(1), None
+
+    def get_image_metrics_and_images(self, outputs, batch):
+        metrics, images = super().get_image_metrics_and_images(outputs, batch)
+        if not self.lpips_available:
+            # The stand-in returned a placeholder; report no number rather than a wrong one.
+            metrics.pop("lpips", None)
+            metrics.pop("cc_lpips", None)
+        return metrics, images

@@ -1,0 +1,87 @@
+"""nerfstudio's Trainer with crash-safe checkpoints and clear errors when loading one."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Type
+
+import torch
+from nerfstudio.engine.trainer import Trainer, TrainerConfig
+from nerfstudio.utils.rich_utils import CONSOLE
+
+from bytesplat_ns.errors import BytesplatError
+
+CHECKPOINT_NAME = re.compile(r"^step-(\d{9})\.ckpt$")
+
+
+@dataclass
+class ByteSplatTrainerConfig(TrainerConfig):
+    _target: Type = field(default_factory=lambda: ByteSplatTrainer)
+
+
+def latest_checkpoint(load_dir: Path) -> Path:
+    """The newest ``step-*.ckpt`` in ``load_dir``; a clear error if there is none."""
+    if not load_dir.is_dir():
+        raise BytesplatError(f"Checkpoint directory {load_dir} does not exist.")
+    steps = sorted(int(m.group(1)) for m in map(CHECKPOINT_NAME.match, os.listdir(load_dir)) if m)
+    if not steps:
+        raise BytesplatError(f"No checkpoint (step-XXXXXXXXX.ckpt) in {load_dir}.")
+    return load_dir / f"step-{steps[-1]:09d}.ckpt"
+
+
+def read_checkpoint(path: Path) -> dict:
+    """torch.load a nerfstudio checkpoint, turning the usual failures into one clear message."""
+    if not path.is_file():
+        raise BytesplatError(f"Checkpoint {path} does not exist.")
+    try:
+        state = torch.load(path, map_location="cpu")
+    except Exception as error:  # noqa: BLE001 - corrupt/truncated/foreign files all end here
+        raise BytesplatError(f"Cannot read checkpoint {path}: {type(error).__name__}: {error}") from error
+    if not isinstance(state, dict) or "pipeline" not in state or "step" not in state:
+        raise BytesplatError(f"{path} is not a nerfstudio checkpoint (no 'pipeline'/'step' entries).")
+    return state
+
+
+class ByteSplatTrainer(Trainer):
+    config: ByteSplatTrainerConfig
+
+    def _load_checkpoint(self) -> None:
+        if self.config.load_dir is not None:
+            step = self.config.load_step
+            path = latest_checkpoint(self.config.load_dir) if step is None else self.config.load_dir / f"step-{step:09d}.ckpt"
+        elif self.config.load_checkpoint is not None:
+            path = self.config.load_checkpoint
+        else:
+            CONSOLE.print("No Nerfstudio checkpoint to load, so training from scratch.")
+            return
+        state = read_checkpoint(path)
+        self._start_step = state["step"] + 1
+        self.pipeline.load_pipeline(state["pipeline"], state["step"])
+        self.optimizers.load_optimizers(state["optimizers"])
+        if "schedulers" in state and self.config.load_scheduler:
+            self.optimizers.load_schedulers(state["schedulers"])
+        self.grad_scaler.load_state_dict(state["scalers"])
+        CONSOLE.print(f"Done loading checkpoint from {path}")
+
+    def save_checkpoint(self, step: int) -> None:
+        """Write to a temporary file, then rename: a crash mid-write never leaves a broken checkpoint."""
+        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        path: Path = self.checkpoint_dir / f"step-{step:09d}.ckpt"
+        pipeline = self.pipeline.module if hasattr(self.pipeline, "module") else self.pipeline
+        state = {
+            "step": step,
+            "pipeline": pipeline.state_dict(),
+            "optimizers": {k: v.state_dict() for k, v in self.optimizers.optimizers.items()},
+            "schedulers": {k: v.state_dict() for k, v in self.optimizers.schedulers.items()},
+            "scalers": self.grad_scaler.state_dict(),
+        }
+        partial = path.with_name(path.name + ".partial")
+        torch.save(state, partial)
+        os.replace(partial, path)
+        if self.config.save_only_latest_checkpoint:
+            for old in self.checkpoint_dir.glob("step-*.ckpt"):
+                if old != path:
+                    old.unlink()
