@@ -1,0 +1,146 @@
+"""Side-by-side training benchmark: splatfacto vs bytesplat (one or more backends) on the same scene.
+
+Every method trains in this one process, one after the other, on the same data, seed and iteration
+count; then each is evaluated on all held-out views with the same code. Writes one JSON file with
+wall time per iteration, final eval PSNR/SSIM(/LPIPS when its weights are available), Gaussian
+count, GPU, versions and the exact command.
+
+    python -m bytesplat_ns.bench.train --scene small --iterations 7000 --out docs/benchmarks/train_builtin.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import platform
+import random
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+
+
+def environment() -> Dict[str, str]:
+    """Versions and hardware, recorded next to every number."""
+    import gsplat
+    import nerfstudio  # noqa: F401
+
+    from importlib.metadata import version
+
+    info = {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "gsplat": gsplat.__version__,
+        "nerfstudio": version("nerfstudio"),
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu",
+        "command": " ".join(sys.argv),
+    }
+    return info
+
+
+def method_config(name: str, rasterizer: Optional[str]):
+    from nerfstudio.configs.method_configs import method_configs
+
+    config = copy.deepcopy(method_configs[name])
+    if rasterizer is not None:
+        config.pipeline.model.rasterizer = rasterizer
+    return config
+
+
+def train_and_evaluate(label: str, config, data: Path, iterations: int, out_dir: Path, seed: int, device: str) -> dict:
+    from nerfstudio.utils.rich_utils import CONSOLE
+
+    from bytesplat_ns.compat import offline_safe_lpips
+
+    config.pipeline.datamanager.data = data
+    config.pipeline.datamanager.dataparser.data = data
+    config.output_dir = out_dir
+    config.experiment_name = label
+    config.timestamp = "bench"
+    config.max_num_iterations = iterations
+    config.vis = "tensorboard"
+    config.steps_per_eval_image = 10**9
+    config.steps_per_eval_batch = 10**9
+    config.steps_per_eval_all_images = 10**9
+    config.steps_per_save = 10**9
+    config.machine.device_type = device
+    config.machine.seed = seed
+    config.viewer.quit_on_train_completion = True
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+    with offline_safe_lpips() as lpips_status:  # splatfacto builds LPIPS too; offline it must not crash
+        trainer = config.setup(local_rank=0, world_size=1)
+        trainer.setup()
+    CONSOLE.rule(f"[bold]{label}: {iterations} iterations")
+    if device == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    trainer.train()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    pipeline = trainer.pipeline
+    pipeline.eval()
+    metrics = pipeline.get_average_eval_image_metrics(step=iterations)
+    if not lpips_status.available:
+        metrics.pop("lpips", None)
+    result = {
+        "label": label,
+        "iterations": iterations,
+        "train_seconds": seconds,
+        "ms_per_iteration": 1000.0 * seconds / iterations,
+        "num_gaussians": int(pipeline.model.num_points),
+        "eval": {k: float(v) for k, v in metrics.items()},
+        "peak_gpu_memory_mb": torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else None,
+    }
+    CONSOLE.print(result)
+    del trainer, pipeline
+    if device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    return result
+
+
+def main(argv: Optional[List[str]] = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scene", default="small", choices=["small", "medium", "large"], help="built-in scene size")
+    parser.add_argument("--data", type=Path, default=None, help="a nerfstudio-format scene instead of the built-in one")
+    parser.add_argument("--iterations", type=int, default=7000)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=["splatfacto", "bytesplat:gsplat"],
+        help="method[:rasterizer] entries, run in this order",
+    )
+    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/train_builtin.json"))
+    parser.add_argument("--work-dir", type=Path, default=Path("outputs/bench"))
+    args = parser.parse_args(argv)
+
+    import bytesplat_ns  # noqa: F401  (registers the torch.load allow-list and error hook)
+    from bytesplat_ns.data.scene import SceneSpec, ensure_scene
+
+    data = args.data if args.data is not None else ensure_scene(SceneSpec.preset(args.scene))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    report = {"environment": environment(), "scene": str(data), "runs": []}
+    for entry in args.methods:
+        name, _, rasterizer = entry.partition(":")
+        config = method_config(name, rasterizer or None)
+        label = entry.replace(":", "-")
+        report["runs"].append(train_and_evaluate(label, config, data, args.iterations, args.work_dir, args.seed, device))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2))
+    return report
+
+
+if __name__ == "__main__":
+    main()

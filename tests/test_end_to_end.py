@@ -1,0 +1,90 @@
+"""End to end on CPU: ns-train bytesplat on the built-in scene, then ns-eval and ns-export on it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.cli import cli_env, describe, run_cli
+
+pytestmark = pytest.mark.slow
+
+ITERATIONS = 300
+# A model that learned the scene clears this; the 1-iteration model below must not.
+PSNR_BAR = 20.0
+
+
+def train(tmp: Path, name: str, iterations: int, extra=()) -> Path:
+    args = [
+        "ns-train", "bytesplat",
+        "--output-dir", str(tmp / "outputs"),
+        "--experiment-name", name,
+        "--timestamp", "run",
+        "--vis", "tensorboard",
+        "--max-num-iterations", str(iterations),
+        "--steps-per-save", str(iterations),
+        "--steps-per-eval-image", "100000",
+        "--steps-per-eval-all-images", "100000",
+        "--machine.device-type", "cpu",
+        "--pipeline.model.rasterizer", "reference",
+        *extra,
+    ]
+    result = run_cli(args, cli_env(tmp / "cache"), timeout=900)
+    assert result.returncode == 0, describe(result)
+    config = tmp / "outputs" / name / "bytesplat" / "run" / "config.yml"
+    assert config.exists(), describe(result)
+    return config
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("e2e")
+
+
+@pytest.fixture(scope="module")
+def trained(workdir) -> Path:
+    return train(workdir, "trained", ITERATIONS)
+
+
+def evaluate(config: Path, workdir: Path) -> dict:
+    out = workdir / f"{config.parent.parent.parent.name}-eval.json"
+    result = run_cli(["ns-eval", "--load-config", str(config), "--output-path", str(out)], cli_env(workdir / "cache"), 600)
+    assert result.returncode == 0, describe(result)
+    return json.loads(out.read_text())["results"]
+
+
+def test_training_writes_a_checkpoint_atomically(trained):
+    files = sorted(p.name for p in (trained.parent / "nerfstudio_models").iterdir())
+    assert files == [f"step-{ITERATIONS - 1:09d}.ckpt"], files  # the last step only, no .partial left
+
+
+def test_trained_model_clears_psnr_bar_and_untrained_does_not(trained, workdir):
+    results = evaluate(trained, workdir)
+    assert results["psnr"] > PSNR_BAR, results
+    assert 0.0 < results["ssim"] <= 1.0
+    untrained = evaluate(train(workdir, "untrained", 1), workdir)
+    assert untrained["psnr"] < PSNR_BAR - 3.0, untrained
+    assert results["psnr"] > untrained["psnr"] + 5.0
+
+
+def test_export_gaussian_splat_ply(trained, workdir):
+    plyfile = pytest.importorskip("plyfile")
+    out = workdir / "export"
+    result = run_cli(
+        ["ns-export", "gaussian-splat", "--load-config", str(trained), "--output-dir", str(out)],
+        cli_env(workdir / "cache"),
+        600,
+    )
+    assert result.returncode == 0, describe(result)
+    vertices = plyfile.PlyData.read(str(out / "splat.ply"))["vertex"]
+    names = set(vertices.data.dtype.names)
+    required = {"x", "y", "z", "opacity", "f_dc_0", "f_dc_1", "f_dc_2"}
+    required |= {f"scale_{i}" for i in range(3)} | {f"rot_{i}" for i in range(4)}
+    required |= {f"f_rest_{i}" for i in range(45)}  # SH degree 3: 15 extra bases x 3 channels
+    assert required <= names, sorted(required - names)
+    table = np.stack([np.asarray(vertices[name], dtype=np.float64) for name in sorted(required)], axis=1)
+    assert table.shape[0] > 100
+    assert np.isfinite(table).all()
