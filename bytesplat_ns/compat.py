@@ -7,6 +7,7 @@ bytesplat config or lists methods imports the plugin before it touches checkpoin
 from __future__ import annotations
 
 import contextlib
+import importlib
 import socket
 import warnings
 from dataclasses import dataclass
@@ -28,12 +29,12 @@ def allow_nerfstudio_checkpoints() -> None:
         return
     numpy_types = [np.dtype, np.ndarray, np.float64, np.float32, np.int64, np.int32, np.bool_]
     numpy_types += [type(np.dtype(name)) for name in ("float64", "float32", "int64", "int32", "bool")]
-    scalar = getattr(getattr(np, "_core", getattr(np, "core", None)), "multiarray", None)
-    if scalar is not None and hasattr(scalar, "scalar"):
-        numpy_types.append(scalar.scalar)
-    reconstruct = getattr(scalar, "_reconstruct", None) if scalar is not None else None
-    if reconstruct is not None:
-        numpy_types.append(reconstruct)
+    for module_name in ("numpy.core.multiarray", "numpy._core.multiarray"):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        numpy_types += [getattr(module, name) for name in ("scalar", "_reconstruct") if hasattr(module, name)]
     add_safe_globals(numpy_types)
 
 

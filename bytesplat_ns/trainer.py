@@ -21,6 +21,13 @@ CHECKPOINT_NAME = re.compile(r"^step-(\d{9})\.ckpt$")
 class ByteSplatTrainerConfig(TrainerConfig):
     _target: Type = field(default_factory=lambda: ByteSplatTrainer)
 
+    def set_experiment_name(self) -> None:
+        # With no --data we train on the built-in scene: name the run after it, not "unnamed".
+        no_data = self.pipeline.datamanager.data is None and getattr(self.pipeline.datamanager.dataparser, "data", None) is None
+        if self.experiment_name is None and no_data:
+            self.experiment_name = "bytesplat-scene"
+        super().set_experiment_name()
+
 
 def latest_checkpoint(load_dir: Path) -> Path:
     """The newest ``step-*.ckpt`` in ``load_dir``; a clear error if there is none."""
