@@ -1,0 +1,137 @@
+"""Process-group setup from torchrun-style environment variables, and a per-step watchdog.
+
+Failure model (DESIGN "Bad input": a rank that dies ends every rank with a clear message, in
+bounded time):
+
+- a peer that DIES closes its sockets: gloo/NCCL operations with it fail at once and
+  ``exchange`` turns that into a ``DistributedError`` naming the peer and the phase;
+- a peer that STALLS is detected by the process group's timeout (``timeout_s``; gloo raises,
+  NCCL's watchdog aborts): again a ``DistributedError`` on every waiting rank;
+- the stalled rank itself (stuck in a kernel, a deadlock, a sleep) cannot raise: the
+  :class:`StepWatchdog` thread notices that the step passed its deadline, prints one clear line and
+  ends the process (``os._exit``), the only thing that works when the main thread is stuck in C.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import threading
+import time
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from bytesplat_ns.distributed.exchange import DistributedError, rank_and_world
+
+DEFAULT_TIMEOUT_S = 600.0
+WATCHDOG_EXIT_CODE = 75
+
+
+def default_timeout_s() -> float:
+    """Process-group timeout: ``BYTESPLAT_DIST_TIMEOUT`` seconds, else 600."""
+    value = os.environ.get("BYTESPLAT_DIST_TIMEOUT")
+    if not value:
+        return DEFAULT_TIMEOUT_S
+    try:
+        return float(value)
+    except ValueError:
+        raise DistributedError(f"BYTESPLAT_DIST_TIMEOUT must be a number of seconds, got {value!r}") from None
+
+
+def launched_distributed() -> bool:
+    """True when started by torchrun (or our launcher) with more than one process."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def init_distributed(backend: Optional[str] = None, timeout_s: Optional[float] = None) -> torch.device:
+    """Initialise the default process group from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT.
+
+    ``backend``: None picks NCCL when CUDA is available, gloo otherwise. Returns the device this
+    rank computes on (``cuda:LOCAL_RANK`` for NCCL, the CPU for gloo).
+    """
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    if missing:
+        raise DistributedError(
+            f"Distributed launch needs the environment variables {', '.join(missing)}.",
+            hint="Start with `torchrun --nproc-per-node N -m bytesplat_ns.train ...`.",
+        )
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    timeout = datetime.timedelta(seconds=timeout_s if timeout_s is not None else default_timeout_s())
+    device = torch.device("cpu")
+    if backend == "nccl":
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    if not dist.is_initialized():
+        try:
+            dist.init_process_group(backend, timeout=timeout)
+        except Exception as error:  # noqa: BLE001 - rendezvous failures of every kind
+            raise DistributedError(
+                f"rank {os.environ['RANK']}: cannot join the process group at "
+                f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} ({' '.join(str(error).split())[:300]})."
+            ) from error
+    return device
+
+
+class StepWatchdog:
+    """Ends this process with a clear message if a step runs past ``timeout_s``.
+
+    Use as a context manager around each step (``with watchdog.step(n): ...``), or ``arm``/``disarm``
+    when the step spans several calls (nerfstudio's forward, backward and callbacks).
+    """
+
+    def __init__(self, timeout_s: float, exit_code: int = WATCHDOG_EXIT_CODE):
+        self.timeout_s = float(timeout_s)
+        self.exit_code = exit_code
+        self._deadline: Optional[float] = None
+        self._label = ""
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bytesplat-step-watchdog", daemon=True)
+        self._thread.start()
+
+    def arm(self, label: str) -> None:
+        with self._lock:
+            self._deadline = time.monotonic() + self.timeout_s
+            self._label = label
+
+    def disarm(self) -> None:
+        with self._lock:
+            self._deadline = None
+
+    def step(self, label: str) -> "_Armed":
+        return _Armed(self, label)
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(min(1.0, max(0.05, self.timeout_s / 20))):
+            with self._lock:
+                expired = self._deadline is not None and time.monotonic() > self._deadline
+                label = self._label
+            if expired:
+                rank, world = rank_and_world()
+                sys.stderr.write(
+                    f"\nbytesplat: error: rank {rank}/{world}: {label} did not finish within {self.timeout_s:g} s "
+                    "(this rank or a peer stalled); exiting so that no rank hangs.\n"
+                )
+                sys.stderr.flush()
+                os._exit(self.exit_code)
+
+
+class _Armed:
+    def __init__(self, watchdog: StepWatchdog, label: str):
+        self.watchdog, self.label = watchdog, label
+
+    def __enter__(self):
+        self.watchdog.arm(self.label)
+        return self.watchdog
+
+    def __exit__(self, *exc):
+        self.watchdog.disarm()
+        return False

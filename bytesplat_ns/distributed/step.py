@@ -1,0 +1,475 @@
+"""One distributed training step with sharded Gaussians (DESIGN "One training step", "Distributed").
+
+A batch of B views is spread evenly over R ranks (``assign_views``: contiguous blocks whose sizes
+differ by at most one). Every rank
+
+1. projects ITS Gaussians into EVERY view of the batch (projection + SH -> color, with autograd),
+2. culls (radius 0) and sends each view's surviving 2D records (means2d, conics, colors, opacity,
+   depth, radius, global id) to the rank rendering that view (``Communicator.send_records``),
+3. renders its own views by compositing the gathered records (``composite_records``, the reference
+   backend's compositing; ties in depth are broken by global id exactly as in one process) and
+   computes the loss,
+4. in the backward, returns the 2D gradients of the received records to their owners
+   (``Communicator.return_gradients``: dense or sparse-grad), which continue the backward through
+   their own projection,
+5. steps its own optimizers on its own shard.
+
+The renderer side runs inside a ``torch.autograd.Function`` (``sharded_render_loss``) whose
+forward returns this rank's share of the batch loss and whose backward does steps 3-4's backward,
+so the owner's projection, SH and the optimizers need no change and nerfstudio's trainer can call
+``loss.backward()`` itself.
+
+Loss: the batch loss is the MEAN over the B views of the per-view loss (splatfacto's
+``0.8 L1 + 0.2 (1 - SSIM)`` by default); each rank's share is the sum over its views divided by B,
+so the shares add up to the batch loss and the gradients equal the single-process ones.
+
+Batch-size scaling of Adam (``scale_adam_for_batch``): one step on a batch of B views replaces B
+single-view steps. With independent per-view gradients the mean gradient's variance drops by B,
+so the learning rate is multiplied by sqrt(B) to keep the per-view update's diffusion, and Adam's
+moment decays are raised to the power B (beta1**B, beta2**B) so the moments keep the same memory
+measured in views. B=1 leaves everything unchanged. (The rule of "On Scaling Up 3D Gaussian
+Splatting Training", Zhao et al. 2024; our own implementation.)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from bytesplat_ns.distributed.communicators import (
+    CommStats,
+    Communicator,
+    Records,
+    float_columns,
+    grad_columns,
+)
+from bytesplat_ns.distributed.exchange import DistributedError, ExchangeStats, all_reduce_, rank_and_world
+from bytesplat_ns.distributed.sharding import ShardLayout, gather_layout
+from bytesplat_ns.raster.projection import camera_centers, project_gaussians
+from bytesplat_ns.raster.reference import rasterize_to_pixels_reference
+from bytesplat_ns.raster.sh import sh_to_color
+
+LossFn = Callable[[Tensor, Tensor], Tensor]
+PARAM_NAMES = ("means", "scales", "quats", "features_dc", "features_rest", "opacities")
+
+
+# ---------------------------------------------------------------------------------------------
+# Batch bookkeeping
+
+
+@dataclass
+class Views:
+    """A batch of B pinhole views (OpenCV world-to-camera ``viewmats``), the same on every rank.
+
+    ``images[b]`` (ground truth [H,W,3] in [0,1]) is only read on the rank that renders view b;
+    ``backgrounds`` [B,3] is the color composited behind each view.
+    """
+
+    viewmats: Tensor  # [B,4,4]
+    Ks: Tensor  # [B,3,3]
+    width: int
+    height: int
+    images: Sequence[Tensor]  # [B] of [H,W,3] (a [B,H,W,3] tensor works too)
+    backgrounds: Tensor  # [B,3]
+
+    @property
+    def num_views(self) -> int:
+        return int(self.viewmats.shape[0])
+
+
+def assign_views(num_views: int, world_size: int) -> List[List[int]]:
+    """Views rendered by each rank: contiguous blocks, sizes differing by at most one."""
+    base, extra = divmod(num_views, world_size)
+    out, start = [], 0
+    for r in range(world_size):
+        n = base + (1 if r < extra else 0)
+        out.append(list(range(start, start + n)))
+        start += n
+    return out
+
+
+def scale_adam_for_batch(lr: float, betas: Tuple[float, float], batch_size: int) -> Tuple[float, Tuple[float, float]]:
+    """(lr * sqrt(B), (beta1**B, beta2**B)): see the module docstring for the rule."""
+    if batch_size < 1:
+        raise ValueError(f"batch size must be >= 1, got {batch_size}")
+    return lr * math.sqrt(batch_size), (betas[0] ** batch_size, betas[1] ** batch_size)
+
+
+# ---------------------------------------------------------------------------------------------
+# Pieces shared by the single-process oracle and the sharded step
+
+
+def gaussian_colors(params: Mapping[str, Tensor], sh_degree: Optional[int]) -> Tensor:
+    """splatfacto's color inputs: SH coefficients [N,K,3] (``sh_degree`` given) or sigmoid RGB [N,3]."""
+    coeffs = torch.cat((params["features_dc"][:, None, :], params["features_rest"]), dim=1)
+    if sh_degree is None:
+        return torch.sigmoid(coeffs).squeeze(1)
+    return coeffs
+
+
+def rgb_with_background(render: Tensor, alpha: Tensor, background: Tensor) -> Tensor:
+    """The model's training image: ``clamp(render + (1 - alpha) * background, 0, 1)``."""
+    return torch.clamp(render + (1.0 - alpha) * background, 0.0, 1.0)
+
+
+def splatfacto_loss(pred: Tensor, gt: Tensor, ssim_lambda: float = 0.2) -> Tensor:
+    """splatfacto's main loss for one view ([H,W,3] images): (1-l) L1 + l (1 - SSIM)."""
+    from pytorch_msssim import ssim
+
+    l1 = torch.abs(gt - pred).mean()
+    s = ssim(gt.permute(2, 0, 1)[None], pred.permute(2, 0, 1)[None], data_range=1.0, size_average=True)
+    return (1.0 - ssim_lambda) * l1 + ssim_lambda * (1.0 - s)
+
+
+@dataclass
+class ShardProjection:
+    """Projection of one shard into all B views (graph tensors; culled entries are zero)."""
+
+    means2d: Tensor  # [B,n,2]
+    conics: Tensor  # [B,n,3]
+    colors: Tensor  # [B,n,D]
+    opacities: Tensor  # [B,n]
+    depths: Tensor  # [B,n]
+    radii: Tensor  # [B,n] int32
+
+
+def project_shard(
+    params: Mapping[str, Tensor],
+    views: Views,
+    sh_degree: Optional[int],
+    *,
+    eps2d: float = 0.3,
+    near_plane: float = 0.01,
+    far_plane: float = 1e10,
+) -> ShardProjection:
+    """Project this rank's Gaussians into every view, as ``rasterize(backend="reference")`` does."""
+    B = views.num_views
+    means = params["means"]
+    proj = project_gaussians(
+        means,
+        params["quats"],
+        torch.exp(params["scales"]),
+        views.viewmats,
+        views.Ks,
+        views.width,
+        views.height,
+        eps2d=eps2d,
+        near_plane=near_plane,
+        far_plane=far_plane,
+    )
+    colors = gaussian_colors(params, sh_degree)
+    if sh_degree is None:
+        cols = colors.expand(B, -1, -1)
+    else:
+        dirs = means[None, :, :] - camera_centers(views.viewmats)[:, None, :]
+        cols = sh_to_color(sh_degree, dirs, colors.expand(B, -1, -1, -1))
+    opacities = torch.sigmoid(params["opacities"]).squeeze(-1).expand(B, -1)
+    return ShardProjection(proj.means2d, proj.conics, cols, opacities, proj.depths, proj.radii)
+
+
+def composite_records(
+    means2d: Tensor,
+    conics: Tensor,
+    colors: Tensor,
+    opacities: Tensor,
+    depths: Tensor,
+    radii: Tensor,
+    gids: Tensor,
+    width: int,
+    height: int,
+    tile_size: int = 16,
+) -> Tuple[Tensor, Tensor]:
+    """Composite gathered 2D records of ONE view: [M,2], [M,3], [M,D], [M], [M], [M] int, [M] ids.
+
+    Records are put in global-id order first, so the reference rasterizer's depth sort (stable,
+    ties by position) breaks ties by global id, exactly as one process holding all Gaussians.
+    Returns (render [H,W,D], alpha [H,W,1]) without background.
+    """
+    g = gids.to(torch.int64)
+    if g.numel() > 1 and bool((g[1:] < g[:-1]).any()):
+        order = torch.argsort(g, stable=True)
+        means2d, conics, colors = means2d[order], conics[order], colors[order]
+        opacities, depths, radii = opacities[order], depths[order], radii[order]
+    render, alpha = rasterize_to_pixels_reference(
+        means2d[None], conics[None], colors[None], opacities[None], radii[None], depths[None], width, height, tile_size
+    )
+    return render[0], alpha[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Single-process oracle: all Gaussians, all views, the public reference rasterizer
+
+
+def single_process_loss(
+    params: Mapping[str, Tensor],
+    views: Views,
+    sh_degree: Optional[int],
+    loss_fn: LossFn = splatfacto_loss,
+) -> Tuple[Tensor, Dict]:
+    """Batch loss (mean over views) of one process holding every Gaussian, through
+    ``bytesplat_ns.raster.rasterize(backend="reference")`` (independent of the sharded path)."""
+    from bytesplat_ns.raster import rasterize
+
+    render, alpha, info = rasterize(
+        params["means"],
+        params["quats"],
+        torch.exp(params["scales"]),
+        torch.sigmoid(params["opacities"]).squeeze(-1),
+        gaussian_colors(params, sh_degree),
+        views.viewmats,
+        views.Ks,
+        views.width,
+        views.height,
+        backend="reference",
+        sh_degree=sh_degree,
+    )
+    B = views.num_views
+    loss = render.new_zeros(())
+    for b in range(B):
+        rgb = rgb_with_background(render[b], alpha[b], views.backgrounds[b])
+        loss = loss + loss_fn(rgb, views.images[b].to(rgb)) / B
+    return loss, info
+
+
+def single_process_step(
+    params: Mapping[str, Tensor],
+    optimizers: Mapping[str, torch.optim.Optimizer],
+    views: Views,
+    sh_degree: Optional[int],
+    loss_fn: LossFn = splatfacto_loss,
+) -> float:
+    loss, _ = single_process_loss(params, views, sh_degree, loss_fn)
+    loss.backward()
+    _step_optimizers(params, optimizers)
+    return float(loss.item())
+
+
+def _step_optimizers(params: Mapping[str, Tensor], optimizers: Mapping[str, torch.optim.Optimizer]) -> None:
+    for name, p in params.items():
+        if p.grad is None:
+            # Every Gaussian tensor takes part in the single-process graph, so it always has a
+            # gradient (possibly all zero) and Adam advances its moments; keep that for empty work.
+            p.grad = torch.zeros_like(p)
+    for opt in optimizers.values():
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The sharded step
+
+
+@dataclass
+class _Runner:
+    """Non-tensor state of one sharded forward/backward (held by the autograd Function)."""
+
+    views: Views
+    communicator: Communicator
+    layout: ShardLayout
+    loss_fn: LossFn
+    stats: CommStats
+    tile_size: int = 16
+    # filled by forward
+    sent_index: List[Tensor] = field(default_factory=list)
+    leaves: List[Tensor] = field(default_factory=list)
+    local_loss: Optional[Tensor] = None
+    renders: Dict[int, Tensor] = field(default_factory=dict)
+    num_channels: int = 3
+
+
+class _ShardedRenderLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, runner: _Runner, means2d, conics, colors, opacities, depths, radii):  # type: ignore[override]
+        group = runner.communicator.group
+        rank, world = rank_and_world(group)
+        views = runner.views
+        B, n = radii.shape
+        D = colors.shape[-1]
+        runner.num_channels = D
+        dtype = means2d.dtype
+        offset = runner.layout.offsets[rank]
+        if runner.layout.total >= 2**31:
+            raise DistributedError(f"{runner.layout.total} Gaussians exceed the int32 global ids of the wire format.")
+        owners_views = assign_views(B, world)
+
+        # [B*n, F] table of detached records; culled entries are never sent.
+        table = torch.cat([means2d, conics, colors, opacities[..., None], depths[..., None]], dim=-1).reshape(B * n, -1)
+        visible = radii > 0
+        outgoing: List[Records] = []
+        runner.sent_index = []
+        for d in range(world):
+            rows, counts = [], []
+            for v in owners_views[d]:
+                idx = torch.nonzero(visible[v]).squeeze(1)
+                rows.append(idx + v * n)
+                counts.append(int(idx.numel()))
+            flat = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.int64, device=radii.device)
+            local = flat % n if n > 0 else flat
+            runner.sent_index.append(flat)
+            outgoing.append(
+                Records(
+                    table.index_select(0, flat),
+                    radii.reshape(-1).index_select(0, flat),
+                    (local + offset).to(torch.int32),
+                    torch.tensor(counts, dtype=torch.int32, device=radii.device),
+                )
+            )
+        received = runner.communicator.send_records(outgoing, D, [len(v) for v in owners_views], dtype, runner.stats)
+
+        G = grad_columns(D)
+        runner.leaves = [r.floats.detach().requires_grad_(True) for r in received]
+        mine = owners_views[rank]
+        with torch.enable_grad():
+            loss = means2d.new_zeros(())
+            starts = [0] * world
+            for j, v in enumerate(mine):
+                parts, radii_v, gids_v = [], [], []
+                for s in range(world):
+                    c = int(received[s].view_counts[j].item())
+                    a = starts[s]
+                    parts.append(runner.leaves[s][a : a + c])
+                    radii_v.append(received[s].radii[a : a + c])
+                    gids_v.append(received[s].gids[a : a + c])
+                    starts[s] = a + c
+                rec = torch.cat(parts, 0)
+                render, alpha = composite_records(
+                    rec[:, 0:2],
+                    rec[:, 2:5],
+                    rec[:, 5 : 5 + D],
+                    rec[:, 5 + D],
+                    rec[:, 6 + D].detach(),
+                    torch.cat(radii_v),
+                    torch.cat(gids_v),
+                    views.width,
+                    views.height,
+                    runner.tile_size,
+                )
+                rgb = rgb_with_background(render, alpha, views.backgrounds[v].to(render))
+                runner.renders[v] = rgb.detach()
+                loss = loss + runner.loss_fn(rgb, views.images[v].to(rgb)) / B
+        runner.local_loss = loss
+        ctx.runner = runner
+        ctx.shape = (B, n, D, G)
+        ctx.meta = (means2d.dtype, means2d.device)
+        return loss.detach()
+
+    @staticmethod
+    def backward(ctx, grad_out):  # type: ignore[override]
+        runner: _Runner = ctx.runner
+        B, n, D, G = ctx.shape
+        dtype, device = ctx.meta
+        loss = runner.local_loss
+        leaves = runner.leaves
+        grads: List[Tensor] = []
+        if loss is not None and loss.requires_grad:
+            with torch.enable_grad():
+                got = torch.autograd.grad(loss, leaves, grad_outputs=grad_out, allow_unused=True)
+        else:
+            got = [None] * len(leaves)
+        for leaf, g in zip(leaves, got):
+            grads.append(torch.zeros(leaf.shape[0], G, dtype=dtype, device=device) if g is None else g[:, :G])
+        buffer = torch.zeros(B * n, G, dtype=dtype, device=device)
+        runner.communicator.return_gradients(grads, runner.sent_index, buffer, runner.stats)
+        runner.leaves, runner.local_loss = [], None  # free the renderer graph
+        buffer = buffer.reshape(B, n, G)
+        return (
+            None,
+            buffer[..., 0:2],
+            buffer[..., 2:5],
+            buffer[..., 5 : 5 + D],
+            buffer[..., 5 + D],
+            None,
+            None,
+        )
+
+
+@dataclass
+class ShardedForward:
+    """What ``sharded_render_loss`` returns: this rank's loss share (backward-able), the info dict
+    ``DefaultStrategy`` reads (``means2d`` retains its gradient), the rendered views and stats."""
+
+    local_loss: Tensor
+    info: Dict
+    renders: Dict[int, Tensor]
+    stats: CommStats
+    layout: ShardLayout
+
+
+def sharded_render_loss(
+    params: Mapping[str, Tensor],
+    views: Views,
+    communicator: Communicator,
+    sh_degree: Optional[int],
+    loss_fn: LossFn = splatfacto_loss,
+    *,
+    tile_size: int = 16,
+) -> ShardedForward:
+    """Forward of one sharded step (collective). ``.local_loss.backward()`` runs the exchange of
+    gradients and the owner's backward; the caller then steps its optimizers."""
+    stats = CommStats()
+    meta = ExchangeStats()
+    layout = gather_layout(int(params["means"].shape[0]), communicator.group, meta)
+    stats.meta_bytes += meta.meta_bytes
+    proj = project_shard(params, views, sh_degree)
+    proj.means2d.retain_grad()
+    runner = _Runner(views, communicator, layout, loss_fn, stats, tile_size)
+    local_loss = _ShardedRenderLoss.apply(runner, proj.means2d, proj.conics, proj.colors, proj.opacities, proj.depths, proj.radii)
+    info = {
+        "means2d": proj.means2d,
+        "radii": proj.radii,
+        "depths": proj.depths,
+        "conics": proj.conics,
+        "width": views.width,
+        "height": views.height,
+        "n_cameras": views.num_views,
+        "tile_size": tile_size,
+        "camera_ids": None,
+        "gaussian_ids": None,
+    }
+    return ShardedForward(local_loss, info, runner.renders, stats, layout)
+
+
+@dataclass
+class StepResult:
+    loss: float  # the batch loss (all ranks' shares summed)
+    stats: CommStats
+    info: Dict
+    layout: ShardLayout
+
+
+def distributed_step(
+    params: Mapping[str, Tensor],
+    optimizers: Mapping[str, torch.optim.Optimizer],
+    views: Views,
+    communicator: Communicator,
+    sh_degree: Optional[int],
+    loss_fn: LossFn = splatfacto_loss,
+) -> StepResult:
+    """One full sharded training step (collective): forward, backward, optimizer step."""
+    fwd = sharded_render_loss(params, views, communicator, sh_degree, loss_fn)
+    fwd.local_loss.backward()
+    _step_optimizers(params, optimizers)
+    total = fwd.local_loss.detach().clone().reshape(1).to(torch.float64)
+    meta = ExchangeStats()
+    all_reduce_(total, group=communicator.group, stats=meta, phase="summing the batch loss")
+    fwd.stats.meta_bytes += meta.meta_bytes
+    return StepResult(float(total.item()), fwd.stats, fwd.info, fwd.layout)
+
+
+def make_adam_optimizers(
+    params: Mapping[str, Tensor],
+    lrs: Mapping[str, float],
+    batch_size: int,
+    betas: Tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-15,
+) -> Dict[str, torch.optim.Optimizer]:
+    """One Adam per parameter (nerfstudio's layout), learning rates and betas scaled for the batch."""
+    out = {}
+    for name, p in params.items():
+        lr, b = scale_adam_for_batch(lrs[name], betas, batch_size)
+        out[name] = torch.optim.Adam([p], lr=lr, betas=b, eps=eps)
+    return out
