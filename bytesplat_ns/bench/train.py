@@ -128,7 +128,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
     import bytesplat_ns  # noqa: F401  (registers the torch.load allow-list and error hook)
     from bytesplat_ns.data.scene import SceneSpec, ensure_scene
 
-    data = args.data if args.data is not None else ensure_scene(SceneSpec.preset(args.scene))
+    data = args.data if args.data is not None else ensure_scene(SceneSpec(size=args.scene))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     report = {"environment": environment(), "scene": str(data), "runs": []}
     for entry in args.methods:
