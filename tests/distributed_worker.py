@@ -173,6 +173,15 @@ def main() -> None:
             even = [N_GAUSSIANS // world + (1 if r < N_GAUSSIANS % world else 0) for r in range(world)]
             run_training("dense", "dense", even, out, rank, world, wire)
             run_training("sparse", "sparse-grad", even, out, rank, world, wire)
+            # Densification statistics reach the owner: means2d.grad and absgrad of the first step.
+            from bytesplat_ns.distributed import ShardLayout, make_communicator, shard_of, sharded_render_loss
+
+            layout = ShardLayout(tuple(even))
+            params = to_params(shard_of(make_gaussians(N_GAUSSIANS, SEED), layout, rank))
+            fwd = sharded_render_loss(params, make_views(), make_communicator("dense"), SH_DEGREE, absgrad=True)
+            fwd.local_loss.backward()
+            torch.save({"grad": fwd.info["means2d"].grad, "absgrad": fwd.info["means2d"].absgrad, "radii": fwd.info["radii"]},
+                       out / f"stats-rank{rank}.pt")
             if world == 2:
                 # Uneven shards (70/30): rebalanced after step 1, then two more steps.
                 uneven = [int(N_GAUSSIANS * 0.7), N_GAUSSIANS - int(N_GAUSSIANS * 0.7)]

@@ -202,6 +202,34 @@ def test_bytes_counted_equal_records_sent(world, core_runs):
     assert total_sparse_bwd < 0.8 * total_dense_bwd
 
 
+@pytest.mark.parametrize("world", [2, 4])
+def test_densification_statistics_reach_the_owner(world, core_runs):
+    """Each owner's means2d.grad / absgrad / radii [B, shard, ...] equal the single-process ones."""
+    from bytesplat_ns.raster import rasterize
+    from bytesplat_ns.distributed.step import gaussian_colors, rgb_with_background, splatfacto_loss
+
+    out = core_runs(world)
+    views = W.make_views()
+    p = W.to_params(W.make_gaussians(W.N_GAUSSIANS, W.SEED))
+    render, alpha, info = rasterize(
+        p["means"], p["quats"], torch.exp(p["scales"]), torch.sigmoid(p["opacities"]).squeeze(-1),
+        gaussian_colors(p, W.SH_DEGREE), views.viewmats, views.Ks, W.WIDTH, W.HEIGHT,
+        backend="reference", sh_degree=W.SH_DEGREE, absgrad=True,
+    )
+    info["means2d"].retain_grad()
+    loss = sum(splatfacto_loss(rgb_with_background(render[b], alpha[b], views.backgrounds[b]), views.images[b]) for b in range(W.NUM_VIEWS)) / W.NUM_VIEWS
+    loss.backward()
+    ranks = [torch.load(out / f"stats-rank{r}.pt") for r in range(world)]
+    for key, want in (("grad", info["means2d"].grad), ("absgrad", info["means2d"].absgrad), ("radii", info["radii"])):
+        got = torch.cat([r[key] for r in ranks], dim=1)
+        assert got.shape == want.shape
+        if key == "radii":
+            assert torch.equal(got, want)
+        else:
+            assert want.abs().max() > 0
+            assert ((got - want).norm() / want.norm()).item() <= REL_TOL, key
+
+
 def test_rebalance_moves_gaussians_and_adam_state(core_runs, oracle):
     world = 2
     out = core_runs(world)

@@ -139,14 +139,29 @@ def rebalance(
     group=None,
     stats: Optional[ExchangeStats] = None,
     force: bool = False,
+    extra: Optional[MutableMapping[str, Optional[Tensor]]] = None,
 ) -> Tuple[bool, ShardLayout]:
     """Re-cut the shards evenly if their sizes drifted more than ``threshold`` (collective).
 
     ``params``: this rank's Gaussian parameters, all with the same number of rows (a dict or
-    nerfstudio's ``ParameterDict``); ``optimizers``: name -> optimizer holding that parameter.
-    Returns (moved, the layout after the call).
+    nerfstudio's ``ParameterDict``); ``optimizers``: name -> optimizer holding that parameter;
+    ``extra``: other per-Gaussian tensors that move with their rows (e.g. densification
+    statistics; None entries are skipped, and must be None on every rank). Returns (moved, the
+    layout after the call); ``params``, the optimizers and ``extra`` are updated in place.
     """
     rank, world = rank_and_world(group)
+    if extra:
+        extra_names = [k for k, v in extra.items() if v is not None]
+        if extra_names:
+            carried = {f"__extra__{k}": extra[k] for k in extra_names}
+            both: Dict[str, Tensor] = dict(params.items())
+            both.update(carried)
+            moved, layout = rebalance(both, optimizers, threshold, group, stats, force)
+            for name in params.keys():
+                params[name] = both[name]
+            for k in extra_names:
+                extra[k] = both[f"__extra__{k}"].detach() if moved else extra[k]
+            return moved, layout
     names = list(params.keys())
     n_local = int(params[names[0]].shape[0])
     for name in names:

@@ -182,21 +182,38 @@ def composite_records(
     width: int,
     height: int,
     tile_size: int = 16,
+    absgrad_sink: Optional[List[Tensor]] = None,
 ) -> Tuple[Tensor, Tensor]:
     """Composite gathered 2D records of ONE view: [M,2], [M,3], [M,D], [M], [M], [M] int, [M] ids.
 
     Records are put in global-id order first, so the reference rasterizer's depth sort (stable,
     ties by position) breaks ties by global id, exactly as one process holding all Gaussians.
-    Returns (render [H,W,D], alpha [H,W,1]) without background.
+    Returns (render [H,W,D], alpha [H,W,1]) without background. With ``absgrad_sink`` (a list),
+    the backward appends the per-record sum over pixels of |d loss / d mean2d| ([M,2], in the
+    order of the inputs) to it.
     """
     g = gids.to(torch.int64)
+    order = None
     if g.numel() > 1 and bool((g[1:] < g[:-1]).any()):
         order = torch.argsort(g, stable=True)
         means2d, conics, colors = means2d[order], conics[order], colors[order]
         opacities, depths, radii = opacities[order], depths[order], radii[order]
+    m = means2d[None]
+    absgrad = absgrad_sink is not None and m.requires_grad
     render, alpha = rasterize_to_pixels_reference(
-        means2d[None], conics[None], colors[None], opacities[None], radii[None], depths[None], width, height, tile_size
+        m, conics[None], colors[None], opacities[None], radii[None], depths[None], width, height, tile_size, absgrad=absgrad
     )
+    if absgrad:
+        assert absgrad_sink is not None
+
+        def _collect(grad: Tensor, m: Tensor = m, order: Optional[Tensor] = order) -> None:
+            # Runs after the reference rasterizer's own hook has published m.absgrad.
+            a = m.absgrad[0]
+            if order is not None:
+                a = torch.empty_like(a).index_copy_(0, order, a)
+            absgrad_sink.append(a)
+
+        m.register_hook(_collect)
     return render[0], alpha[0]
 
 
@@ -273,12 +290,15 @@ class _Runner:
     loss_fn: LossFn
     stats: CommStats
     tile_size: int = 16
+    absgrad: bool = False
     # filled by forward
     sent_index: List[Tensor] = field(default_factory=list)
     leaves: List[Tensor] = field(default_factory=list)
     local_loss: Optional[Tensor] = None
     renders: Dict[int, Tensor] = field(default_factory=dict)
     num_channels: int = 3
+    absgrad_slots: List[Tuple[List[Tuple[int, int, int]], List[Tensor]]] = field(default_factory=list)
+    means2d_ref: Optional[Tensor] = None
 
 
 class _ShardedRenderLoss(torch.autograd.Function):
@@ -321,6 +341,7 @@ class _ShardedRenderLoss(torch.autograd.Function):
         received = runner.communicator.send_records(outgoing, D, [len(v) for v in owners_views], dtype, runner.stats)
 
         G = grad_columns(D)
+        runner.absgrad_slots = []
         runner.leaves = [r.floats.detach().requires_grad_(True) for r in received]
         mine = owners_views[rank]
         with torch.enable_grad():
@@ -336,6 +357,12 @@ class _ShardedRenderLoss(torch.autograd.Function):
                     gids_v.append(received[s].gids[a : a + c])
                     starts[s] = a + c
                 rec = torch.cat(parts, 0)
+                sink: Optional[List[Tensor]] = None
+                if runner.absgrad:
+                    # (source, first row, count) of each part, to route absgrad back to its owner.
+                    spans = [(s, starts[s] - p.shape[0], p.shape[0]) for s, p in enumerate(parts)]
+                    sink = []
+                    runner.absgrad_slots.append((spans, sink))
                 render, alpha = composite_records(
                     rec[:, 0:2],
                     rec[:, 2:5],
@@ -347,6 +374,7 @@ class _ShardedRenderLoss(torch.autograd.Function):
                     views.width,
                     views.height,
                     runner.tile_size,
+                    absgrad_sink=sink,
                 )
                 rgb = rgb_with_background(render, alpha, views.backgrounds[v].to(render))
                 runner.renders[v] = rgb.detach()
@@ -370,12 +398,27 @@ class _ShardedRenderLoss(torch.autograd.Function):
                 got = torch.autograd.grad(loss, leaves, grad_outputs=grad_out, allow_unused=True)
         else:
             got = [None] * len(leaves)
+        width = G + 2 if runner.absgrad else G
         for leaf, g in zip(leaves, got):
-            grads.append(torch.zeros(leaf.shape[0], G, dtype=dtype, device=device) if g is None else g[:, :G])
-        buffer = torch.zeros(B * n, G, dtype=dtype, device=device)
+            row = torch.zeros(leaf.shape[0], width, dtype=dtype, device=device)
+            if g is not None:
+                row[:, :G] = g[:, :G]
+            grads.append(row)
+        if runner.absgrad:
+            # Two extra columns G, G+1 carry |dL/dmean2d| summed over pixels.
+            for spans, sink in runner.absgrad_slots:
+                if not sink:
+                    continue
+                a = sink[0]
+                for s, first, count in spans:
+                    grads[s][first : first + count, G:] += a[:count].to(dtype)
+                    a = a[count:]
+        buffer = torch.zeros(B * n, width, dtype=dtype, device=device)
         runner.communicator.return_gradients(grads, runner.sent_index, buffer, runner.stats)
-        runner.leaves, runner.local_loss = [], None  # free the renderer graph
-        buffer = buffer.reshape(B, n, G)
+        runner.leaves, runner.local_loss, runner.absgrad_slots = [], None, []  # free the renderer graph
+        buffer = buffer.reshape(B, n, width)
+        if runner.absgrad and runner.means2d_ref is not None:
+            runner.means2d_ref.absgrad = buffer[..., G:].clone()
         return (
             None,
             buffer[..., 0:2],
@@ -407,16 +450,20 @@ def sharded_render_loss(
     loss_fn: LossFn = splatfacto_loss,
     *,
     tile_size: int = 16,
+    absgrad: bool = False,
 ) -> ShardedForward:
     """Forward of one sharded step (collective). ``.local_loss.backward()`` runs the exchange of
-    gradients and the owner's backward; the caller then steps its optimizers."""
+    gradients and the owner's backward; the caller then steps its optimizers. With ``absgrad``
+    the backward also sets ``info["means2d"].absgrad`` [B,n,2] (gsplat's densification statistic),
+    carried back in two extra gradient columns of the wire format."""
     stats = CommStats()
     meta = ExchangeStats()
     layout = gather_layout(int(params["means"].shape[0]), communicator.group, meta)
     stats.meta_bytes += meta.meta_bytes
     proj = project_shard(params, views, sh_degree)
     proj.means2d.retain_grad()
-    runner = _Runner(views, communicator, layout, loss_fn, stats, tile_size)
+    runner = _Runner(views, communicator, layout, loss_fn, stats, tile_size, absgrad)
+    runner.means2d_ref = proj.means2d
     local_loss = _ShardedRenderLoss.apply(runner, proj.means2d, proj.conics, proj.colors, proj.opacities, proj.depths, proj.radii)
     info = {
         "means2d": proj.means2d,
