@@ -1,0 +1,60 @@
+"""``bytesplat-bench``: the project's benchmarks, each writing one JSON file.
+
+    bytesplat-bench raster --num-gaussians 1000000 4000000 --width 1920 --height 1080 \
+        --out docs/benchmarks/raster.json
+    bytesplat-bench train ...   (forwards to ``python -m bytesplat_ns.bench.train``)
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+
+def _raster(argv: List[str]) -> int:
+    p = argparse.ArgumentParser(prog="bytesplat-bench raster",
+                                description="gsplat 1.4.0 vs fused: rasterization + loss, forward + backward")
+    p.add_argument("--num-gaussians", type=int, nargs="+", default=[1_000_000])
+    p.add_argument("--width", type=int, default=1920)
+    p.add_argument("--height", type=int, default=1080)
+    p.add_argument("--sh-degree", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--skip-gsplat", action="store_true", help="time only the fused backend")
+    p.add_argument("--out", type=str, default=None, help="JSON output path")
+    a = p.parse_args(argv)
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    from bytesplat_ns.bench.raster import run
+
+    command = "bytesplat-bench raster " + " ".join(shlex.quote(x) for x in argv)
+    run(a.num_gaussians, a.width, a.height, a.sh_degree, a.warmup, a.repeats, a.out, command, a.skip_gsplat)
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "raster":
+        return _raster(rest)
+    if cmd == "train":
+        from bytesplat_ns.bench.train import main as train_main
+
+        train_main(rest)
+        return 0
+    print(f"bytesplat-bench: unknown benchmark '{cmd}' (choose raster or train)", file=sys.stderr)
+    return 2
+
+
+def entrypoint() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entrypoint()

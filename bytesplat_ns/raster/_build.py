@@ -1,0 +1,178 @@
+"""JIT build of the bundled CUDA kernels (``cuda/`` in the repo, ``bytesplat_ns.cuda`` installed).
+
+``load_extension()`` compiles the sources with ``torch.utils.cpp_extension.load`` on first use for
+the current GPU's architecture, caches the result (``TORCH_EXTENSIONS_DIR``, else torch's default
+cache) and returns the module. Every reason it cannot (no CUDA device, no nvcc, a GPU older than
+compute capability 7.0, a compiler error) raises :class:`CudaBuildError` with one message naming
+the cause. ``MAX_JOBS`` is honoured by torch's ninja build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import os
+import shutil
+import sys
+import threading
+from pathlib import Path
+from typing import List, Optional
+
+try:  # the project's user-error type, when present
+    from bytesplat_ns.errors import BytesplatError as _ErrorBase
+except Exception:  # pragma: no cover - errors.py is optional for this module
+    _ErrorBase = RuntimeError  # type: ignore[misc,assignment]
+
+MIN_COMPUTE_CAPABILITY = (7, 0)
+SOURCES = ("bindings.cpp", "render.cu", "fused_loss.cu")
+HEADERS = ("common.cuh",)
+
+_lock = threading.Lock()
+_module = None
+
+
+class CudaBuildError(_ErrorBase):  # type: ignore[misc,valid-type]
+    """The fused CUDA kernels cannot be built or loaded here (the message says why)."""
+
+
+def cuda_source_dir() -> Path:
+    """Directory holding the bundled .cu/.cuh/.cpp files (editable and normal installs map the
+    package ``bytesplat_ns.cuda`` to it; a plain source checkout on PYTHONPATH has it at ../cuda)."""
+    try:
+        d = Path(str(importlib.resources.files("bytesplat_ns.cuda")))
+        if (d / SOURCES[0]).exists():
+            return d
+    except ModuleNotFoundError:
+        pass
+    import bytesplat_ns
+
+    return Path(bytesplat_ns.__file__).resolve().parent.parent / "cuda"
+
+
+def source_paths() -> List[Path]:
+    d = cuda_source_dir()
+    return [d / s for s in SOURCES]
+
+
+def _nvcc_path() -> Optional[str]:
+    from torch.utils import cpp_extension
+
+    home = cpp_extension.CUDA_HOME
+    if home:
+        cand = Path(home) / "bin" / "nvcc"
+        if cand.exists():
+            return str(cand)
+    return shutil.which("nvcc")
+
+
+def cxx_std() -> str:
+    """The C++ standard torch's headers need (torch >= 2.10 headers require C++20)."""
+    import torch
+
+    ver = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    return "c++20" if ver >= (2, 10) else "c++17"
+
+
+def nvcc_flags(arch: str, fast_math: bool = False) -> List[str]:
+    flags = [
+        "-O3",
+        f"-std={cxx_std()}",
+        "--expt-relaxed-constexpr",
+        f"-gencode=arch=compute_{arch},code=sm_{arch}",
+        "-lineinfo",
+    ]
+    if fast_math:
+        flags.append("--use_fast_math")
+    return flags
+
+
+def _check_device():
+    import torch
+
+    if not torch.cuda.is_available():
+        raise CudaBuildError(
+            "The fused rasterizer needs a CUDA GPU, but torch sees none "
+            f"(torch {torch.__version__}, built with CUDA {torch.version.cuda}). "
+            "Use the 'reference' (CPU) or 'gsplat' backend instead."
+        )
+    if torch.version.cuda is None:
+        raise CudaBuildError(f"torch {torch.__version__} is a CPU-only build; install a CUDA build of torch.")
+    dev = torch.cuda.current_device()
+    cc = torch.cuda.get_device_capability(dev)
+    if cc < MIN_COMPUTE_CAPABILITY:
+        raise CudaBuildError(
+            f"GPU '{torch.cuda.get_device_name(dev)}' has compute capability {cc[0]}.{cc[1]}; "
+            f"the fused rasterizer needs {MIN_COMPUTE_CAPABILITY[0]}.{MIN_COMPUTE_CAPABILITY[1]} or newer."
+        )
+    return cc
+
+
+def extension_name(arch: str, fast_math: bool) -> str:
+    """Unique per source contents and flags, so an edit or another GPU never reuses a stale build."""
+    h = hashlib.sha1()
+    d = cuda_source_dir()
+    for name in SOURCES + HEADERS:
+        h.update(name.encode())
+        h.update((d / name).read_bytes())
+    h.update(" ".join(nvcc_flags(arch, fast_math)).encode())
+    return f"bytesplat_cuda_{arch}_{h.hexdigest()[:10]}"
+
+
+def load_extension(verbose: bool = False):
+    """Build (first use) or load the cached CUDA extension and return it."""
+    global _module
+    if _module is not None:
+        return _module
+    with _lock:
+        if _module is not None:
+            return _module
+        cc = _check_device()
+        nvcc = _nvcc_path()
+        if nvcc is None:
+            raise CudaBuildError(
+                "Building the fused rasterizer needs the CUDA toolkit's nvcc, which was not found "
+                "(set CUDA_HOME or put nvcc on PATH)."
+            )
+        for p in source_paths():
+            if not p.exists():
+                raise CudaBuildError(f"CUDA source {p} is missing from the installation (reinstall bytesplat-ns).")
+        from torch.utils import cpp_extension
+
+        arch = f"{cc[0]}{cc[1]}"
+        fast_math = os.environ.get("BYTESPLAT_FAST_MATH", "0") == "1"
+        name = extension_name(arch, fast_math)
+        build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
+        cached = any(build_dir.glob(f"{name}*.so")) or any(build_dir.glob(f"{name}*.pyd"))
+        if not cached:
+            print(
+                f"Building bytesplat CUDA kernels for sm_{arch} (first use, ~1 min) in {build_dir} ...",
+                file=sys.stderr,
+                flush=True,
+            )
+        # torch adds -gencode flags from TORCH_CUDA_ARCH_LIST (else from every visible GPU);
+        # pin it to this device so exactly one architecture is compiled.
+        old_arch = os.environ.get("TORCH_CUDA_ARCH_LIST")
+        os.environ["TORCH_CUDA_ARCH_LIST"] = f"{cc[0]}.{cc[1]}"
+        try:
+            _module = cpp_extension.load(
+                name=name,
+                sources=[str(p) for p in source_paths()],
+                extra_cflags=["-O3", f"-std={cxx_std()}"],
+                extra_cuda_cflags=nvcc_flags(arch, fast_math),
+                extra_include_paths=[str(cuda_source_dir())],
+                build_directory=str(build_dir),
+                verbose=verbose,
+            )
+        except Exception as e:  # compiler / linker errors
+            raise CudaBuildError(
+                f"Building the fused CUDA kernels failed ({type(e).__name__}: {str(e).strip()[-2000:]}). "
+                f"Build directory: {build_dir}; rerun with verbose=True for the compiler output."
+            ) from e
+        finally:
+            if old_arch is None:
+                os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+            else:
+                os.environ["TORCH_CUDA_ARCH_LIST"] = old_arch
+        if not cached:
+            print("bytesplat CUDA kernels built.", file=sys.stderr, flush=True)
+        return _module

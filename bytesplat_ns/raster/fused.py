@@ -1,0 +1,490 @@
+"""The ``fused`` backend: bytesplat's CUDA tile rasterizer (``cuda/``).
+
+Two entry points, both differentiable through torch autograd:
+
+- :func:`rasterize_fused` has exactly :func:`bytesplat_ns.raster.reference.rasterize_reference`'s
+  signature and return value. Projection + SH (gsplat's CUDA kernels, or the pure-PyTorch ones of
+  ``raster.projection``/``raster.sh``), tile binning (torch, gsplat's ordering), then our forward
+  kernel and our backward kernel behind :class:`_RasterizeFused`. Any loss works; eval and the
+  viewer use it.
+- :func:`fused_render_loss` renders AND computes splatfacto's loss
+  ``(1-l)*mean|rgb-gt| + l*(1-SSIM(rgb, gt))`` (rgb = clamp(render + T*bg, 0, 1)) AND its
+  2D gradients in one kernel launch for all views (:class:`_FusedLoss`); its backward hands the
+  stashed gradients, scaled by the incoming gradient, to projection/SH autograd.
+
+Pure-PyTorch twins that the tests hold the kernels against: :func:`render_2d_torch` (the
+compositing of one set of 2D Gaussians, from the same tile lists) and :func:`splatfacto_loss_torch`
+(the loss through pytorch_msssim's SSIM, which nerfstudio uses).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from typing import Dict, Literal, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from bytesplat_ns.raster._build import CudaBuildError, load_extension
+
+TILE_SIZE = 16
+SSIM_WIN_SIZE = 11
+SSIM_WIN_SIGMA = 1.5
+
+_two_phase_logged = False
+_clamp_inclusive: Optional[bool] = None
+
+
+def _torch_clamp_inclusive() -> bool:
+    """Whether torch.clamp(x, 0, 1) passes the gradient at x == 0 / x == 1 (it does not in recent
+    torch). The fused kernel follows the installed torch so it matches splatfacto's autograd."""
+    global _clamp_inclusive
+    if _clamp_inclusive is None:
+        with torch.enable_grad():  # may be called where grad mode is off (autograd forward, eval)
+            x = torch.tensor([0.0, 1.0], requires_grad=True)
+            (g,) = torch.autograd.grad(torch.clamp(x, 0.0, 1.0).sum(), x)
+        _clamp_inclusive = bool(g[0] > 0)
+    return _clamp_inclusive
+
+
+def _ops():
+    return load_extension()
+
+
+def ssim_window() -> Tensor:
+    """pytorch_msssim's 1D Gaussian window (size 11, sigma 1.5), float32 on the CPU."""
+    coords = torch.arange(SSIM_WIN_SIZE, dtype=torch.float) - SSIM_WIN_SIZE // 2
+    g = torch.exp(-(coords**2) / (2 * SSIM_WIN_SIGMA**2))
+    return g / g.sum()
+
+
+# ----------------------------------------------------------------------------------------------
+# Projection, SH and tile binning
+# ----------------------------------------------------------------------------------------------
+
+
+def _default_projection() -> str:
+    env = os.environ.get("BYTESPLAT_PROJECTION")
+    if env:
+        return env
+    try:
+        import gsplat.cuda._wrapper  # noqa: F401
+
+        return "gsplat"
+    except Exception:
+        return "torch"
+
+
+def project(
+    means: Tensor,
+    quats: Tensor,
+    scales: Tensor,
+    opacities: Tensor,
+    colors: Tensor,
+    viewmats: Tensor,
+    Ks: Tensor,
+    width: int,
+    height: int,
+    *,
+    sh_degree: Optional[int],
+    near_plane: float,
+    far_plane: float,
+    eps2d: float,
+    projection: Optional[str] = None,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """3D -> 2D for C cameras. Returns radii [C,N] int32, means2d [C,N,2], depths [C,N],
+    conics [C,N,3], colors [C,N,3] (post-activation), opacities [C,N]."""
+    C, N = viewmats.shape[0], means.shape[0]
+    projection = projection or _default_projection()
+    if projection == "gsplat":
+        from gsplat.cuda._wrapper import fully_fused_projection, spherical_harmonics
+
+        radii, means2d, depths, conics, _ = fully_fused_projection(
+            means, None, quats, scales, viewmats, Ks, width, height,
+            eps2d=eps2d, near_plane=near_plane, far_plane=far_plane, packed=False,
+        )
+        if sh_degree is not None:
+            dirs = means[None, :, :] - torch.inverse(viewmats)[:, None, :3, 3]
+            shs = colors.expand(C, -1, -1, -1) if colors.dim() == 3 else colors
+            rgb = spherical_harmonics(sh_degree, dirs, shs, masks=radii > 0)
+            rgb = torch.clamp_min(rgb + 0.5, 0.0)
+    elif projection == "torch":
+        from bytesplat_ns.raster.projection import camera_centers, project_gaussians
+        from bytesplat_ns.raster.sh import sh_to_color
+
+        pr = project_gaussians(
+            means, quats, scales, viewmats, Ks, width, height,
+            eps2d=eps2d, near_plane=near_plane, far_plane=far_plane,
+        )
+        radii, means2d, depths, conics = pr.radii, pr.means2d, pr.depths, pr.conics
+        if sh_degree is not None:
+            dirs = means[None, :, :] - camera_centers(viewmats)[:, None, :]
+            shs = colors.expand(C, -1, -1, -1) if colors.dim() == 3 else colors
+            rgb = sh_to_color(sh_degree, dirs, shs)
+    else:
+        raise ValueError(f"Unknown projection '{projection}' (use 'gsplat' or 'torch')")
+    if sh_degree is None:
+        rgb = colors.expand(C, -1, -1) if colors.dim() == 2 else colors
+    opac = opacities.expand(C, -1) if opacities.dim() == 1 else opacities
+    return radii, means2d, depths, conics, rgb, opac
+
+
+@torch.no_grad()
+def bin_tiles(
+    means2d: Tensor, radii: Tensor, depths: Tensor, width: int, height: int, tile_size: int = TILE_SIZE
+) -> Tuple[Tensor, Tensor]:
+    """Tile lists in gsplat's order: a Gaussian reaches the tiles its radius box touches; each
+    tile's list is sorted front to back by camera depth (ties in Gaussian order).
+
+    Returns ``offsets`` int32 [C*tiles_y*tiles_x + 1] (tile t's list is
+    ``flatten_ids[offsets[t]:offsets[t+1]]``) and ``flatten_ids`` int32 (indices into [C*N]).
+    """
+    C, N = radii.shape
+    dev = means2d.device
+    tw, th = math.ceil(width / tile_size), math.ceil(height / tile_size)
+    ntot = C * tw * th
+    r = radii.to(torch.float32) / tile_size
+    tx = means2d[..., 0].detach().float() / tile_size
+    ty = means2d[..., 1].detach().float() / tile_size
+    x0 = torch.floor(tx - r).clamp(0, tw).long()
+    x1 = torch.ceil(tx + r).clamp(0, tw).long()
+    y0 = torch.floor(ty - r).clamp(0, th).long()
+    y1 = torch.ceil(ty + r).clamp(0, th).long()
+    nx = (x1 - x0).clamp_min(0)
+    counts = torch.where(radii > 0, nx * (y1 - y0).clamp_min(0), torch.zeros_like(nx)).flatten()
+    total = int(counts.sum().item())
+    if total == 0:
+        return torch.zeros(ntot + 1, dtype=torch.int32, device=dev), torch.zeros(0, dtype=torch.int32, device=dev)
+    gid = torch.repeat_interleave(torch.arange(C * N, device=dev), counts, output_size=total)
+    first = torch.cumsum(counts, 0) - counts
+    local = torch.arange(total, device=dev) - first[gid]
+    w = nx.flatten()[gid]
+    tile_y = y0.flatten()[gid] + torch.div(local, w, rounding_mode="floor")
+    tile_x = x0.flatten()[gid] + torch.remainder(local, w)
+    tile = torch.div(gid, N, rounding_mode="floor") * (tw * th) + tile_y * tw + tile_x
+    depth_bits = depths.detach().float().contiguous().view(torch.int32).flatten()[gid].long()
+    key = (tile << 32) | (depth_bits & 0xFFFFFFFF)
+    _, order = torch.sort(key, stable=True)
+    flatten_ids = gid[order].to(torch.int32)
+    offsets = torch.zeros(ntot + 1, dtype=torch.int64, device=dev)
+    offsets[1:] = torch.cumsum(torch.bincount(tile, minlength=ntot), 0)
+    return offsets.to(torch.int32), flatten_ids
+
+
+# ----------------------------------------------------------------------------------------------
+# Autograd wrappers of the kernels
+# ----------------------------------------------------------------------------------------------
+
+
+def _flat(t: Tensor, d: int) -> Tensor:
+    return t.reshape(-1, d).contiguous().float() if d > 1 else t.reshape(-1).contiguous().float()
+
+
+class _RasterizeFused(torch.autograd.Function):
+    """2D Gaussians -> (render [C,H,W,3] incl. T*bg, alpha [C,H,W,1]); backward by our kernel."""
+
+    @staticmethod
+    def forward(ctx, means2d, conics, colors, opacities, backgrounds, offsets, flatten_ids, W, H, absgrad):
+        C = means2d.shape[0]
+        ops = _ops()
+        m, c, col, o = _flat(means2d, 2), _flat(conics, 3), _flat(colors, 3), _flat(opacities, 1)
+        bg = backgrounds.contiguous().float() if backgrounds is not None else None
+        rgb, alpha, T, last = ops.render_fwd(m, c, col, o, bg, offsets, flatten_ids, C, W, H)
+        ctx.save_for_backward(means2d, m, c, col, o, bg, offsets, flatten_ids, T, last)
+        ctx.dims = (C, W, H, absgrad, backgrounds is not None and backgrounds.requires_grad)
+        return rgb, alpha
+
+    @staticmethod
+    def backward(ctx, v_rgb, v_alpha):
+        means2d, m, c, col, o, bg, offsets, flatten_ids, T, last = ctx.saved_tensors
+        C, W, H, absgrad, bg_grad = ctx.dims
+        if v_rgb is None:
+            v_rgb = torch.zeros(C, H, W, 3, device=m.device)
+        va = v_alpha.contiguous().float() if v_alpha is not None else None
+        vm, vc, vcol, vo, vabs = _ops().render_bwd(
+            m, c, col, o, bg, offsets, flatten_ids, C, W, H, T, last, v_rgb.contiguous().float(), va, absgrad
+        )
+        N = means2d.shape[1]
+        if absgrad:
+            means2d.absgrad = vabs.view(C, N, 2)  # read by gsplat's DefaultStrategy(absgrad=True)
+        v_bg = (v_rgb * T[..., None]).sum((1, 2)) if bg_grad else None
+        return (vm.view(C, N, 2), vc.view(C, N, 3), vcol.view(C, N, 3), vo.view(C, N), v_bg,
+                None, None, None, None, None)
+
+
+class _FusedLoss(torch.autograd.Function):
+    """One launch: render + loss + its 2D gradients. Forward returns (loss, rgb, alpha, partials);
+    only the loss is differentiable; backward scales the stashed gradients."""
+
+    @staticmethod
+    def forward(ctx, means2d, conics, colors, opacities, backgrounds, gt, offsets, flatten_ids, W, H,
+                ssim_lambda, absgrad, capacity, blocks_per_sm, force_two_phase):
+        global _two_phase_logged
+        C, N = means2d.shape[0], means2d.shape[1]
+        out = _ops().fused_loss(
+            _flat(means2d, 2), _flat(conics, 3), _flat(colors, 3), _flat(opacities, 1),
+            backgrounds.contiguous().float(), gt.contiguous().float(), offsets, flatten_ids,
+            C, W, H, float(ssim_lambda), ssim_window(), int(capacity or 0), int(blocks_per_sm),
+            bool(absgrad), bool(force_two_phase), _torch_clamp_inclusive(),
+        )
+        rgb, alpha, partials, vm, vc, vcol, vo, vabs, kinfo = out
+        two_phase, cap, resident, smem = (int(v) for v in kinfo.tolist())
+        if two_phase and not force_two_phase and not _two_phase_logged:
+            _two_phase_logged = True
+            warnings.warn(
+                f"bytesplat fused loss: only {resident} blocks fit on the GPU at once, fewer than the "
+                f"{math.ceil(W / TILE_SIZE) + 2} the one-launch neighbour wait needs at width {W}; "
+                "using the two-launch path (same result, slower)."
+            )
+        p = partials.double().sum(0)
+        n_l1 = C * H * W * 3
+        n_ssim = C * 3 * (H - SSIM_WIN_SIZE + 1) * (W - SSIM_WIN_SIZE + 1)
+        l1 = p[0] / n_l1
+        ssim = p[1] / n_ssim
+        loss = ((1 - ssim_lambda) * l1 + ssim_lambda * (1 - ssim)).float()
+        ctx.save_for_backward(means2d, vm, vc, vcol, vo, vabs)
+        ctx.meta = (C, N, absgrad)
+        stats = torch.stack([l1, ssim]).float()
+        ctx.mark_non_differentiable(rgb, alpha, stats)
+        ctx.kinfo = dict(two_phase=bool(two_phase), capacity=cap, resident_blocks=resident, smem_bytes=smem)
+        _FusedLoss.last_kernel_info = ctx.kinfo
+        return loss, rgb, alpha, stats
+
+    @staticmethod
+    def backward(ctx, g, _g_rgb, _g_alpha, _g_stats):
+        means2d, vm, vc, vcol, vo, vabs = ctx.saved_tensors
+        C, N, absgrad = ctx.meta
+        if absgrad:
+            means2d.absgrad = (vabs * g.abs()).view(C, N, 2)
+        return (
+            (vm * g).view(C, N, 2), (vc * g).view(C, N, 3), (vcol * g).view(C, N, 3), (vo * g).view(C, N),
+            None, None, None, None, None, None, None, None, None, None, None,
+        )
+
+
+_FusedLoss.last_kernel_info = {}
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API
+# ----------------------------------------------------------------------------------------------
+
+
+def _check(width: int, height: int, tile_size: int, device: torch.device):
+    if tile_size != TILE_SIZE:
+        raise ValueError(f"The fused rasterizer works on {TILE_SIZE}x{TILE_SIZE} tiles, got tile_size={tile_size}")
+    if device.type != "cuda":
+        raise CudaBuildError(f"The fused rasterizer needs CUDA tensors, got tensors on '{device}'.")
+
+
+def rasterize_fused(
+    means: Tensor,
+    quats: Tensor,
+    scales: Tensor,
+    opacities: Tensor,
+    colors: Tensor,
+    viewmats: Tensor,
+    Ks: Tensor,
+    width: int,
+    height: int,
+    *,
+    sh_degree: Optional[int] = None,
+    backgrounds: Optional[Tensor] = None,
+    render_mode: Literal["RGB", "RGB+ED"] = "RGB",
+    absgrad: bool = False,
+    near_plane: float = 0.01,
+    far_plane: float = 1e10,
+    eps2d: float = 0.3,
+    tile_size: int = 16,
+    projection: Optional[str] = None,
+) -> Tuple[Tensor, Tensor, Dict]:
+    """Render C views (same contract as ``rasterize_reference``); gradients by our CUDA backward.
+
+    With ``render_mode="RGB+ED"`` a 4th channel holds the expected depth (sum w_i z_i / alpha);
+    it is rendered by a second pass of the same kernels (``absgrad`` then counts the RGB pass only).
+    """
+    _check(width, height, tile_size, means.device)
+    if render_mode not in ("RGB", "RGB+ED"):
+        raise ValueError(f"render_mode must be 'RGB' or 'RGB+ED', got {render_mode!r}")
+    C = viewmats.shape[0]
+    radii, means2d, depths, conics, rgb, opac = project(
+        means, quats, scales, opacities, colors, viewmats, Ks, width, height,
+        sh_degree=sh_degree, near_plane=near_plane, far_plane=far_plane, eps2d=eps2d, projection=projection,
+    )
+    offsets, flatten_ids = bin_tiles(means2d, radii, depths, width, height, tile_size)
+    render, alpha = _RasterizeFused.apply(
+        means2d, conics, rgb, opac, backgrounds, offsets, flatten_ids, width, height, absgrad
+    )
+    if render_mode == "RGB+ED":
+        dcol = torch.cat([depths[..., None], torch.zeros_like(depths)[..., None].expand(-1, -1, 2)], -1)
+        dimg, _ = _RasterizeFused.apply(means2d, conics, dcol, opac, None, offsets, flatten_ids, width, height, False)
+        render = torch.cat([render, dimg[..., :1] / alpha.clamp(min=1e-10)], -1)
+    info = {
+        "means2d": means2d,
+        "radii": radii,
+        "depths": depths,
+        "conics": conics,
+        "width": width,
+        "height": height,
+        "n_cameras": C,
+        "opacities": opac,
+        "tile_size": tile_size,
+        "gaussian_ids": None,
+        "camera_ids": None,
+        "isect_offsets": offsets,
+        "flatten_ids": flatten_ids,
+    }
+    return render, alpha, info
+
+
+def fused_render_loss(
+    means: Tensor,
+    quats: Tensor,
+    scales: Tensor,
+    opacities: Tensor,
+    colors: Tensor,
+    viewmats: Tensor,
+    Ks: Tensor,
+    width: int,
+    height: int,
+    gt_images: Tensor,
+    backgrounds: Optional[Tensor] = None,
+    *,
+    sh_degree: Optional[int] = None,
+    ssim_lambda: float = 0.2,
+    absgrad: bool = False,
+    near_plane: float = 0.01,
+    far_plane: float = 1e10,
+    eps2d: float = 0.3,
+    tile_size: int = 16,
+    projection: Optional[str] = None,
+    capacity: Optional[int] = None,
+    blocks_per_sm: int = 2,
+    force_two_phase: bool = False,
+) -> Tuple[Tensor, Tensor, Tensor, Dict]:
+    """splatfacto's loss for C views in one kernel launch.
+
+    ``loss = (1-ssim_lambda)*mean|rgb-gt| + ssim_lambda*(1 - SSIM(rgb, gt))`` with
+    ``rgb = clamp(render + T*bg, 0, 1)``, SSIM as ``pytorch_msssim.SSIM(data_range=1,
+    size_average=True, channel=3, win_size=11, win_sigma=1.5)`` over all C views.
+    ``gt_images`` [C,H,W,3] float in [0,1]; ``backgrounds`` [C,3] (None: black).
+
+    Returns ``(loss, rgb [C,H,W,3] detached, alpha [C,H,W,1] detached, info)``; ``loss.backward()``
+    fills the gradients of means/quats/scales/opacities/colors (and viewmats when they require
+    grad) and ``info["means2d"].grad`` / ``.absgrad``. ``info`` also holds ``l1``, ``ssim`` and
+    ``kernel`` (two_phase, capacity, ...). Advanced: ``capacity`` overrides the Gaussians per tile
+    kept on chip (tests use it to force the streaming path); ``blocks_per_sm`` sets the shared
+    memory budget per block; ``force_two_phase`` takes the two-launch path.
+    """
+    _check(width, height, tile_size, means.device)
+    C = viewmats.shape[0]
+    if gt_images.shape != (C, height, width, 3):
+        raise ValueError(f"gt_images must be [C,H,W,3] = {[C, height, width, 3]}, got {list(gt_images.shape)}")
+    if height < SSIM_WIN_SIZE or width < SSIM_WIN_SIZE:
+        raise ValueError(f"SSIM needs images of at least {SSIM_WIN_SIZE}x{SSIM_WIN_SIZE} pixels")
+    if backgrounds is None:
+        backgrounds = torch.zeros(C, 3, device=means.device)
+    radii, means2d, depths, conics, rgb, opac = project(
+        means, quats, scales, opacities, colors, viewmats, Ks, width, height,
+        sh_degree=sh_degree, near_plane=near_plane, far_plane=far_plane, eps2d=eps2d, projection=projection,
+    )
+    offsets, flatten_ids = bin_tiles(means2d, radii, depths, width, height, tile_size)
+    _torch_clamp_inclusive()
+    loss, img, alpha, stats = _FusedLoss.apply(
+        means2d, conics, rgb, opac, backgrounds.detach(), gt_images.detach(), offsets, flatten_ids,
+        width, height, ssim_lambda, absgrad, capacity, blocks_per_sm, force_two_phase,
+    )
+    info = {
+        "means2d": means2d,
+        "radii": radii,
+        "depths": depths,
+        "conics": conics,
+        "width": width,
+        "height": height,
+        "n_cameras": C,
+        "opacities": opac,
+        "tile_size": tile_size,
+        "gaussian_ids": None,
+        "camera_ids": None,
+        "isect_offsets": offsets,
+        "flatten_ids": flatten_ids,
+        "l1": stats[0],
+        "ssim": stats[1],
+        "kernel": dict(_FusedLoss.last_kernel_info),
+    }
+    return loss, img, alpha, info
+
+
+# ----------------------------------------------------------------------------------------------
+# Pure-PyTorch twins (test oracles at the kernel boundary)
+# ----------------------------------------------------------------------------------------------
+
+
+def render_2d_torch(
+    means2d: Tensor, conics: Tensor, colors: Tensor, opacities: Tensor, backgrounds: Optional[Tensor],
+    offsets: Tensor, flatten_ids: Tensor, width: int, height: int,
+) -> Tuple[Tensor, Tensor]:
+    """The compositing the kernels do, in torch (autograd gives the gradients): for each pixel,
+    walk its tile's list front to back with gsplat's alpha/skip/stop rules. Slow; small images."""
+    C = means2d.shape[0]
+    m, c, col, o = means2d.reshape(-1, 2), conics.reshape(-1, 3), colors.reshape(-1, 3), opacities.reshape(-1)
+    tw = math.ceil(width / TILE_SIZE)
+    th = math.ceil(height / TILE_SIZE)
+    ys, xs = torch.meshgrid(torch.arange(height, device=m.device), torch.arange(width, device=m.device), indexing="ij")
+    out_rgb, out_a = [], []
+    offs = offsets.tolist()
+    for cam in range(C):
+        img = torch.zeros(height * width, 3, device=m.device)
+        Tout = torch.ones(height * width, device=m.device)
+        for t in range(tw * th):
+            tx, ty = t % tw, t // tw
+            sel = (xs // TILE_SIZE == tx) & (ys // TILE_SIZE == ty)
+            pidx = sel.flatten().nonzero().squeeze(1)
+            ids = flatten_ids[offs[cam * tw * th + t]: offs[cam * tw * th + t + 1]].long()
+            if pidx.numel() == 0:
+                continue
+            px = xs.flatten()[pidx].float() + 0.5
+            py = ys.flatten()[pidx].float() + 0.5
+            T = torch.ones(pidx.numel(), device=m.device)
+            acc = torch.zeros(pidx.numel(), 3, device=m.device)
+            alive = torch.ones(pidx.numel(), dtype=torch.bool, device=m.device)
+            for g in ids.tolist():
+                dx, dy = m[g, 0] - px, m[g, 1] - py
+                sigma = 0.5 * (c[g, 0] * dx * dx + c[g, 2] * dy * dy) + c[g, 1] * dx * dy
+                alpha = torch.clamp(o[g] * torch.exp(-sigma), max=0.999)
+                use = alive & (sigma >= 0) & (alpha >= 1.0 / 255.0)
+                nextT = T * (1 - alpha)
+                stop = use & (nextT <= 1e-4)
+                alive = alive & ~stop
+                use = use & ~stop
+                w = torch.where(use, alpha * T, torch.zeros_like(T))
+                acc = acc + w[:, None] * col[g][None, :]
+                T = torch.where(use, nextT, T)
+            img = img.index_put((pidx,), acc)
+            Tout = Tout.index_put((pidx,), T)
+        if backgrounds is not None:
+            img = img + Tout[:, None] * backgrounds[cam][None, :]
+        out_rgb.append(img.view(height, width, 3))
+        out_a.append((1 - Tout).view(height, width, 1))
+    return torch.stack(out_rgb), torch.stack(out_a)
+
+
+def splatfacto_loss_torch(render: Tensor, alpha: Tensor, gt_images: Tensor, backgrounds: Optional[Tensor],
+                          ssim_lambda: float = 0.2, render_has_bg: bool = True) -> Tensor:
+    """splatfacto's loss on a rendered batch via pytorch_msssim (the unfused path).
+
+    ``render`` [C,H,W,3] already includes T*bg when ``render_has_bg`` (as rasterizers return it
+    when given backgrounds); otherwise ``(1-alpha)*bg`` is added, as splatfacto does.
+    """
+    from pytorch_msssim import SSIM
+
+    rgb = render
+    if not render_has_bg and backgrounds is not None:
+        rgb = rgb + (1 - alpha) * backgrounds[:, None, None, :]
+    rgb = torch.clamp(rgb, 0.0, 1.0)
+    l1 = torch.abs(gt_images - rgb).mean()
+    ssim = SSIM(data_range=1.0, size_average=True, channel=3, win_size=SSIM_WIN_SIZE, win_sigma=SSIM_WIN_SIGMA)
+    sim = ssim(gt_images.permute(0, 3, 1, 2), rgb.permute(0, 3, 1, 2))
+    return (1 - ssim_lambda) * l1 + ssim_lambda * (1 - sim)

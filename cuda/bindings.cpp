@@ -1,0 +1,38 @@
+// Python bindings of bytesplat's CUDA kernels (built by bytesplat_ns/raster/_build.py).
+#include <torch/extension.h>
+
+#include <vector>
+
+namespace bytesplat {
+std::vector<at::Tensor> render_fwd(const at::Tensor &means2d, const at::Tensor &conics,
+                                   const at::Tensor &colors, const at::Tensor &opacities,
+                                   const c10::optional<at::Tensor> &backgrounds,
+                                   const at::Tensor &offsets, const at::Tensor &flatten_ids,
+                                   int64_t C, int64_t W, int64_t H);
+std::vector<at::Tensor> render_bwd(const at::Tensor &means2d, const at::Tensor &conics,
+                                   const at::Tensor &colors, const at::Tensor &opacities,
+                                   const c10::optional<at::Tensor> &backgrounds,
+                                   const at::Tensor &offsets, const at::Tensor &flatten_ids,
+                                   int64_t C, int64_t W, int64_t H, const at::Tensor &T_final,
+                                   const at::Tensor &last, const at::Tensor &v_render,
+                                   const c10::optional<at::Tensor> &v_alpha, bool absgrad);
+int64_t fused_capacity(int64_t blocks_per_sm);
+std::vector<at::Tensor> fused_loss(const at::Tensor &means2d, const at::Tensor &conics,
+                                   const at::Tensor &colors, const at::Tensor &opacities,
+                                   const at::Tensor &backgrounds, const at::Tensor &gt,
+                                   const at::Tensor &offsets, const at::Tensor &flatten_ids,
+                                   int64_t C, int64_t W, int64_t H, double ssim_lambda,
+                                   const at::Tensor &window, int64_t cap_override,
+                                   int64_t blocks_per_sm, bool absgrad, bool force_two_phase,
+                                   bool clamp_inclusive);
+}  // namespace bytesplat
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    m.doc() = "bytesplat fused Gaussian rasterization kernels";
+    m.def("render_fwd", &bytesplat::render_fwd, "tile rasterizer forward");
+    m.def("render_bwd", &bytesplat::render_bwd, "tile rasterizer backward");
+    m.def("fused_capacity", &bytesplat::fused_capacity,
+          "Gaussians per tile kept on chip by the fused kernel");
+    m.def("fused_loss", &bytesplat::fused_loss,
+          "one-launch render + splatfacto loss gradient + backward");
+}

@@ -1,0 +1,228 @@
+// Shared device code of bytesplat's rasterization kernels.
+//
+// Conventions (gsplat 1.4.0 classic, see DESIGN.md "Backends"): pixel centers at (x+0.5, y+0.5);
+// sigma = 0.5*(a dx^2 + c dy^2) + b dx dy with (dx, dy) = mean - pixel and conic (a, b, c);
+// alpha = min(0.999, o*exp(-sigma)), skipped when sigma < 0 or alpha < 1/255; a pixel stops before
+// the Gaussian that would take T to 1e-4 or below; background enters as T*bg.
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime.h>
+
+namespace bytesplat {
+
+constexpr int kTile = 16;                 // tile side in pixels (the block is one tile)
+constexpr int kBlock = kTile * kTile;     // threads per block, one per pixel
+constexpr int kWarps = kBlock / 32;
+constexpr int kChunk = 32;                // Gaussians per block-level gradient reduction
+constexpr int kGradComps = 11;            // xy(2) conic(3) rgb(3) opacity(1) |xy|(2)
+constexpr float kAlphaMin = 1.f / 255.f;
+constexpr float kAlphaMax = 0.999f;
+constexpr float kTMin = 1e-4f;
+
+// One Gaussian as staged in shared memory (structure of arrays, 40 bytes per Gaussian).
+// g0 = (x, y, opacity, conic.a), g1 = (conic.b, conic.c, r, g), g2 = b, id = flattened index.
+struct SmemGaussians {
+    float4 *g0;
+    float4 *g1;
+    float *g2;
+    int32_t *id;
+    static constexpr int kBytes = 16 + 16 + 4 + 4;
+
+    // Carve the arrays for `cap` Gaussians out of `base` (16-byte aligned), return the end.
+    __device__ __forceinline__ char *carve(char *base, int cap) {
+        g0 = reinterpret_cast<float4 *>(base);
+        g1 = g0 + cap;
+        g2 = reinterpret_cast<float *>(g1 + cap);
+        id = reinterpret_cast<int32_t *>(g2 + cap);
+        return reinterpret_cast<char *>(id + cap);
+    }
+};
+
+// Load list entries [first, first+count) of the tile (flatten_ids are indices into the [C*N] 2D
+// arrays) into shared slots [0, count). Called by the whole block; caller syncs afterwards.
+__device__ __forceinline__ void load_gaussians(
+    SmemGaussians s, const int32_t *__restrict__ flatten_ids, int64_t first, int count,
+    const float *__restrict__ means2d, const float *__restrict__ conics,
+    const float *__restrict__ colors, const float *__restrict__ opacities) {
+    for (int i = threadIdx.x; i < count; i += kBlock) {
+        const int32_t g = flatten_ids[first + i];
+        const float2 xy = reinterpret_cast<const float2 *>(means2d)[g];
+        const float ca = conics[3 * g], cb = conics[3 * g + 1], cc = conics[3 * g + 2];
+        const float r = colors[3 * g], gg = colors[3 * g + 1], b = colors[3 * g + 2];
+        s.g0[i] = make_float4(xy.x, xy.y, opacities[g], ca);
+        s.g1[i] = make_float4(cb, cc, r, gg);
+        s.g2[i] = b;
+        s.id[i] = g;
+    }
+}
+
+// Front-to-back step of one pixel over shared slot k: returns kComposited, kSkipped, or kSaturated
+// once the pixel is full (the Gaussian at k is then NOT composited, as in gsplat).
+enum StepResult { kSkipped = 0, kComposited = 1, kSaturated = 2 };
+__device__ __forceinline__ StepResult composite_step(
+    const SmemGaussians &s, int k, float px, float py, float &T, float3 &acc) {
+    const float4 a = s.g0[k];
+    const float dx = a.x - px, dy = a.y - py;
+    const float4 b = s.g1[k];
+    const float sigma = 0.5f * (a.w * dx * dx + b.y * dy * dy) + b.x * dx * dy;
+    const float alpha = fminf(kAlphaMax, a.z * expf(-sigma));
+    if (sigma < 0.f || alpha < kAlphaMin) return kSkipped;
+    const float nextT = T * (1.f - alpha);
+    if (nextT <= kTMin) return kSaturated;
+    const float w = alpha * T;
+    acc.x += b.z * w;
+    acc.y += b.w * w;
+    acc.z += s.g2[k] * w;
+    T = nextT;
+    return kComposited;
+}
+
+// Composite shared slots [0, count) (list indices base + slot) into one pixel's state.
+__device__ __forceinline__ void composite_slots(
+    const SmemGaussians &s, int count, int base, float px, float py, float &T, float3 &acc,
+    int &last, bool &done) {
+    if (done) return;
+    for (int k = 0; k < count; ++k) {
+        const StepResult r = composite_step(s, k, px, py, T, acc);
+        if (r == kSaturated) { done = true; return; }
+        if (r == kComposited) last = base + k + 1;
+    }
+}
+
+// Per-pixel state of the back-to-front walk.
+struct PixelBwd {
+    float px, py;
+    float T;        // transmittance in front of the Gaussian being visited (recovered by division)
+    float T_final;  // transmittance after the last composited Gaussian
+    float3 buf;     // color composited behind the Gaussian being visited
+    float3 v_rgb;   // dL/d(render color, before background)
+    float v_a;      // dL/d(render alpha) - dot(bg, v_rgb): the gradient wrt T_final, negated
+    int last;       // number of list entries up to and including the last composited one
+};
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Back-to-front over the shared slots [lo, hi) (slot + base = index in the tile list), in chunks of
+// kChunk Gaussians: per-pixel gradients are summed over the warp by shuffles, over the block in
+// shared memory (s_acc, kChunk*kGradComps floats, zero on entry and on exit), and written to global
+// memory once per Gaussian per tile. All threads of the block must call this with the same lo/hi.
+template <bool ABS>
+__device__ __forceinline__ void backward_slots(
+    const SmemGaussians &s, int lo, int hi, int base, PixelBwd &p, float *s_acc,
+    float *__restrict__ v_means2d, float *__restrict__ v_conics, float *__restrict__ v_colors,
+    float *__restrict__ v_opacities, float *__restrict__ v_means2d_abs) {
+    const int lane = threadIdx.x & 31;
+    for (int chunk_hi = hi; chunk_hi > lo; chunk_hi -= kChunk) {
+        const int chunk_lo = max(lo, chunk_hi - kChunk);
+        for (int k = chunk_hi - 1; k >= chunk_lo; --k) {
+            float g[kGradComps];
+            bool valid = false;
+            if (base + k < p.last) {
+                const float4 a = s.g0[k];
+                const float4 b = s.g1[k];
+                const float cb = s.g2[k];
+                const float dx = a.x - p.px, dy = a.y - p.py;
+                const float sigma = 0.5f * (a.w * dx * dx + b.y * dy * dy) + b.x * dx * dy;
+                const float vis = expf(-sigma);
+                const float alpha = fminf(kAlphaMax, a.z * vis);
+                if (sigma >= 0.f && alpha >= kAlphaMin) {
+                    valid = true;
+                    const float ra = 1.f / (1.f - alpha);
+                    p.T *= ra;
+                    const float fac = alpha * p.T;
+                    g[5] = fac * p.v_rgb.x;
+                    g[6] = fac * p.v_rgb.y;
+                    g[7] = fac * p.v_rgb.z;
+                    float v_alpha = (b.z * p.T - p.buf.x * ra) * p.v_rgb.x +
+                                    (b.w * p.T - p.buf.y * ra) * p.v_rgb.y +
+                                    (cb * p.T - p.buf.z * ra) * p.v_rgb.z;
+                    v_alpha += p.T_final * ra * p.v_a;
+                    if (a.z * vis <= kAlphaMax) {
+                        const float v_sigma = -a.z * vis * v_alpha;
+                        g[2] = 0.5f * v_sigma * dx * dx;
+                        g[3] = v_sigma * dx * dy;
+                        g[4] = 0.5f * v_sigma * dy * dy;
+                        g[0] = v_sigma * (a.w * dx + b.x * dy);
+                        g[1] = v_sigma * (b.x * dx + b.y * dy);
+                        g[8] = vis * v_alpha;
+                    } else {
+                        g[0] = g[1] = g[2] = g[3] = g[4] = g[8] = 0.f;
+                    }
+                    g[9] = fabsf(g[0]);
+                    g[10] = fabsf(g[1]);
+                    p.buf.x += b.z * fac;
+                    p.buf.y += b.w * fac;
+                    p.buf.z += cb * fac;
+                }
+            }
+            if (!__any_sync(0xffffffffu, valid)) continue;
+            if (!valid) {
+#pragma unroll
+                for (int c = 0; c < kGradComps; ++c) g[c] = 0.f;
+            }
+#pragma unroll
+            for (int c = 0; c < kGradComps; ++c) {
+                if (!ABS && c >= 9) break;
+                g[c] = warp_sum(g[c]);
+            }
+            if (lane == 0) {
+                float *dst = s_acc + (k - chunk_lo) * kGradComps;
+#pragma unroll
+                for (int c = 0; c < kGradComps; ++c) {
+                    if (!ABS && c >= 9) break;
+                    atomicAdd(dst + c, g[c]);
+                }
+            }
+        }
+        __syncthreads();
+        // One global write per Gaussian and component for this tile.
+        const int n = (chunk_hi - chunk_lo) * kGradComps;
+        for (int i = threadIdx.x; i < n; i += kBlock) {
+            const float v = s_acc[i];
+            if (v != 0.f) {
+                const int slot = chunk_lo + i / kGradComps, c = i % kGradComps;
+                const int64_t gid = s.id[slot];
+                if (c < 2) atomicAdd(v_means2d + 2 * gid + c, v);
+                else if (c < 5) atomicAdd(v_conics + 3 * gid + (c - 2), v);
+                else if (c < 8) atomicAdd(v_colors + 3 * gid + (c - 5), v);
+                else if (c == 8) atomicAdd(v_opacities + gid, v);
+                else if (ABS) atomicAdd(v_means2d_abs + 2 * gid + (c - 9), v);
+                s_acc[i] = 0.f;
+            }
+        }
+        __syncthreads();
+    }
+}
+
+// Block-wide max / sum helpers (s_scratch: at least kWarps floats/ints; all threads call).
+__device__ __forceinline__ int block_max_int(int v, int *s_scratch) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) s_scratch[threadIdx.x >> 5] = v;
+    __syncthreads();
+    int r = s_scratch[0];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) r = max(r, s_scratch[w]);
+    __syncthreads();
+    return r;
+}
+
+__device__ __forceinline__ float block_sum(float v, float *s_scratch) {
+    v = warp_sum(v);
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) s_scratch[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float r = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) r += s_scratch[w];
+    __syncthreads();
+    return r;
+}
+
+}  // namespace bytesplat

@@ -1,0 +1,196 @@
+// Plain tile rasterizer: forward (render colors, alphas, per-pixel T and last index) and backward
+// (2D gradients from dL/d render), one block per 16x16 tile. Used by rasterize_fused for
+// rendering with arbitrary losses (eval, viewer, custom training losses).
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "common.cuh"
+
+namespace bytesplat {
+
+namespace {
+
+// One batch of kBlock Gaussians staged in shared memory at a time.
+constexpr int kBatch = kBlock;
+constexpr int kSmemGauss = kBatch * SmemGaussians::kBytes;
+constexpr int kSmemBytes = kSmemGauss + kChunk * kGradComps * 4 + 64;
+
+__global__ void __launch_bounds__(kBlock) render_fwd_kernel(
+    int W, int H, int tw, int th, const float *__restrict__ means2d,
+    const float *__restrict__ conics, const float *__restrict__ colors,
+    const float *__restrict__ opacities, const float *__restrict__ bg,
+    const int32_t *__restrict__ offsets, const int32_t *__restrict__ flatten_ids,
+    float *__restrict__ out_rgb, float *__restrict__ out_alpha, float *__restrict__ out_T,
+    int32_t *__restrict__ out_last) {
+    extern __shared__ float4 smem4[];
+    SmemGaussians s;
+    s.carve(reinterpret_cast<char *>(smem4), kBatch);
+
+    const int cam = blockIdx.z, tx = blockIdx.x, ty = blockIdx.y;
+    const int t = (cam * th + ty) * tw + tx;
+    const int x = tx * kTile + (threadIdx.x % kTile), y = ty * kTile + (threadIdx.x / kTile);
+    const bool inside = x < W && y < H;
+    const float px = x + 0.5f, py = y + 0.5f;
+    const int start = offsets[t], end = offsets[t + 1];
+
+    float T = 1.f;
+    float3 acc = make_float3(0.f, 0.f, 0.f);
+    int last = 0;
+    bool done = !inside;
+    for (int b0 = start; b0 < end; b0 += kBatch) {
+        // Also the barrier that frees the previous batch's shared memory.
+        if (__syncthreads_count(done) == kBlock) break;
+        const int cnt = min(kBatch, end - b0);
+        load_gaussians(s, flatten_ids, b0, cnt, means2d, conics, colors, opacities);
+        __syncthreads();
+        composite_slots(s, cnt, b0 - start, px, py, T, acc, last, done);
+    }
+    if (!inside) return;
+    const int64_t pix = ((int64_t)cam * H + y) * W + x;
+    float3 b = make_float3(0.f, 0.f, 0.f);
+    if (bg != nullptr) b = make_float3(bg[3 * cam], bg[3 * cam + 1], bg[3 * cam + 2]);
+    out_rgb[3 * pix] = acc.x + T * b.x;
+    out_rgb[3 * pix + 1] = acc.y + T * b.y;
+    out_rgb[3 * pix + 2] = acc.z + T * b.z;
+    out_alpha[pix] = 1.f - T;
+    out_T[pix] = T;
+    out_last[pix] = last;
+}
+
+template <bool ABS>
+__global__ void __launch_bounds__(kBlock) render_bwd_kernel(
+    int W, int H, int tw, int th, const float *__restrict__ means2d,
+    const float *__restrict__ conics, const float *__restrict__ colors,
+    const float *__restrict__ opacities, const float *__restrict__ bg,
+    const int32_t *__restrict__ offsets, const int32_t *__restrict__ flatten_ids,
+    const float *__restrict__ T_final, const int32_t *__restrict__ last_ids,
+    const float *__restrict__ v_render, const float *__restrict__ v_alpha,
+    float *__restrict__ v_means2d, float *__restrict__ v_conics, float *__restrict__ v_colors,
+    float *__restrict__ v_opacities, float *__restrict__ v_means2d_abs) {
+    extern __shared__ float4 smem4[];
+    SmemGaussians s;
+    char *p_end = s.carve(reinterpret_cast<char *>(smem4), kBatch);
+    float *s_acc = reinterpret_cast<float *>(p_end);
+    int *s_red = reinterpret_cast<int *>(s_acc + kChunk * kGradComps);
+    for (int i = threadIdx.x; i < kChunk * kGradComps; i += kBlock) s_acc[i] = 0.f;
+
+    const int cam = blockIdx.z, tx = blockIdx.x, ty = blockIdx.y;
+    const int t = (cam * th + ty) * tw + tx;
+    const int x = tx * kTile + (threadIdx.x % kTile), y = ty * kTile + (threadIdx.x / kTile);
+    const bool inside = x < W && y < H;
+    const int start = offsets[t], end = offsets[t + 1];
+
+    PixelBwd p;
+    p.px = x + 0.5f;
+    p.py = y + 0.5f;
+    p.buf = make_float3(0.f, 0.f, 0.f);
+    p.v_rgb = make_float3(0.f, 0.f, 0.f);
+    p.v_a = 0.f;
+    p.T = p.T_final = 1.f;
+    p.last = 0;
+    if (inside) {
+        const int64_t pix = ((int64_t)cam * H + y) * W + x;
+        p.T = p.T_final = T_final[pix];
+        p.last = last_ids[pix];
+        p.v_rgb = make_float3(v_render[3 * pix], v_render[3 * pix + 1], v_render[3 * pix + 2]);
+        float va = v_alpha != nullptr ? v_alpha[pix] : 0.f;
+        if (bg != nullptr)
+            va -= bg[3 * cam] * p.v_rgb.x + bg[3 * cam + 1] * p.v_rgb.y + bg[3 * cam + 2] * p.v_rgb.z;
+        p.v_a = va;
+    }
+    const int max_last = block_max_int(p.last, s_red);  // also syncs s_acc's zeroing
+    if (max_last == 0 || end <= start) return;
+    for (int b = (max_last - 1) / kBatch; b >= 0; --b) {
+        const int cnt = min(kBatch, end - start - b * kBatch);
+        __syncthreads();
+        load_gaussians(s, flatten_ids, start + b * kBatch, cnt, means2d, conics, colors, opacities);
+        __syncthreads();
+        const int hi = min(cnt, max_last - b * kBatch);
+        backward_slots<ABS>(s, 0, hi, b * kBatch, p, s_acc, v_means2d, v_conics, v_colors,
+                            v_opacities, v_means2d_abs);
+    }
+}
+
+void check_inputs(const at::Tensor &means2d, const at::Tensor &conics, const at::Tensor &colors,
+                  const at::Tensor &opacities, const at::Tensor &offsets,
+                  const at::Tensor &flatten_ids) {
+    for (const at::Tensor *t : {&means2d, &conics, &colors, &opacities}) {
+        TORCH_CHECK(t->is_cuda() && t->scalar_type() == at::kFloat && t->is_contiguous(),
+                    "bytesplat: 2D Gaussian inputs must be contiguous float32 CUDA tensors");
+    }
+    TORCH_CHECK(offsets.scalar_type() == at::kInt && flatten_ids.scalar_type() == at::kInt,
+                "bytesplat: tile offsets and flatten ids must be int32");
+    TORCH_CHECK(colors.size(-1) == 3, "bytesplat: the fused rasterizer renders 3 channels");
+}
+
+}  // namespace
+
+std::vector<at::Tensor> render_fwd(const at::Tensor &means2d, const at::Tensor &conics,
+                                   const at::Tensor &colors, const at::Tensor &opacities,
+                                   const c10::optional<at::Tensor> &backgrounds,
+                                   const at::Tensor &offsets, const at::Tensor &flatten_ids,
+                                   int64_t C, int64_t W, int64_t H) {
+    check_inputs(means2d, conics, colors, opacities, offsets, flatten_ids);
+    const at::cuda::CUDAGuard guard(means2d.device());
+    const int tw = (W + kTile - 1) / kTile, th = (H + kTile - 1) / kTile;
+    TORCH_CHECK(offsets.numel() == C * tw * th + 1, "bytesplat: offsets must have C*tiles+1 entries");
+    auto fopt = means2d.options();
+    at::Tensor rgb = at::empty({C, H, W, 3}, fopt);
+    at::Tensor alpha = at::empty({C, H, W, 1}, fopt);
+    at::Tensor T = at::empty({C, H, W}, fopt);
+    at::Tensor last = at::empty({C, H, W}, fopt.dtype(at::kInt));
+    if (C == 0 || W == 0 || H == 0) return {rgb, alpha, T, last};
+    at::Tensor bg_keep = backgrounds.has_value() ? backgrounds->contiguous() : at::Tensor();
+    const float *bg = backgrounds.has_value() ? bg_keep.data_ptr<float>() : nullptr;
+    auto stream = at::cuda::getCurrentCUDAStream();
+    dim3 grid(tw, th, C);
+    render_fwd_kernel<<<grid, kBlock, kSmemBytes, stream>>>(
+        W, H, tw, th, means2d.data_ptr<float>(), conics.data_ptr<float>(), colors.data_ptr<float>(),
+        opacities.data_ptr<float>(), bg, offsets.data_ptr<int32_t>(),
+        flatten_ids.data_ptr<int32_t>(), rgb.data_ptr<float>(), alpha.data_ptr<float>(),
+        T.data_ptr<float>(), last.data_ptr<int32_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return {rgb, alpha, T, last};
+}
+
+std::vector<at::Tensor> render_bwd(const at::Tensor &means2d, const at::Tensor &conics,
+                                   const at::Tensor &colors, const at::Tensor &opacities,
+                                   const c10::optional<at::Tensor> &backgrounds,
+                                   const at::Tensor &offsets, const at::Tensor &flatten_ids,
+                                   int64_t C, int64_t W, int64_t H, const at::Tensor &T_final,
+                                   const at::Tensor &last, const at::Tensor &v_render,
+                                   const c10::optional<at::Tensor> &v_alpha, bool absgrad) {
+    check_inputs(means2d, conics, colors, opacities, offsets, flatten_ids);
+    const at::cuda::CUDAGuard guard(means2d.device());
+    const int tw = (W + kTile - 1) / kTile, th = (H + kTile - 1) / kTile;
+    at::Tensor v_means2d = at::zeros_like(means2d);
+    at::Tensor v_conics = at::zeros_like(conics);
+    at::Tensor v_colors = at::zeros_like(colors);
+    at::Tensor v_opacities = at::zeros_like(opacities);
+    at::Tensor v_abs = absgrad ? at::zeros_like(means2d) : at::empty({0}, means2d.options());
+    if (C == 0 || W == 0 || H == 0 || flatten_ids.numel() == 0)
+        return {v_means2d, v_conics, v_colors, v_opacities, v_abs};
+    at::Tensor bg_keep = backgrounds.has_value() ? backgrounds->contiguous() : at::Tensor();
+    const float *bg = backgrounds.has_value() ? bg_keep.data_ptr<float>() : nullptr;
+    at::Tensor vr = v_render.contiguous();
+    at::Tensor va_keep = v_alpha.has_value() ? v_alpha->contiguous() : at::Tensor();
+    const float *va = v_alpha.has_value() ? va_keep.data_ptr<float>() : nullptr;
+    auto stream = at::cuda::getCurrentCUDAStream();
+    dim3 grid(tw, th, C);
+    auto launch = [&](auto kernel) {
+        kernel<<<grid, kBlock, kSmemBytes, stream>>>(
+            W, H, tw, th, means2d.data_ptr<float>(), conics.data_ptr<float>(),
+            colors.data_ptr<float>(), opacities.data_ptr<float>(), bg, offsets.data_ptr<int32_t>(),
+            flatten_ids.data_ptr<int32_t>(), T_final.data_ptr<float>(), last.data_ptr<int32_t>(),
+            vr.data_ptr<float>(), va, v_means2d.data_ptr<float>(), v_conics.data_ptr<float>(),
+            v_colors.data_ptr<float>(), v_opacities.data_ptr<float>(),
+            absgrad ? v_abs.data_ptr<float>() : nullptr);
+    };
+    if (absgrad) launch(render_bwd_kernel<true>);
+    else launch(render_bwd_kernel<false>);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return {v_means2d, v_conics, v_colors, v_opacities, v_abs};
+}
+
+}  // namespace bytesplat
