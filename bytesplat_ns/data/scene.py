@@ -33,7 +33,6 @@ import json
 import math
 import os
 import shutil
-import struct
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -63,7 +62,7 @@ PRESETS: Dict[str, Dict[str, int]] = {
 }
 
 _EPS = 1e-6
-_CHUNK = 1 << 17  # rays per vectorised batch (bounds memory for large images)
+_CHUNK = 1 << 15  # rays per vectorised batch: bounds memory, and keeps temporaries off fresh pages
 
 
 # ----------------------------------------------------------------------------------------------------
