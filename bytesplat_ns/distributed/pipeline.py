@@ -1,0 +1,457 @@
+"""nerfstudio integration of the sharded step: a pipeline without DDP and a trainer that checkpoints it.
+
+``ShardedPipeline`` (a ``VanillaPipeline``) never wraps the model in DDP. After the model is built
+(the same initial Gaussians on every rank: rank 0's are broadcast), each rank keeps only its
+contiguous shard of the Gaussians; the trainer then builds the optimizers from the shard, so each
+rank also owns only its shard's optimizer state. A training step:
+
+- every rank draws the SAME batch of ``views_per_step`` training views (a per-epoch permutation
+  seeded by ``--machine.seed`` and the epoch: no communication), spread over the ranks
+  (``step.assign_views``);
+- ``get_train_loss_dict`` runs ``step.sharded_render_loss`` (projection of the shard into every
+  view, exchange of 2D records, compositing and splatfacto's loss on the rank's own views); the
+  returned ``main_loss`` is this rank's share plus the detached rest of the batch loss, so its
+  value is the batch loss and its gradient is this rank's share: nerfstudio's ``loss.backward()``
+  runs the gradient exchange and the shard's own backward;
+- callbacks after the iteration (after the model's densification, which runs per shard on the
+  statistics the owner received from every renderer): log the bytes every communicator sent this
+  step (summed over ranks) to nerfstudio's writer under ``communication/*``, rebalance the shards
+  when they drift more than ``rebalance_threshold`` (parameters, Adam state and densification
+  statistics move together), and before a checkpoint gather every rank's Gaussians and Adam state
+  on rank 0 (a collective in a callback: nerfstudio saves on rank 0 only, so ``state_dict`` never
+  runs a collective).
+
+``ShardedTrainer`` scales the Gaussian learning rates for the batch (``step.scale_adam_for_batch``:
+lr and the scheduler's final lr times sqrt(B), Adam betas to the power B), writes checkpoints on
+rank 0 only from the gathered copy (the same format as ``ns-train bytesplat``, so ``ns-viewer``,
+``ns-export gaussian-splat`` and ``ns-eval`` load them in one process), and loads a checkpoint of
+any rank count by slicing the full Gaussians and their Adam state into this run's shards.
+
+Not supported yet in sharded mode (a clear error at start): camera pose optimisation, the
+bilateral grid, masks, training views of different resolutions in one batch. Evaluation during
+training and the viewer render rank 0's shard only (see the module README in the report).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Literal, Mapping, Optional, Type
+
+import torch
+import torch.distributed as dist
+from nerfstudio.engine.callbacks import TrainingCallback, TrainingCallbackAttributes, TrainingCallbackLocation
+from nerfstudio.pipelines.base_pipeline import VanillaPipeline, VanillaPipelineConfig
+from nerfstudio.utils import writer
+from nerfstudio.utils.decorators import check_main_thread
+from nerfstudio.utils.misc import step_check
+from nerfstudio.utils.rich_utils import CONSOLE
+
+from bytesplat_ns.distributed.communicators import COMMUNICATORS, CommStats, make_communicator
+from bytesplat_ns.distributed.exchange import ExchangeStats, all_reduce_, comm_device, rank_and_world, wrap_failure
+from bytesplat_ns.distributed.runtime import StepWatchdog
+from bytesplat_ns.distributed.sharding import ShardLayout, gather_layout, gather_to_rank0, rebalance
+from bytesplat_ns.distributed.step import (
+    PARAM_NAMES,
+    Views,
+    assign_views,
+    scale_adam_for_batch,
+    sharded_render_loss,
+    splatfacto_loss,
+)
+from bytesplat_ns.errors import BytesplatError
+from bytesplat_ns.trainer import ByteSplatTrainer, ByteSplatTrainerConfig, latest_checkpoint, read_checkpoint
+
+ADAM_ROW_KEYS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+STRATEGY_ROW_KEYS = ("grad2d", "count", "radii")
+
+
+@dataclass
+class ShardedPipelineConfig(VanillaPipelineConfig):
+    """A pipeline whose Gaussians are sharded over the ranks (no DDP)."""
+
+    _target: Type = field(default_factory=lambda: ShardedPipeline)
+    communicator: Literal["dense", "sparse-grad"] = "sparse-grad"
+    """How 2D records and their gradients travel: dense (all gradients back) or sparse-grad (non-zero only)."""
+    views_per_step: int = 0
+    """Training views per step (the batch), spread over the ranks; 0 means one per rank."""
+    rebalance_threshold: float = 0.1
+    """Re-cut the shards evenly when a shard's size differs from the mean by more than this fraction."""
+    step_timeout: float = 0.0
+    """Seconds after which a rank stuck in one training step ends itself with a clear error (0: off)."""
+
+
+def _strip_module(state: Mapping[str, Any]) -> Dict[str, Any]:
+    return {(k[len("module.") :] if k.startswith("module.") else k): v for k, v in state.items()}
+
+
+class ShardedPipeline(VanillaPipeline):
+    config: ShardedPipelineConfig
+
+    def __init__(
+        self,
+        config: ShardedPipelineConfig,
+        device: str,
+        test_mode: Literal["test", "val", "inference"] = "val",
+        world_size: int = 1,
+        local_rank: int = 0,
+        grad_scaler=None,
+    ):
+        rank, world = rank_and_world()
+        if str(device).startswith("cuda") and ":" in str(device):
+            torch.cuda.set_device(torch.device(device))  # NCCL collectives use the current device
+        if world != world_size:
+            raise BytesplatError(
+                f"The trainer was set up for {world_size} processes but the process group has {world}.",
+                hint="Launch with `torchrun --nproc-per-node N -m bytesplat_ns.train ...`.",
+            )
+        # Rank 0 first: it may generate/cache the built-in scene; the others then read the cache.
+        if rank != 0:
+            _barrier("waiting for rank 0 to prepare the data")
+        super().__init__(config, device, test_mode, world_size=1, local_rank=local_rank, grad_scaler=grad_scaler)
+        if rank == 0 and world > 1:
+            _barrier("data prepared on rank 0")
+        self.world_size = world
+        self.rank = rank
+        self._check_supported()
+        self.communicator = make_communicator(config.communicator)
+        self.views_per_step = config.views_per_step or world
+        self.last_stats = CommStats()
+        self._pending_stats: Optional[CommStats] = None
+        self._checkpoint: Optional[Dict[str, Any]] = None
+        self._sampler_epoch = -1
+        self._sampler_order: List[int] = []
+        self._watchdog = StepWatchdog(config.step_timeout) if config.step_timeout > 0 else None
+        self._share_initial_gaussians()
+
+    # ---- setup ----
+    def _check_supported(self) -> None:
+        from bytesplat_ns.model import ByteSplatModel
+
+        model = self.model
+        if not isinstance(model, ByteSplatModel):
+            raise BytesplatError(f"Sharded training needs the bytesplat model, got {type(model).__name__}.")
+        if model.config.camera_optimizer.mode != "off":
+            raise BytesplatError(
+                "Camera pose optimisation is not supported with sharded Gaussians yet.",
+                hint="Add --pipeline.model.camera-optimizer.mode off.",
+            )
+        if getattr(model.config, "use_bilateral_grid", False):
+            raise BytesplatError("The bilateral grid is not supported with sharded Gaussians yet.")
+
+    def _share_initial_gaussians(self) -> None:
+        """Broadcast rank 0's Gaussians (ranks seed their RNGs differently), keep this rank's shard."""
+        params = self.model.gauss_params
+        dev = comm_device()
+        total = int(params["means"].shape[0])
+        if self.world_size > 1:
+            counts = gather_layout(total).counts
+            if len(set(counts)) != 1:
+                raise BytesplatError(f"Ranks built different initial models (Gaussian counts {counts}).")
+            for name in list(params.keys()):
+                buf = params[name].detach().to(dev).contiguous()
+                try:
+                    dist.broadcast(buf, src=0)
+                except Exception as error:  # noqa: BLE001
+                    raise wrap_failure("broadcasting the initial Gaussians", 0, error) from error
+                params[name] = torch.nn.Parameter(buf.to(params[name].device))
+        layout = ShardLayout.even(total, self.world_size)
+        start, end = layout.range(self.rank)
+        for name in list(params.keys()):
+            params[name] = torch.nn.Parameter(params[name].detach()[start:end].clone())
+
+    # ---- the training step ----
+    def _sample_views(self, step: int) -> List[int]:
+        """The same B training views on every rank: a per-epoch permutation seeded by the epoch."""
+        n = len(self.datamanager.train_dataset)
+        B = self.views_per_step
+        seed = int(getattr(self.datamanager.config, "seed", 0) or 0)
+        out: List[int] = []
+        position = step * B
+        while len(out) < B:
+            epoch, offset = divmod(position, n)
+            if epoch != self._sampler_epoch:
+                gen = torch.Generator().manual_seed(1_000_003 * epoch + seed + 12345)
+                self._sampler_order = torch.randperm(n, generator=gen).tolist()
+                self._sampler_epoch = epoch
+            out.append(self._sampler_order[offset])
+            position += 1
+        return out
+
+    def _batch(self, step: int) -> Views:
+        from bytesplat_ns.model import viewmat_from_camera_to_world
+
+        model = self.model
+        indices = self._sample_views(step)
+        cached = self.datamanager.cached_train  # loads (and undistorts) images, sets train_cameras
+        cams = self.datamanager.train_cameras
+        cameras = cams[torch.tensor(indices, dtype=torch.long)].to(self.device)
+        scale = model._get_downscale_factor()
+        cameras.rescale_output_resolution(1 / scale)
+        widths = {int(w) for w in cameras.width.reshape(-1).tolist()}
+        heights = {int(h) for h in cameras.height.reshape(-1).tolist()}
+        if len(widths) != 1 or len(heights) != 1:
+            raise BytesplatError("Sharded training needs training views of one resolution per batch.")
+        Ks = cameras.get_intrinsics_matrices().to(self.device)
+        viewmats = viewmat_from_camera_to_world(cameras.camera_to_worlds.to(self.device))
+        B = len(indices)
+        mine = assign_views(B, self.world_size)[self.rank]
+        images: List[Optional[torch.Tensor]] = [None] * B
+        backgrounds = torch.zeros(B, 3, device=self.device)
+        for v in mine:
+            data = cached[indices[v]]
+            if "mask" in data:
+                raise BytesplatError("Masks are not supported with sharded Gaussians yet.")
+            background = model._get_background_color()
+            backgrounds[v] = background
+            gt = model.get_gt_img(data["image"].to(self.device))
+            images[v] = model.composite_with_background(gt, background)
+        return Views(viewmats, Ks, widths.pop(), heights.pop(), images, backgrounds)  # type: ignore[arg-type]
+
+    def _sh_degree(self) -> Optional[int]:
+        cfg = self.model.config
+        if cfg.sh_degree > 0:
+            return min(self.model.step // cfg.sh_degree_interval, cfg.sh_degree)
+        return None
+
+    def get_train_loss_dict(self, step: int):
+        if self._watchdog is not None:
+            self._watchdog.arm(f"training step {step}")
+        model = self.model
+        views = self._batch(step)
+        lam = model.config.ssim_lambda
+        fwd = sharded_render_loss(
+            model.gauss_params,
+            views,
+            self.communicator,
+            self._sh_degree(),
+            lambda pred, gt: splatfacto_loss(pred, gt, lam),
+            absgrad=bool(getattr(model.strategy, "absgrad", False)),
+        )
+        model.info = fwd.info
+        if getattr(model, "optimizers", None) is not None:
+            model.strategy.step_pre_backward(model.gauss_params, model.optimizers, model.strategy_state, step, model.info)
+        local_terms = [fwd.local_loss]
+        use_reg = model.config.use_scale_regularization and step % 10 == 0
+        if use_reg:
+            scale_exp = torch.exp(model.gauss_params["scales"])
+            ratio = torch.maximum(
+                scale_exp.amax(dim=-1) / scale_exp.amin(dim=-1), torch.tensor(model.config.max_gauss_ratio, device=scale_exp.device)
+            )
+            local_terms.append(0.1 * (ratio - model.config.max_gauss_ratio).sum() / max(1, fwd.layout.total))
+        totals = torch.stack([t.detach().to(torch.float64) for t in local_terms]).to(comm_device())
+        meta = ExchangeStats()
+        all_reduce_(totals, stats=meta, phase="summing the batch loss")
+        fwd.stats.meta_bytes += meta.meta_bytes
+        totals = totals.to(fwd.local_loss.device, fwd.local_loss.dtype)
+        # value: the whole batch's loss; gradient: this rank's share only.
+        loss_dict = {"main_loss": local_terms[0] + (totals[0] - local_terms[0]).detach()}
+        if use_reg:
+            loss_dict["scale_reg"] = local_terms[1] + (totals[1] - local_terms[1]).detach()
+        self._pending_stats = fwd.stats
+        metrics = {"gaussian_count": fwd.layout.total, "shard_gaussians": int(fwd.layout.counts[self.rank])}
+        return {}, loss_dict, metrics
+
+    # ---- callbacks ----
+    def get_training_callbacks(self, attrs: TrainingCallbackAttributes) -> List[TrainingCallback]:
+        callbacks = super().get_training_callbacks(attrs)
+        trainer = attrs.trainer
+        callbacks.append(
+            TrainingCallback([TrainingCallbackLocation.AFTER_TRAIN_ITERATION], self._after_iteration, kwargs={"trainer": trainer})
+        )
+        return callbacks
+
+    def _after_iteration(self, step: int, trainer) -> None:
+        self._log_communication(step)
+        model = self.model
+        opts = trainer.optimizers
+        gaussian_opts = {name: opts.optimizers[name] for name in PARAM_NAMES if name in opts.optimizers}
+        strategy_rows = {k: model.strategy_state.get(k) for k in STRATEGY_ROW_KEYS if isinstance(model.strategy_state.get(k), torch.Tensor)}
+        moved, layout = rebalance(model.gauss_params, gaussian_opts, self.config.rebalance_threshold, extra=strategy_rows)
+        if moved:
+            model.strategy_state.update(strategy_rows)
+            for name in gaussian_opts:
+                opts.parameters[name] = [model.gauss_params[name]]
+            CONSOLE.log(f"bytesplat: step {step}: shards rebalanced to {layout.counts}")
+        final = trainer._start_step + trainer.config.max_num_iterations - 1
+        if step_check(step, trainer.config.steps_per_save) or step == final:
+            self.gather_checkpoint(step, trainer)
+        if self._watchdog is not None:
+            self._watchdog.disarm()
+
+    def _log_communication(self, step: int) -> None:
+        stats = self._pending_stats or CommStats()
+        self._pending_stats = None
+        local = stats.as_dict()
+        keys = list(local)
+        vec = torch.tensor([float(local[k]) for k in keys], dtype=torch.float64, device=comm_device())
+        all_reduce_(vec, phase="summing communication statistics")
+        summed = dict(zip(keys, vec.cpu().tolist()))
+        self.last_stats = CommStats(**{k: int(v) for k, v in summed.items()})
+        writer.put_dict(
+            name="communication",
+            scalar_dict={f"{self.communicator.name}/{k}": v for k, v in summed.items()},
+            step=step,
+        )
+
+    def gather_checkpoint(self, step: int, trainer) -> None:
+        """Collective: every rank's Gaussians and their Adam state, concatenated on rank 0."""
+        params = self.model.gauss_params
+        opts = trainer.optimizers.optimizers
+        tensors: Dict[str, torch.Tensor] = {f"param/{n}": params[n].detach() for n in PARAM_NAMES}
+        row_keys: Dict[str, List[str]] = {}
+        for name in PARAM_NAMES:
+            opt = opts.get(name)
+            state = opt.state.get(params[name], {}) if opt is not None else {}
+            row_keys[name] = [k for k in ADAM_ROW_KEYS if isinstance(state.get(k), torch.Tensor) and state[k].shape == params[name].shape]
+            for k in row_keys[name]:
+                tensors[f"adam/{name}/{k}"] = state[k]
+        # All ranks must send the same entries; the first step gives every rank Adam state at once.
+        full = gather_to_rank0(tensors)
+        if full is None:
+            return
+        optimizers: Dict[str, Any] = {}
+        for name, opt in opts.items():
+            sd = opt.state_dict()
+            sd["state"] = {i: dict(st) for i, st in sd["state"].items()}  # state_dict shares the live dicts
+            if name in PARAM_NAMES and sd["state"]:
+                for k in row_keys[name]:
+                    sd["state"][0][k] = full[f"adam/{name}/{k}"]
+            optimizers[name] = sd
+        self._checkpoint = {
+            "step": step,
+            "params": {n: full[f"param/{n}"] for n in PARAM_NAMES},
+            "optimizers": optimizers,
+        }
+
+    # ---- checkpoints ----
+    def checkpoint_state(self, step: int) -> Dict[str, Any]:
+        """Rank 0: the full pipeline state and optimizer states gathered for ``step`` (no collective)."""
+        if self.world_size == 1 and (self._checkpoint is None or self._checkpoint["step"] != step):
+            return {"pipeline": super().state_dict(), "optimizers": None}
+        if self._checkpoint is None or self._checkpoint["step"] != step:
+            have = None if self._checkpoint is None else self._checkpoint["step"]
+            raise BytesplatError(f"No gathered copy of the Gaussians for step {step} (latest: {have}); not writing a partial checkpoint.")
+        state = super().state_dict()
+        for n, t in self._checkpoint["params"].items():
+            state[f"_model.gauss_params.{n}"] = t
+        return {"pipeline": state, "optimizers": self._checkpoint["optimizers"]}
+
+    def load_pipeline(self, loaded_state: Dict[str, Any], step: int) -> None:
+        """Load a full checkpoint (any rank count) and keep this rank's shard."""
+        state = _strip_module(loaded_state)
+        total = int(state["_model.gauss_params.means"].shape[0])
+        start, end = ShardLayout.even(total, self.world_size).range(self.rank)
+        for n in PARAM_NAMES:
+            key = f"_model.gauss_params.{n}"
+            state[key] = state[key][start:end]
+        self.model.update_to_step(step)
+        self.load_state_dict(state)
+        self.model.strategy_state.update({k: None for k in STRATEGY_ROW_KEYS if k in self.model.strategy_state})
+
+    def shard_range(self) -> tuple:
+        layout = gather_layout(int(self.model.gauss_params["means"].shape[0]))
+        return layout.range(self.rank), layout.total
+
+
+def _barrier(what: str) -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        try:
+            dist.barrier()
+        except Exception as error:  # noqa: BLE001
+            raise wrap_failure(what, None, error) from error
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ShardedTrainerConfig(ByteSplatTrainerConfig):
+    _target: Type = field(default_factory=lambda: ShardedTrainer)
+
+
+class ShardedTrainer(ByteSplatTrainer):
+    pipeline: ShardedPipeline
+
+    def setup_optimizers(self):
+        """nerfstudio's optimizers on this rank's shard, with learning rates scaled for the batch."""
+        from nerfstudio.engine.optimizers import Optimizers
+
+        B = self.pipeline.views_per_step
+        config = copy.deepcopy(self.config.optimizers)
+        for name in PARAM_NAMES:
+            if name not in config:
+                continue
+            opt_cfg = config[name]["optimizer"]
+            betas = getattr(opt_cfg, "betas", (0.9, 0.999))
+            lr, betas = scale_adam_for_batch(opt_cfg.lr, tuple(betas), B)
+            opt_cfg.lr = lr
+            opt_cfg.betas = betas  # AdamOptimizerConfig passes its attributes to torch.optim.Adam
+            sched = config[name].get("scheduler")
+            if sched is not None and getattr(sched, "lr_final", None) is not None:
+                sched.lr_final = sched.lr_final * math.sqrt(B)
+        return Optimizers(config, self.pipeline.get_param_groups())
+
+    @check_main_thread
+    def save_checkpoint(self, step: int) -> None:
+        """Rank 0 writes the gathered full state (write, then rename)."""
+        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        path: Path = self.checkpoint_dir / f"step-{step:09d}.ckpt"
+        try:
+            gathered = self.pipeline.checkpoint_state(step)
+        except BytesplatError as error:
+            CONSOLE.print(f"[bold red]bytesplat: {error}")
+            return
+        optimizers = gathered["optimizers"] or {k: v.state_dict() for k, v in self.optimizers.optimizers.items()}
+        state = {
+            "step": step,
+            "pipeline": gathered["pipeline"],
+            "optimizers": optimizers,
+            "schedulers": {k: v.state_dict() for k, v in self.optimizers.schedulers.items()},
+            "scalers": self.grad_scaler.state_dict(),
+        }
+        partial = path.with_name(path.name + ".partial")
+        torch.save(state, partial)
+        os.replace(partial, path)
+        if self.config.save_only_latest_checkpoint:
+            for old in self.checkpoint_dir.glob("step-*.ckpt"):
+                if old != path:
+                    old.unlink()
+
+    def _load_checkpoint(self) -> None:
+        if self.config.load_dir is not None:
+            step = self.config.load_step
+            path = latest_checkpoint(self.config.load_dir) if step is None else self.config.load_dir / f"step-{step:09d}.ckpt"
+        elif self.config.load_checkpoint is not None:
+            path = self.config.load_checkpoint
+        else:
+            CONSOLE.print("No Nerfstudio checkpoint to load, so training from scratch.")
+            return
+        state = read_checkpoint(path)
+        self._start_step = state["step"] + 1
+        self.pipeline.load_pipeline(state["pipeline"], state["step"])
+        params = self.pipeline.model.gauss_params
+        total = int(_strip_module(state["pipeline"])["_model.gauss_params.means"].shape[0])
+        start, end = ShardLayout.even(total, self.pipeline.world_size).range(self.pipeline.rank)
+        for name, sd in state["optimizers"].items():
+            opt = self.optimizers.optimizers.get(name)
+            if opt is None:
+                continue
+            if name in PARAM_NAMES:
+                # The model's load replaced the Parameter objects: point the optimizer at the new ones.
+                opt.param_groups[0]["params"] = [params[name]]
+                self.optimizers.parameters[name] = [params[name]]
+                sd = copy.copy(sd)
+                sd["state"] = {i: dict(s) for i, s in sd["state"].items()}
+                for s in sd["state"].values():
+                    for k in ADAM_ROW_KEYS:
+                        if isinstance(s.get(k), torch.Tensor) and s[k].dim() > 0 and s[k].shape[0] == total:
+                            s[k] = s[k][start:end].clone()
+            opt.load_state_dict(sd)
+        if "schedulers" in state and self.config.load_scheduler:
+            self.optimizers.load_schedulers(state["schedulers"])
+        self.grad_scaler.load_state_dict(state["scalers"])
+        CONSOLE.print(f"Done loading checkpoint from {path} (rank {self.pipeline.rank}: Gaussians {start}..{end} of {total})")

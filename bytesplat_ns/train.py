@@ -1,0 +1,129 @@
+"""``python -m bytesplat_ns.train <method> <ns-train arguments>``: ns-train for sharded multi-process runs.
+
+Meant to be started by torchrun (single- or multi-node)::
+
+    torchrun --nproc-per-node N -m bytesplat_ns.train bytesplat [ns-train arguments] \\
+        [--pipeline.communicator {dense,sparse-grad}] [--pipeline.views-per-step B]
+
+It takes the same arguments as ``ns-train`` for the bytesplat methods, with their pipeline swapped for
+the sharded one (``bytesplat_ns.distributed.pipeline``: no DDP, Gaussians and optimizer state
+sharded over the ranks). The process group comes from torchrun's environment (RANK, WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT, LOCAL_RANK): gloo with ``--machine.device-type cpu``, NCCL with cuda.
+Without torchrun it runs as one process. Every user error and every failed rank ends this process
+with one ``bytesplat: error: ...`` line and a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import sys
+from typing import Dict, Tuple
+
+import numpy as np
+import torch
+
+from bytesplat_ns.errors import BytesplatError
+
+
+def sharded_variant(config, method_name: str | None = None):
+    """The same trainer config with the sharded pipeline and trainer (a new object)."""
+    from nerfstudio.pipelines.base_pipeline import VanillaPipelineConfig
+
+    from bytesplat_ns.distributed.pipeline import ShardedPipelineConfig, ShardedTrainerConfig
+
+    pipeline = config.pipeline
+    if not isinstance(pipeline, ShardedPipelineConfig):
+        if not isinstance(pipeline, VanillaPipelineConfig):
+            raise BytesplatError(f"{type(pipeline).__name__} cannot be sharded (needs a VanillaPipelineConfig).")
+        pipeline = ShardedPipelineConfig(datamanager=pipeline.datamanager, model=pipeline.model)
+    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.init and f.name != "_target"}
+    values["pipeline"] = pipeline
+    if method_name is not None:
+        values["method_name"] = method_name
+    return ShardedTrainerConfig(**values)
+
+
+def _bytesplat_methods() -> Tuple[Dict, Dict]:
+    from nerfstudio.configs.method_configs import all_descriptions, all_methods
+
+    from bytesplat_ns.model import ByteSplatModelConfig
+
+    methods, descriptions = {}, {}
+    for name, config in all_methods.items():
+        if isinstance(getattr(getattr(config, "pipeline", None), "model", None), ByteSplatModelConfig):
+            methods[name] = sharded_variant(config)
+            descriptions[name] = all_descriptions.get(name, "") + " (sharded over the torchrun ranks)"
+    if not methods:
+        raise BytesplatError("No bytesplat method is registered with nerfstudio (is bytesplat-ns installed?).")
+    return methods, descriptions
+
+
+def parse(argv=None):
+    import tyro
+
+    methods, descriptions = _bytesplat_methods()
+    union = tyro.conf.SuppressFixed[  # type: ignore[valid-type]
+        tyro.conf.FlagConversionOff[tyro.extras.subcommand_type_from_defaults(defaults=methods, descriptions=descriptions)]
+    ]
+    return tyro.cli(union, args=argv, description=__doc__)
+
+
+def run(config) -> None:
+    import torch.distributed as dist
+
+    from bytesplat_ns.distributed.runtime import init_distributed, launched_distributed
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if launched_distributed():
+        if config.machine.device_type == "cuda" and not torch.cuda.is_available():
+            raise BytesplatError("--machine.device-type cuda was asked for but no CUDA device is available.")
+        init_distributed("nccl" if config.machine.device_type == "cuda" else "gloo")
+    config.machine.num_devices = world
+    if config.data:
+        config.pipeline.datamanager.data = config.data
+    if config.load_config:
+        raise BytesplatError("--load-config is not supported by bytesplat_ns.train; pass the arguments again.")
+
+    # One timestamp (output directory) for all ranks.
+    if rank == 0:
+        config.set_timestamp()
+    if world > 1:
+        box = [config.timestamp]
+        dist.broadcast_object_list(box, src=0)
+        config.timestamp = box[0]
+    if rank == 0:
+        config.print_to_terminal()
+        config.save_config()
+
+    seed = config.machine.seed + rank
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+    trainer = config.setup(local_rank=local_rank, world_size=world)
+    trainer.setup()
+    trainer.train()
+    if world > 1 and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def main(argv=None) -> None:
+    import bytesplat_ns  # noqa: F401  (checkpoint allow-list, error hook)
+
+    config = parse(argv)
+    try:
+        run(config)
+    except BytesplatError as error:
+        sys.stderr.write(f"\nbytesplat: error: {error}\n")
+        sys.stderr.flush()
+        # A peer may be gone: do not wait in process-group teardown.
+        os._exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,23 @@
+"""The ``bytesplat-distributed`` method: ``bytesplat`` with its Gaussians sharded over the processes.
+
+Same schedule, model and hyper-parameters as ``bytesplat`` (method_configs/bytesplat.py); the pipeline
+is ``bytesplat_ns.distributed.pipeline.ShardedPipeline`` (no DDP; 2D records and their gradients move
+through ``--pipeline.communicator {dense,sparse-grad}``) and the trainer checkpoints every rank's
+Gaussians from rank 0. Run it with ``ns-train bytesplat-distributed --machine.num-devices N`` on one
+GPU host, or with ``torchrun --nproc-per-node N -m bytesplat_ns.train bytesplat ...`` (also CPU/gloo).
+In one process it trains like ``bytesplat`` with a batch of ``--pipeline.views-per-step`` views.
+"""
+
+from __future__ import annotations
+
+from nerfstudio.plugins.types import MethodSpecification
+
+from bytesplat_ns.method_configs.bytesplat import bytesplat_config
+from bytesplat_ns.train import sharded_variant
+
+bytesplat_distributed_config = sharded_variant(bytesplat_config, method_name="bytesplat-distributed")
+
+bytesplat_distributed = MethodSpecification(
+    config=bytesplat_distributed_config,
+    description="bytesplat with Gaussians sharded over GPUs (sparse-coded gradient exchange, no DDP).",
+)
