@@ -32,7 +32,7 @@ constexpr int kFixedBytes = (kSsimFloats + kAccFloats + 3 * kWarps) * 4;  // + r
 enum Phase : int { kFused = 0, kForwardOnly = 1, kLossAndBackward = 2 };
 
 struct Params {
-    int C, W, H, tw, th, cap, phase, clamp_inclusive;
+    int C, W, H, tw, th, cap, phase, clamp_inclusive, col_major;
     const float *means2d, *conics, *colors, *opacities, *bg, *gt;
     const int32_t *offsets, *flatten_ids;
     float *rgb, *alpha, *partials;
@@ -168,19 +168,25 @@ __global__ void __launch_bounds__(kBlock, 2) fused_loss_kernel(const Params P) {
 
     // Tiles are taken in increasing order from a global counter, not by blockIdx: a block then
     // only ever waits on tiles that a resident (or finished) block already holds, or on tiles at
-    // most tw+1 ahead, which some resident block must hold once >= tw+2 blocks fit on the device.
-    int t;
+    // most d+1 claims ahead (d = tiles along the inner axis of the claim order), which some
+    // resident block must hold once >= d+2 blocks fit on the device. The inner axis is the shorter
+    // image axis (column-major on landscape images): a smaller d also means shorter waits, since
+    // a block waits about d/resident of a block lifetime for its last neighbour's forward.
+    int claim;
     if (P.phase == kFused) {
         if (threadIdx.x == 0) s_int[0] = atomicAdd(P.counter, 1);
         __syncthreads();
-        t = s_int[0];
+        claim = s_int[0];
     } else {
-        t = blockIdx.x;
+        claim = blockIdx.x;
     }
     for (int i = threadIdx.x; i < kAccFloats; i += kBlock) s_acc[i] = 0.f;
 
     const int ntiles = P.tw * P.th;
-    const int cam = t / ntiles, tile = t % ntiles, tx = tile % P.tw, ty = tile / P.tw;
+    const int cam = claim / ntiles, r = claim % ntiles;
+    const int tx = P.col_major ? r / P.th : r % P.tw;
+    const int ty = P.col_major ? r % P.th : r / P.tw;
+    const int t = cam * ntiles + ty * P.tw + tx;  // tile id: offsets, flags and partials use it
     const int x = tx * kTile + (threadIdx.x % kTile), y = ty * kTile + (threadIdx.x / kTile);
     const bool inside = x < P.W && y < P.H;
     const float px = x + 0.5f, py = y + 0.5f;
@@ -382,8 +388,10 @@ std::vector<at::Tensor> fused_loss(const at::Tensor &means2d, const at::Tensor &
     C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     TORCH_CHECK(per_sm >= 1, "bytesplat: the fused kernel does not fit on this GPU (", smem,
                 " bytes of shared memory per block)");
-    // Deadlock freedom of the neighbour wait needs tw+2 co-resident blocks (docs/fused_ssim.md).
-    const bool two_phase = force_two_phase || (int64_t)per_sm * sms < tw + 2;
+    // Deadlock freedom of the neighbour wait needs inner+2 co-resident blocks (docs/fused_ssim.md).
+    P.col_major = th < tw ? 1 : 0;
+    const int inner = P.col_major ? th : tw;
+    const bool two_phase = force_two_phase || (int64_t)per_sm * sms < inner + 2;
     auto stream = at::cuda::getCurrentCUDAStream();
     if (ntot > 0) {
         if (!two_phase) {

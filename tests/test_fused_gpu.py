@@ -220,6 +220,8 @@ LOSS_CASES = [
     ("empty_tiles", 200, 2, 96, 64, True, 2, False, {}, (20.0, 15.0, 0.02), None),
     ("over_capacity_auto", 4000, 1, 48, 40, True, 1, True, {}, (24.0, 20.0, 0.004), 0.01),
     ("rgb_colors_ssim_lambda", 300, 2, 33, 20, True, None, False, {"ssim_lambda": 0.6}, None, None),
+    ("tall_row_major_claims", 300, 2, 40, 90, True, 3, True, {"mode": "one_launch"}, None, None),
+    ("two_launch_mode", 300, 1, 64, 48, False, 3, False, {"mode": "two_launch"}, None, None),
 ]
 
 
@@ -260,7 +262,7 @@ def test_fused_render_loss_matches_reference(case, projection):
     _compare_grads(pf, pr, extra)
 
     k = inf["kernel"]
-    if name == "two_phase_fallback":
+    if name in ("two_phase_fallback", "two_launch_mode"):
         assert k["two_phase"]
     else:
         assert not k["two_phase"], k

@@ -24,6 +24,9 @@ def _raster(argv: List[str]) -> int:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--skip-gsplat", action="store_true", help="time only the fused backend")
+    p.add_argument("--projection", choices=["gsplat", "torch"], default="gsplat",
+                   help="projection for the fused paths and the shared 2D inputs (gsplat's CUDA one by default)")
+    p.add_argument("--raster-only", action="store_true", help="skip the full (projection included) timings")
     p.add_argument("--out", type=str, default=None, help="JSON output path")
     a = p.parse_args(argv)
     if a.out:
@@ -31,7 +34,8 @@ def _raster(argv: List[str]) -> int:
     from bytesplat_ns.bench.raster import run
 
     command = "bytesplat-bench raster " + " ".join(shlex.quote(x) for x in argv)
-    run(a.num_gaussians, a.width, a.height, a.sh_degree, a.warmup, a.repeats, a.out, command, a.skip_gsplat)
+    run(a.num_gaussians, a.width, a.height, a.sh_degree, a.warmup, a.repeats, a.out, command, a.skip_gsplat,
+        a.projection, a.raster_only)
     return 0
 
 

@@ -88,7 +88,7 @@ def _safe(out: Dict, key: str, fn: Callable[[], object]) -> None:
 
 
 def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repeats: int,
-              skip_gsplat: bool = False) -> Dict:
+              skip_gsplat: bool = False, projection: str = "gsplat", raster_only: bool = False) -> Dict:
     s = synthetic_scene(n, width, height, sh_degree)
     W, H = width, height
     params = {k: s[k].clone().requires_grad_(True) for k in ("means", "quats", "scales", "opacities", "colors")}
@@ -99,7 +99,7 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
     # Projected inputs shared by both raster+loss paths (gsplat projection: the baseline's own).
     with torch.no_grad():
         radii, m2, depths, con, col, op = project(
-            *args3d()[:9], sh_degree=sh_degree, near_plane=0.01, far_plane=1e10, eps2d=0.3, projection="gsplat")
+            *args3d()[:9], sh_degree=sh_degree, near_plane=0.01, far_plane=1e10, eps2d=0.3, projection=projection)
     m2, con, col, op = (t.contiguous() for t in (m2, con, col, op))
     offsets, fids = bin_tiles(m2, radii, depths, W, H)
     counts = (offsets[1:] - offsets[:-1]).float()
@@ -117,7 +117,7 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
         loss.backward()
         return loss
 
-    _safe(out, "fused_loss_value", lambda: float(fused_raster_loss()))
+    _safe(out, "fused_loss_value", lambda: fused_raster_loss().item())
     _safe(out, "fused_kernel", lambda: dict(_FusedLoss.last_kernel_info))
     _safe(out, "raster_loss_fused", lambda: time_ms(fused_raster_loss, warmup, repeats))
     _safe(out, "raster_loss_fused_two_phase", lambda: time_ms(
@@ -152,7 +152,7 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
             with torch.no_grad():
                 rasterize_to_pixels(m2, con, col, op, W, H, 16, g_off, g_fids, backgrounds=s["backgrounds"])
 
-        _safe(out, "gsplat_loss_value", lambda: float(gsplat_raster_loss()))
+        _safe(out, "gsplat_loss_value", lambda: gsplat_raster_loss().item())
         _safe(out, "raster_loss_gsplat", lambda: time_ms(gsplat_raster_loss, warmup, repeats))
         _safe(out, "raster_fwd_gsplat", lambda: time_ms(gsplat_raster_fwd, warmup, repeats))
 
@@ -161,16 +161,17 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
                                              packed=False)
             splatfacto_loss_torch(render, alpha, s["gt"], s["backgrounds"]).backward()
 
-        _safe(out, "full_gsplat", lambda: time_ms(gsplat_full, warmup, repeats))
+        if not raster_only:
+            _safe(out, "full_gsplat", lambda: time_ms(gsplat_full, warmup, repeats))
 
     def fused_full():
         loss, _, _, _ = fused_render_loss(*args3d(), s["gt"], s["backgrounds"], sh_degree=sh_degree,
-                                          projection="gsplat")
+                                          projection=projection)
         loss.backward()
 
     def fused_raster_torch_loss_full():
         render, alpha, _ = rasterize_fused(*args3d(), sh_degree=sh_degree, backgrounds=s["backgrounds"],
-                                           projection="gsplat")
+                                           projection=projection)
         splatfacto_loss_torch(render, alpha, s["gt"], s["backgrounds"]).backward()
 
     def fused_raster_fwd():
@@ -179,8 +180,9 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
 
             _RasterizeFused.apply(m2, con, col, op, s["backgrounds"], offsets, fids, W, H, False)
 
-    _safe(out, "full_fused", lambda: time_ms(fused_full, warmup, repeats))
-    _safe(out, "full_fused_raster_torch_loss", lambda: time_ms(fused_raster_torch_loss_full, warmup, repeats))
+    if not raster_only:
+        _safe(out, "full_fused", lambda: time_ms(fused_full, warmup, repeats))
+        _safe(out, "full_fused_raster_torch_loss", lambda: time_ms(fused_raster_torch_loss_full, warmup, repeats))
     _safe(out, "raster_fwd_fused", lambda: time_ms(fused_raster_fwd, warmup, repeats))
     _safe(out, "binning_torch", lambda: time_ms(lambda: bin_tiles(m2, radii, depths, W, H), warmup, repeats))
     del s, params
@@ -190,7 +192,7 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
 
 def run(num_gaussians: List[int], width: int, height: int, sh_degree: int = 3, warmup: int = 5,
         repeats: int = 20, out: Optional[str] = None, command: Optional[str] = None,
-        skip_gsplat: bool = False) -> Dict:
+        skip_gsplat: bool = False, projection: str = "gsplat", raster_only: bool = False) -> Dict:
     if not torch.cuda.is_available():
         raise SystemExit("bytesplat-bench raster needs a CUDA GPU.")
     try:
@@ -215,10 +217,12 @@ def run(num_gaussians: List[int], width: int, height: int, sh_degree: int = 3, w
         "warmup": warmup,
         "repeats": repeats,
         "ssim_lambda": 0.2,
+        "projection": projection,
         "runs": [],
     }
     for n in num_gaussians:
-        r = bench_one(n, width, height, sh_degree, warmup, repeats, skip_gsplat=skip_gsplat)
+        r = bench_one(n, width, height, sh_degree, warmup, repeats, skip_gsplat=skip_gsplat,
+                      projection=projection, raster_only=raster_only)
         result["runs"].append(r)
         print(json.dumps(r), flush=True)
         if out:  # write after every size so a cut-off run keeps what it measured

@@ -30,6 +30,8 @@ from torch import Tensor
 from bytesplat_ns.raster._build import CudaBuildError, load_extension
 
 TILE_SIZE = 16
+# Which schedule fused_render_loss uses by default (see its docstring and docs/fused_ssim.md).
+DEFAULT_MODE = "one_launch"
 SSIM_WIN_SIZE = 11
 SSIM_WIN_SIGMA = 1.5
 
@@ -235,8 +237,8 @@ class _FusedLoss(torch.autograd.Function):
             _two_phase_logged = True
             warnings.warn(
                 f"bytesplat fused loss: only {resident} blocks fit on the GPU at once, fewer than the "
-                f"{math.ceil(W / TILE_SIZE) + 2} the one-launch neighbour wait needs at width {W}; "
-                "using the two-launch path (same result, slower)."
+                f"{min(math.ceil(W / TILE_SIZE), math.ceil(H / TILE_SIZE)) + 2} the one-launch neighbour "
+                f"wait needs at {W}x{H}; using the two-launch path (same result)."
             )
         p = partials.double().sum(0)
         n_l1 = C * H * W * 3
@@ -362,6 +364,7 @@ def fused_render_loss(
     projection: Optional[str] = None,
     capacity: Optional[int] = None,
     blocks_per_sm: int = 2,
+    mode: Optional[str] = None,
     force_two_phase: bool = False,
 ) -> Tuple[Tensor, Tensor, Tensor, Dict]:
     """splatfacto's loss for C views in one kernel launch.
@@ -376,8 +379,16 @@ def fused_render_loss(
     grad) and ``info["means2d"].grad`` / ``.absgrad``. ``info`` also holds ``l1``, ``ssim`` and
     ``kernel`` (two_phase, capacity, ...). Advanced: ``capacity`` overrides the Gaussians per tile
     kept on chip (tests use it to force the streaming path); ``blocks_per_sm`` sets the shared
-    memory budget per block; ``force_two_phase`` takes the two-launch path.
+    memory budget per block. ``mode``: ``"one_launch"`` (the single kernel; falls back to two
+    launches, logged once, when too few blocks fit for its neighbour wait), ``"two_launch"``
+    (launch 1 renders and publishes rgb, launch 2 re-renders on chip, computes the loss gradient and
+    the backward; same result), or None for :data:`DEFAULT_MODE` (env ``BYTESPLAT_FUSED_MODE``).
+    ``force_two_phase=True`` is ``mode="two_launch"``.
     """
+    mode = mode or os.environ.get("BYTESPLAT_FUSED_MODE") or DEFAULT_MODE
+    if mode not in ("one_launch", "two_launch"):
+        raise ValueError(f"mode must be 'one_launch' or 'two_launch', got {mode!r}")
+    force_two_phase = force_two_phase or mode == "two_launch"
     _check(width, height, tile_size, means.device)
     C = viewmats.shape[0]
     if gt_images.shape != (C, height, width, 3):
