@@ -9,8 +9,10 @@ Two entry points, both differentiable through torch autograd:
   viewer use it.
 - :func:`fused_render_loss` renders AND computes splatfacto's loss
   ``(1-l)*mean|rgb-gt| + l*(1-SSIM(rgb, gt))`` (rgb = clamp(render + T*bg, 0, 1)) AND its
-  2D gradients in one kernel launch for all views (:class:`_FusedLoss`); its backward hands the
-  stashed gradients, scaled by the incoming gradient, to projection/SH autograd.
+  2D gradients for all views in one kernel (:class:`_FusedLoss`), launched once
+  (``mode="one_launch"``) or twice (``"two_launch"``, the measured-faster default: launch 1 only
+  publishes the image); its backward hands the stashed gradients, scaled by the incoming
+  gradient, to projection/SH autograd.
 
 Pure-PyTorch twins that the tests hold the kernels against: :func:`render_2d_torch` (the
 compositing of one set of 2D Gaussians, from the same tile lists) and :func:`splatfacto_loss_torch`
@@ -31,7 +33,10 @@ from bytesplat_ns.raster._build import CudaBuildError, load_extension
 
 TILE_SIZE = 16
 # Which schedule fused_render_loss uses by default (see its docstring and docs/fused_ssim.md).
-DEFAULT_MODE = "one_launch"
+# Measured on an H200 (1920x1080, docs/benchmarks/raster_fused_colmajor.json): two launches
+# 11.0 / 26.3 ms vs one launch 11.8 / 27.0 ms at 1M / 4M Gaussians: the one-launch kernel's
+# neighbour wait costs more than re-rendering the forward, so two launches are the default.
+DEFAULT_MODE = "two_launch"
 SSIM_WIN_SIZE = 11
 SSIM_WIN_SIGMA = 1.5
 
@@ -367,7 +372,7 @@ def fused_render_loss(
     mode: Optional[str] = None,
     force_two_phase: bool = False,
 ) -> Tuple[Tensor, Tensor, Tensor, Dict]:
-    """splatfacto's loss for C views in one kernel launch.
+    """splatfacto's loss and its gradients for C views in the fused kernel (see ``mode``).
 
     ``loss = (1-ssim_lambda)*mean|rgb-gt| + ssim_lambda*(1 - SSIM(rgb, gt))`` with
     ``rgb = clamp(render + T*bg, 0, 1)``, SSIM as ``pytorch_msssim.SSIM(data_range=1,
