@@ -106,6 +106,11 @@ class ByteSplatModel(SplatfactoModel):
         """The backend actually used, resolved against the model's device on first use."""
         if self._backend is None:
             self._backend = resolve_backend(self.config.rasterizer, self.device)
+            if self.config.rasterize_mode != "classic" and self._backend != "gsplat":
+                raise BytesplatError(
+                    f"rasterize_mode '{self.config.rasterize_mode}' is only available with the gsplat rasterizer "
+                    f"(selected: {self._backend}); use --pipeline.model.rasterizer gsplat or rasterize-mode classic."
+                )
             CONSOLE.log(f"bytesplat: rasterizer backend '{self._backend}' on {self.device}")
         return self._backend
 
@@ -153,8 +158,7 @@ class ByteSplatModel(SplatfactoModel):
         viewmat = viewmat_from_camera_to_world(camera_to_world.to(self.device))
 
         colors, sh_degree = self._colors_and_sh_degree(gaussians)
-        render_mode = "RGB+ED" if (self.config.output_depth_during_training or not self.training) else "RGB"
-        render, alpha, self.info = rasterize(
+        raster_args = (
             gaussians["means"],
             gaussians["quats"],
             torch.exp(gaussians["scales"]),
@@ -164,6 +168,15 @@ class ByteSplatModel(SplatfactoModel):
             intrinsics,
             width,
             height,
+        )
+        if self.training and self.rasterizer_backend == "fused" and not self.config.use_bilateral_grid:
+            # The fused kernel needs the ground truth to compute the loss inside the same launch;
+            # nerfstudio hands the batch over in get_metrics_dict, which finishes the step there.
+            return {"fused_pending": (raster_args, sh_degree), "background": self._get_background_color()}
+
+        render_mode = "RGB+ED" if (self.config.output_depth_during_training or not self.training) else "RGB"
+        render, alpha, self.info = rasterize(
+            *raster_args,
             backend=self.rasterizer_backend,
             sh_degree=sh_degree,
             render_mode=render_mode,
@@ -189,6 +202,47 @@ class ByteSplatModel(SplatfactoModel):
         if self.config.sh_degree > 0:
             return coefficients, min(self.step // self.config.sh_degree_interval, self.config.sh_degree)
         return torch.sigmoid(coefficients).squeeze(1), None
+
+    def _run_fused_step(self, outputs: Dict, batch: Dict) -> None:
+        """Render, compute splatfacto's loss and its 2D gradients in the fused kernel (training only)."""
+        from bytesplat_ns.raster.fused import fused_render_loss
+
+        raster_args, sh_degree = outputs.pop("fused_pending")
+        background = outputs["background"]
+        gt = self.composite_with_background(self.get_gt_img(batch["image"]), background)
+        loss, rgb, alpha, self.info = fused_render_loss(
+            *raster_args,
+            gt[None, ..., :3].float().contiguous(),
+            background[None].float(),
+            sh_degree=sh_degree,
+            ssim_lambda=self.config.ssim_lambda,
+            absgrad=self.strategy.absgrad,
+        )
+        self.strategy.step_pre_backward(self.gauss_params, self.optimizers, self.strategy_state, self.step, self.info)
+        outputs.update(rgb=rgb.squeeze(0), accumulation=alpha.squeeze(0), depth=None, fused_loss=loss)
+
+    def get_metrics_dict(self, outputs, batch) -> Dict[str, torch.Tensor]:
+        if "fused_pending" in outputs:
+            if "mask" in batch:
+                raise BytesplatError("The fused rasterizer does not support masks yet; use --pipeline.model.rasterizer gsplat.")
+            self._run_fused_step(outputs, batch)
+        return super().get_metrics_dict(outputs, batch)
+
+    def get_loss_dict(self, outputs, batch, metrics_dict=None) -> Dict[str, torch.Tensor]:
+        if "fused_loss" not in outputs:
+            return super().get_loss_dict(outputs, batch, metrics_dict)
+        loss_dict = {"main_loss": outputs["fused_loss"], "scale_reg": self._scale_regularization()}
+        if self.training:
+            self.camera_optimizer.get_loss_dict(loss_dict)
+        return loss_dict
+
+    def _scale_regularization(self) -> torch.Tensor:
+        """PhysGaussian's penalty on needle-like Gaussians, as splatfacto applies it (every 10 steps)."""
+        if not (self.config.use_scale_regularization and self.step % 10 == 0):
+            return torch.tensor(0.0, device=self.device)
+        scales = torch.exp(self.scales)
+        ratio = scales.amax(dim=-1) / scales.amin(dim=-1)
+        return 0.1 * (torch.clamp_min(ratio, self.config.max_gauss_ratio) - self.config.max_gauss_ratio).mean()
 
     def get_image_metrics_and_images(self, outputs, batch):
         metrics, images = super().get_image_metrics_and_images(outputs, batch)

@@ -10,6 +10,7 @@ from typing import Type
 
 import torch
 from nerfstudio.engine.trainer import Trainer, TrainerConfig
+from nerfstudio.utils.decorators import check_main_thread
 from nerfstudio.utils.rich_utils import CONSOLE
 
 from bytesplat_ns.errors import BytesplatError
@@ -67,12 +68,28 @@ class ByteSplatTrainer(Trainer):
         state = read_checkpoint(path)
         self._start_step = state["step"] + 1
         self.pipeline.load_pipeline(state["pipeline"], state["step"])
+        self._follow_replaced_parameters()
         self.optimizers.load_optimizers(state["optimizers"])
         if "schedulers" in state and self.config.load_scheduler:
             self.optimizers.load_schedulers(state["schedulers"])
         self.grad_scaler.load_state_dict(state["scalers"])
         CONSOLE.print(f"Done loading checkpoint from {path}")
 
+    def _follow_replaced_parameters(self) -> None:
+        """Point the optimizers at the model's current parameters.
+
+        splatfacto's ``load_state_dict`` replaces every Gaussian parameter with a new tensor sized
+        to the checkpoint, after the optimizers were built on the old ones; without this, resumed
+        training would step tensors the model no longer uses.
+        """
+        for name, params in self.pipeline.get_param_groups().items():
+            optimizer = self.optimizers.optimizers.get(name)
+            if optimizer is None:
+                continue
+            optimizer.param_groups[0]["params"] = list(params)
+            self.optimizers.parameters[name] = list(params)
+
+    @check_main_thread
     def save_checkpoint(self, step: int) -> None:
         """Write to a temporary file, then rename: a crash mid-write never leaves a broken checkpoint."""
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)

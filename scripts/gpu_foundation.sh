@@ -10,7 +10,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 MAX_JOBS=${MAX_JOBS:-16}
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/ext} BYTESPLAT_CACHE=${BYTESPLAT_CACHE:-/tmp/bytesplat_cache}
 PY=${PYTHON:-python3}
-ITERS=${ITERS:-3000}
+ITERS=${ITERS:-5000}
 SCENE=${SCENE:-medium}
 T0=$(date +%s)
 stamp() { echo "[gpu_foundation +$(( $(date +%s) - T0 ))s] $*"; }
@@ -28,7 +28,7 @@ $PY -m pytest -q -p no:cacheprovider tests/test_backends_gpu.py -rA --tb=short 2
 stamp "backend tests rc=$?"
 
 stamp "side-by-side training: splatfacto vs bytesplat ($SCENE, $ITERS iterations)"
-$PY -m bytesplat_ns.bench.train --scene "$SCENE" --iterations "$ITERS" --methods splatfacto bytesplat:gsplat \
+$PY -m bytesplat_ns.bench.train --scene "$SCENE" --iterations "$ITERS" --methods ${METHODS:-splatfacto bytesplat:gsplat bytesplat:fused} --num-downscales 0 \
   --work-dir /tmp/bench_outputs --out "$OUT/train_builtin.json" 2>&1 | tail -60 | tee "$OUT/train.log"
 stamp "training benchmark rc=$?"
 

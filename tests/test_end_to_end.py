@@ -12,9 +12,10 @@ from tests.cli import cli_env, describe, run_cli
 
 pytestmark = pytest.mark.slow
 
-ITERATIONS = 300
-# A model that learned the scene clears this; the 1-iteration model below must not.
-PSNR_BAR = 20.0
+ITERATIONS = 600
+# A model that learned the scene clears this (about 21 dB at 600 iterations on the small scene);
+# the 1-iteration model below (about 12 dB) must not.
+PSNR_BAR = 19.0
 
 
 def train(tmp: Path, name: str, iterations: int, extra=()) -> Path:
@@ -25,11 +26,12 @@ def train(tmp: Path, name: str, iterations: int, extra=()) -> Path:
         "--timestamp", "run",
         "--vis", "tensorboard",
         "--max-num-iterations", str(iterations),
-        "--steps-per-save", str(iterations),
+        "--steps-per-save", "100000",
         "--steps-per-eval-image", "100000",
         "--steps-per-eval-all-images", "100000",
         "--machine.device-type", "cpu",
         "--pipeline.model.rasterizer", "reference",
+        "--pipeline.model.num-downscales", "0",  # the small scene is small: train at full resolution
         *extra,
     ]
     result = run_cli(args, cli_env(tmp / "cache"), timeout=900)
@@ -68,6 +70,25 @@ def test_trained_model_clears_psnr_bar_and_untrained_does_not(trained, workdir):
     untrained = evaluate(train(workdir, "untrained", 1), workdir)
     assert untrained["psnr"] < PSNR_BAR - 3.0, untrained
     assert results["psnr"] > untrained["psnr"] + 5.0
+
+
+def test_resume_continues_training_the_loaded_gaussians(trained, workdir):
+    from bytesplat_ns.trainer import read_checkpoint
+
+    checkpoint_dir = trained.parent / "nerfstudio_models"
+    before = read_checkpoint(checkpoint_dir / f"step-{ITERATIONS - 1:09d}.ckpt")["pipeline"]
+    # nerfstudio runs max-num-iterations MORE steps after the loaded one; no refinement in them
+    resumed = train(
+        workdir, "resumed", 20, extra=["--load-dir", str(checkpoint_dir), "--pipeline.model.stop-split-at", "1"]
+    )
+    (latest,) = (resumed.parent / "nerfstudio_models").glob("*.ckpt")
+    assert latest.name == f"step-{ITERATIONS + 19:09d}.ckpt"
+    after = read_checkpoint(latest)["pipeline"]
+    for name in ("means", "opacities", "features_dc"):
+        key = f"_model.gauss_params.{name}"
+        assert after[key].shape == before[key].shape  # no densification in these 20 steps
+        # the optimizers must step the loaded tensors: 20 more steps move them
+        assert (after[key] - before[key]).abs().max() > 1e-6, name
 
 
 def test_export_gaussian_splat_ply(trained, workdir):

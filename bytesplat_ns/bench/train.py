@@ -39,15 +39,15 @@ def environment() -> Dict[str, str]:
         "gsplat": gsplat.__version__,
         "nerfstudio": version("nerfstudio"),
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu",
-        "command": " ".join(sys.argv),
+        "command": "python -m bytesplat_ns.bench.train " + " ".join(sys.argv[1:]),
     }
     return info
 
 
 def method_config(name: str, rasterizer: Optional[str]):
-    from nerfstudio.configs.method_configs import method_configs
+    from nerfstudio.configs.method_configs import all_methods  # built-in and plugin methods
 
-    config = copy.deepcopy(method_configs[name])
+    config = copy.deepcopy(all_methods[name])
     if rasterizer is not None:
         config.pipeline.model.rasterizer = rasterizer
     return config
@@ -116,6 +116,9 @@ def main(argv: Optional[List[str]] = None) -> dict:
     parser.add_argument("--iterations", type=int, default=7000)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument(
+        "--num-downscales", type=int, default=None, help="override splatfacto's coarse-to-fine start (all methods)"
+    )
+    parser.add_argument(
         "--methods",
         nargs="+",
         default=["splatfacto", "bytesplat:gsplat"],
@@ -134,6 +137,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
     for entry in args.methods:
         name, _, rasterizer = entry.partition(":")
         config = method_config(name, rasterizer or None)
+        if args.num_downscales is not None:
+            config.pipeline.model.num_downscales = args.num_downscales
         label = entry.replace(":", "-")
         report["runs"].append(train_and_evaluate(label, config, data, args.iterations, args.work_dir, args.seed, device))
     args.out.parent.mkdir(parents=True, exist_ok=True)
