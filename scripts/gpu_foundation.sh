@@ -12,6 +12,7 @@ export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/ext} BYTESPLAT_CACHE=${
 PY=${PYTHON:-python3}
 ITERS=${ITERS:-5000}
 SCENE=${SCENE:-medium}
+METHODS=${METHODS:-splatfacto bytesplat:gsplat bytesplat:fused}
 T0=$(date +%s)
 stamp() { echo "[gpu_foundation +$(( $(date +%s) - T0 ))s] $*"; }
 
@@ -23,17 +24,21 @@ if [[ -d .whl ]]; then  # device machine: no network, packages travel as wheels
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/env.log"
 
-stamp "gsplat JIT build + GPU backend tests"
-$PY -m pytest -q -p no:cacheprovider tests/test_backends_gpu.py -rA --tb=short 2>&1 | tee "$OUT/tests_backends.log"
-stamp "backend tests rc=$?"
+stamp "JIT builds in parallel: gsplat and bytesplat's fused kernels"
+( $PY -c "import gsplat.cuda._backend as b; print('gsplat ext', b._C is not None)" > "$OUT/gsplat_build.log" 2>&1 ) &
+( $PY -c "from bytesplat_ns.raster._build import load_extension; load_extension(); print('fused ext ok')" > "$OUT/fused_build.log" 2>&1 ) &
+wait; tail -n 2 "$OUT/gsplat_build.log" "$OUT/fused_build.log"
 
-stamp "side-by-side training: splatfacto vs bytesplat ($SCENE, $ITERS iterations)"
-$PY -m bytesplat_ns.bench.train --scene "$SCENE" --iterations "$ITERS" --methods ${METHODS:-splatfacto bytesplat:gsplat bytesplat:fused} --num-downscales 0 \
-  --work-dir /tmp/bench_outputs --out "$OUT/train_builtin.json" 2>&1 | tail -60 | tee "$OUT/train.log"
-stamp "training benchmark rc=$?"
+stamp "GPU backend tests (background) + side-by-side training: $METHODS ($SCENE, $ITERS iterations)"
+( timeout 400 $PY -m pytest -q -p no:cacheprovider tests/test_backends_gpu.py -rA -s --tb=short > "$OUT/tests_backends.log" 2>&1; echo "backend tests rc=$?" >> "$OUT/tests_backends.log" ) &
+TESTS_PID=$!
+timeout ${TRAIN_TIMEOUT:-330} $PY -m bytesplat_ns.bench.train --scene "$SCENE" --iterations "$ITERS" --methods $METHODS --num-downscales 0 \
+  --work-dir /tmp/bench_outputs --out "$OUT/train_builtin.json" > "$OUT/train.log" 2>&1
+stamp "training benchmark rc=$?"; grep -A12 '"label"' "$OUT/train.log" | grep -E 'label|ms_per|psnr|ssim"|num_gauss'
+wait $TESTS_PID; grep -E "passed|failed|error|rc=|max |relative" "$OUT/tests_backends.log" | tail -30
 
 stamp "CLI: ns-train bytesplat (auto backend) + ns-eval"
-ns-train bytesplat --output-dir /tmp/cli_out --timestamp run --vis tensorboard --max-num-iterations 300 \
+ns-train bytesplat --output-dir /tmp/cli_out --timestamp run --vis tensorboard --max-num-iterations ${CLI_ITERS:-200} \
   --steps-per-eval-all-images 100000 > "$OUT/cli_train.log" 2>&1
 stamp "ns-train rc=$?"; grep -E "rasterizer backend|Training Finished" "$OUT/cli_train.log"
 ns-eval --load-config /tmp/cli_out/bytesplat-scene/bytesplat/run/config.yml --output-path "$OUT/cli_eval.json" > "$OUT/cli_eval.log" 2>&1

@@ -141,8 +141,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
             config.pipeline.model.num_downscales = args.num_downscales
         label = entry.replace(":", "-")
         report["runs"].append(train_and_evaluate(label, config, data, args.iterations, args.work_dir, args.seed, device))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2))
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2))  # after every run: a cut-short job keeps its results
     print(json.dumps(report, indent=2))
     return report
 
