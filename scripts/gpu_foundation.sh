@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Foundation checks on a CUDA machine in one go: reference-vs-gsplat GPU tests, the side-by-side
 # training benchmark (splatfacto vs bytesplat on the built-in scene), and ns-train/ns-eval through
-# the CLI. Logs and JSON go to $OUT (default ./gpu_out).
+# the CLI. Logs and JSON go to $OUT (default ./gpu_out); at most 7 files, since the device tool
+# returns only 8.
 #   ITERS=3000 SCENE=medium scripts/gpu_foundation.sh
 # Expects nerfstudio & co. importable (on the device machine: the wheels in .whl, see below).
 set -o pipefail
@@ -22,12 +23,12 @@ if [[ -d .whl ]]; then  # device machine: no network, packages travel as wheels
   $PY -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target /tmp/site . || exit 1
   export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
 fi
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/env.log"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 
 
 stamp "JIT builds in parallel: gsplat and bytesplat's fused kernels"
-( $PY -c "import gsplat.cuda._backend as b; print('gsplat ext', b._C is not None)" > "$OUT/gsplat_build.log" 2>&1 ) &
-( $PY -c "from bytesplat_ns.raster._build import load_extension; load_extension(); print('fused ext ok')" > "$OUT/fused_build.log" 2>&1 ) &
-wait; tail -n 2 "$OUT/gsplat_build.log" "$OUT/fused_build.log"
+( $PY -c "import gsplat.cuda._backend as b; print('gsplat ext', b._C is not None)" > /tmp/gsplat_build.log 2>&1 ) &
+( $PY -c "from bytesplat_ns.raster._build import load_extension; load_extension(); print('fused ext ok')" > /tmp/fused_build.log 2>&1 ) &
+wait; tail -n 2 /tmp/gsplat_build.log /tmp/fused_build.log
 
 stamp "GPU backend tests (background) + side-by-side training: $METHODS ($SCENE, $ITERS iterations)"
 ( timeout 400 $PY -m pytest -q -p no:cacheprovider tests/test_backends_gpu.py -rA -s --tb=short > "$OUT/tests_backends.log" 2>&1; echo "backend tests rc=$?" >> "$OUT/tests_backends.log" ) &
@@ -38,9 +39,9 @@ stamp "training benchmark rc=$?"; grep -A12 '"label"' "$OUT/train.log" | grep -E
 wait $TESTS_PID; grep -E "passed|failed|error|rc=|max |relative" "$OUT/tests_backends.log" | tail -30
 
 stamp "CLI: ns-train bytesplat (auto backend) + ns-eval"
-ns-train bytesplat --output-dir /tmp/cli_out --timestamp run --vis tensorboard --max-num-iterations ${CLI_ITERS:-200} \
+$PY -m nerfstudio.scripts.train bytesplat --output-dir /tmp/cli_out --timestamp run --vis tensorboard --max-num-iterations ${CLI_ITERS:-200} \
   --steps-per-eval-all-images 100000 > "$OUT/cli_train.log" 2>&1
 stamp "ns-train rc=$?"; grep -E "rasterizer backend|Training Finished" "$OUT/cli_train.log"
-ns-eval --load-config /tmp/cli_out/bytesplat-scene/bytesplat/run/config.yml --output-path "$OUT/cli_eval.json" > "$OUT/cli_eval.log" 2>&1
+$PY -m nerfstudio.scripts.eval --load-config /tmp/cli_out/bytesplat-scene/bytesplat/run/config.yml --output-path "$OUT/cli_eval.json" > "$OUT/cli_eval.log" 2>&1
 stamp "ns-eval rc=$?"; cat "$OUT/cli_eval.json"
 stamp "done"

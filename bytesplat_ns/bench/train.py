@@ -50,6 +50,11 @@ def method_config(name: str, rasterizer: Optional[str]):
     config = copy.deepcopy(all_methods[name])
     if rasterizer is not None:
         config.pipeline.model.rasterizer = rasterizer
+    # Same parsing for every method: our dataparser is nerfstudio's with a plyfile point loader,
+    # so splatfacto also runs where open3d (nerfstudio's loader) is not installed.
+    from bytesplat_ns.data.dataparser import BytesplatSceneDataParserConfig
+
+    config.pipeline.datamanager.dataparser = BytesplatSceneDataParserConfig()
     return config
 
 
