@@ -35,6 +35,23 @@ class ByteSplatModelConfig(SplatfactoModelConfig):
     _target: Type = field(default_factory=lambda: ByteSplatModel)
     rasterizer: Literal["auto", "reference", "gsplat", "fused"] = "auto"
     """Rasterizer backend. auto: fused on GPU once available (gsplat until then), reference on CPU."""
+    # Hardware-aware pruning (bytesplat_ns/pruning.py, docs/pruning.md).
+    hw_prune: Literal["auto", "on", "off"] = "auto"
+    """Prune so each tile's Gaussians fit the fused kernel's shared memory. auto: on with the fused backend."""
+    hw_prune_every: int = 500
+    """Steps between hardware-aware pruning steps (each runs refine_every/2 steps after a gsplat refine)."""
+    hw_prune_max_fraction: float = 0.05
+    """At most this fraction of all Gaussians is removed by one pruning step."""
+    hw_prune_min_contribution: float = 1.0 / 255.0
+    """Gaussians whose largest alpha*T over the score window is at or below this are removed first."""
+    hw_prune_window: int = 0
+    """Training views scored before each pruning step (0: one per training image, at most hw_prune_every-1)."""
+    hw_prune_tile_views: int = 4
+    """Recent views whose tile lists decide which tiles are over capacity."""
+    hw_prune_capacity: int = 0
+    """Gaussians per tile; 0: read from the device (the fused kernel's shared-memory capacity)."""
+    hw_prune_stop_iter: int = -1
+    """No pruning from this step on (-1: when gsplat stops refining, stop_split_at)."""
 
 
 def viewmat_from_camera_to_world(camera_to_world: torch.Tensor) -> torch.Tensor:
@@ -196,6 +213,12 @@ class ByteSplatModel(SplatfactoModel):
         if not self.training:
             background = background.expand(height, width, 3)
         return {"rgb": rgb.squeeze(0), "depth": depth, "accumulation": alpha.squeeze(0), "background": background}
+
+    def step_post_backward(self, step):
+        """splatfacto's densification step with hardware-aware pruning around it (pruning.py)."""
+        from bytesplat_ns.pruning import model_step_post_backward
+
+        model_step_post_backward(self, step, super().step_post_backward)
 
     def _colors_and_sh_degree(self, gaussians: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Optional[int]]:
         coefficients = torch.cat((gaussians["features_dc"][:, None, :], gaussians["features_rest"]), dim=1)

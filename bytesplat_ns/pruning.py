@@ -1,0 +1,601 @@
+"""Hardware-aware pruning (ByteSplat idea 2, issue 4): keep each tile's Gaussian list within what one
+block of the fused kernel holds on chip, removing the Gaussians that matter least.
+
+Four parts, each usable on its own (``docs/pruning.md`` has the overview and the knobs):
+
+(a) **Per-tile capacity** from the device: :func:`tile_capacity` is the fused kernel's own arithmetic
+    (``capacity_for`` in ``cuda/fused_loss.cu``) as a pure function of the shared-memory sizes; the
+    kernel's layout constants (bytes per staged Gaussian, fixed per-block scratch, chunk) are read
+    from the bundled CUDA sources by :func:`fused_smem_layout`, not copied here.
+    :func:`device_tile_capacity` asks the built extension (``fused_capacity``), which is authoritative,
+    and falls back to the pure function on ``torch.cuda.get_device_properties`` when the extension
+    cannot be built.
+(b) **Contribution score** of a Gaussian in a view: the largest compositing weight ``alpha * T`` it
+    gets at any pixel, with gsplat's rules (alpha < 1/255 and sigma < 0 skipped; the Gaussian that
+    stops a pixel counts with the weight it would have had, since it hides everything behind it).
+    A score of exactly 0 means removing the Gaussian leaves every pixel of that view unchanged.
+    :func:`contribution_scores_2d` computes it in a no-grad pass over the projected Gaussians (the
+    ``info`` every backend returns), so it works with the reference, gsplat and fused backends
+    today. The fused kernel will produce it for free in its backward: see docs/pruning.md.
+    :class:`HardwarePruner` keeps a running max over the training views of a window.
+(c) **Selection** (:func:`select_prune_mask`): first the Gaussians whose score is at or below a
+    threshold, then, in each (view, tile) over capacity, the lowest-scoring remaining Gaussians
+    until the tile fits; never a Gaussian whose tiles are all within capacity; at most a fraction
+    of all Gaussians per step (lowest scores first).
+(d) **Apply** (:func:`apply_prune`): gsplat's ``strategy.ops.remove``, which filters the parameters,
+    the optimizers' per-parameter state and every per-Gaussian tensor of the strategy state (the
+    running score included, since it lives there).
+
+:class:`HardwarePruner` wires these into the model's densification schedule (``ByteSplatModel.
+step_post_backward``): it accumulates scores before gsplat's step and prunes after it, half a refine
+period after a gsplat refine step, only while gsplat refines.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import re
+import weakref
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from bytesplat_ns.raster.reference import ALPHA_MAX, ALPHA_MIN, T_MIN, _default_block_size, _plan_chunks
+from bytesplat_ns.raster.tiles import alpha_block_rects, bin_rects, intersect_rects, tile_grid, tile_rects
+
+TILE_SIZE = 16
+SCORE_KEY = "hw_score"  # per-Gaussian running max of alpha*T, kept in the strategy state
+SCORE_CHUNK_ELEMS = 1 << 20
+
+# ----------------------------------------------------------------------------------------------
+# (a) per-tile capacity
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SmemLayout:
+    """What the fused kernel puts in one block's shared memory."""
+
+    bytes_per_gaussian: int  # SmemGaussians::kBytes: one staged Gaussian record
+    fixed_bytes: int  # kFixedBytes: SSIM scratch, gradient accumulators, reduction scratch
+    granularity: int  # kChunk: the capacity is rounded down to a multiple of this
+
+
+_CONSTEXPR = re.compile(r"constexpr\s+int\s+(k\w+)\s*=\s*([^;]+);")
+
+
+def _eval_constexprs(text: str, env: Dict[str, int]) -> Dict[str, int]:
+    text = re.sub(r"//[^\n]*", "", text)
+    for name, expr in _CONSTEXPR.findall(text):
+        expr = expr.strip()
+        if not re.fullmatch(r"[\w\s+\-*/()]+", expr):
+            continue
+        py = re.sub(r"\bk\w+\b", lambda m: str(env[m.group(0)]) if m.group(0) in env else m.group(0), expr)
+        if re.search(r"[A-Za-z_]", py):
+            continue  # refers to something we do not know; not needed here
+        env[name] = int(eval(py.replace("/", "//"), {"__builtins__": {}}))  # integer constexpr arithmetic
+    return env
+
+
+@lru_cache(maxsize=1)
+def fused_smem_layout() -> SmemLayout:
+    """The fused kernel's shared-memory layout, evaluated from the bundled CUDA sources
+    (``common.cuh``: ``SmemGaussians::kBytes``, ``kChunk``; ``fused_loss.cu``: ``kFixedBytes``)."""
+    from bytesplat_ns.raster._build import cuda_source_dir
+
+    src = cuda_source_dir()
+    common = (src / "common.cuh").read_text()
+    env = _eval_constexprs(common, {})
+    env = _eval_constexprs((src / "fused_loss.cu").read_text(), env)
+    m = re.search(r"static\s+constexpr\s+int\s+kBytes\s*=\s*([^;]+);", re.sub(r"//[^\n]*", "", common))
+    if m is None or "kFixedBytes" not in env or "kChunk" not in env:
+        raise RuntimeError(f"bytesplat: cannot read the fused kernel's shared-memory layout from {src}")
+    per = int(eval(m.group(1), {"__builtins__": {}}))
+    return SmemLayout(bytes_per_gaussian=per, fixed_bytes=env["kFixedBytes"], granularity=env["kChunk"])
+
+
+def fused_blocks_per_sm() -> int:
+    """Blocks per SM the training step's fused kernel is sized for (``fused_render_loss``'s default)."""
+    from bytesplat_ns.raster.fused import fused_render_loss
+
+    return int(inspect.signature(fused_render_loss).parameters["blocks_per_sm"].default)
+
+
+def tile_capacity(
+    smem_per_block_optin: int,
+    smem_per_sm: int,
+    reserved_smem_per_block: int = 0,
+    blocks_per_sm: int = 2,
+    bytes_per_gaussian: Optional[int] = None,
+    fixed_bytes: Optional[int] = None,
+    granularity: Optional[int] = None,
+) -> int:
+    """Gaussians per tile one block keeps on chip, from the device's shared memory (bytes).
+
+    The budget of a block is ``min(opt-in max per block, per SM / blocks_per_sm - reserved)``; the
+    kernel's fixed scratch comes off it, the rest holds ``bytes_per_gaussian`` records, rounded down
+    to a multiple of ``granularity``. Layout arguments left None come from :func:`fused_smem_layout`.
+    Raises ValueError when not even one chunk fits (the kernel refuses that device too).
+    """
+    if bytes_per_gaussian is None or fixed_bytes is None or granularity is None:
+        layout = fused_smem_layout()
+        bytes_per_gaussian = bytes_per_gaussian or layout.bytes_per_gaussian
+        fixed_bytes = layout.fixed_bytes if fixed_bytes is None else fixed_bytes
+        granularity = granularity or layout.granularity
+    budget = min(int(smem_per_block_optin), int(smem_per_sm) // max(1, int(blocks_per_sm)) - int(reserved_smem_per_block))
+    cap = (budget - fixed_bytes) // bytes_per_gaussian
+    cap = (cap // granularity) * granularity
+    if cap < granularity:
+        raise ValueError(
+            f"too little shared memory per block ({budget} bytes) for the fused kernel: it needs "
+            f"{fixed_bytes} + {granularity} x {bytes_per_gaussian} bytes"
+        )
+    return int(cap)
+
+
+def device_tile_capacity(device: Optional[torch.device] = None, blocks_per_sm: Optional[int] = None) -> int:
+    """Per-tile capacity of the fused kernel on a CUDA device, read from the device."""
+    if not torch.cuda.is_available():
+        raise RuntimeError("device_tile_capacity needs a CUDA device")
+    device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+    bps = fused_blocks_per_sm() if blocks_per_sm is None else int(blocks_per_sm)
+    from bytesplat_ns.raster._build import CudaBuildError, load_extension
+
+    try:
+        ext = load_extension()
+    except CudaBuildError:
+        ext = None
+    if ext is not None:
+        with torch.cuda.device(device):
+            return int(ext.fused_capacity(bps))
+    props = torch.cuda.get_device_properties(device)
+    # cudaDevAttrReservedSharedMemoryPerBlock is 1 KiB from compute capability 8.0 on, 0 before;
+    # torch does not expose it.
+    reserved = 1024 if props.major >= 8 else 0
+    return tile_capacity(
+        props.shared_memory_per_block_optin, props.shared_memory_per_multiprocessor, reserved, bps
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# (b) contribution score
+# ----------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def contribution_scores_2d(
+    means2d: Tensor,
+    conics: Tensor,
+    opacities: Tensor,
+    radii: Tensor,
+    depths: Tensor,
+    width: int,
+    height: int,
+    tile_size: int = TILE_SIZE,
+    *,
+    chunk_elems: int = SCORE_CHUNK_ELEMS,
+) -> Tensor:
+    """Per view, the largest compositing weight ``alpha * T`` each Gaussian gets at any pixel, [C,N].
+
+    Inputs as the rasterizers' ``info`` holds them: means2d [C,N,2], conics [C,N,3], opacities
+    [C,N] (or [N]), radii [C,N] (0: culled), depths [C,N]. Same tile reach, depth order and
+    alpha / skip / stop rules as the renderers (the reference rasterizer's block binning); the
+    Gaussian that stops a pixel (would take T to <= 1e-4) gets the weight it would have had.
+    """
+    C, N = radii.shape
+    device = means2d.device
+    dtype = means2d.dtype if means2d.dtype in (torch.float32, torch.float64) else torch.float32
+    means2d = means2d.detach().to(dtype)
+    conics = conics.detach().to(dtype)
+    opac = opacities.detach().to(dtype)
+    if opac.dim() == 1:
+        opac = opac.expand(C, -1)
+    out = torch.zeros(C * N + 1, dtype=dtype, device=device)  # last slot: padding sink
+    bs = _default_block_size(tile_size)
+    P = bs * bs
+    tw, th = tile_grid(width, height, tile_size)
+    gw, gh = tile_grid(width, height, bs)
+    rect = intersect_rects(
+        tile_rects(means2d, radii, tile_size, tw, th) * (tile_size // bs), alpha_block_rects(means2d, conics, opac, bs)
+    )
+    rect = torch.where((radii > 0)[..., None], rect, torch.zeros_like(rect))
+    bins = bin_rects(rect, depths.detach(), gw, gh)
+    counts = bins.counts
+    nonempty = torch.nonzero(counts > 0).squeeze(1)
+    if nonempty.numel() == 0:
+        return out[:-1].view(C, N)
+    cnt_sorted, order = torch.sort(counts[nonempty], descending=True)
+    cells = nonempty[order]
+    cnt_list: List[int] = cnt_sorted.tolist()
+    tab = torch.cat(
+        [means2d, -0.5 * conics[..., :1], -conics[..., 1:2], -0.5 * conics[..., 2:], opac[..., None]], dim=-1
+    ).reshape(C * N, 6)
+    lp = torch.arange(P, device=device)
+    lx = lp % bs
+    ly = torch.div(lp, bs, rounding_mode="floor")
+    for i, j in _plan_chunks(cnt_list, P, chunk_elems):
+        K = cnt_list[i]
+        cid = cells[i:j]
+        ar = torch.arange(K, device=device)
+        valid = ar[None, :] < cnt_sorted[i:j, None]
+        pos = (bins.offsets[cid][:, None] + ar[None, :]).clamp_max(bins.flatten_ids.numel() - 1)
+        gid = torch.where(valid, bins.flatten_ids[pos], torch.full_like(pos, C * N))
+        bx = cid % gw
+        by = torch.div(cid, gw, rounding_mode="floor").remainder(gh)
+        ix = bx[:, None] * bs + lx[None, :]  # [B,P] integer pixel coordinates
+        iy = by[:, None] * bs + ly[None, :]
+        inside = (ix < width) & (iy < height)  # the last blocks may run past the image
+        t = torch.where(valid[..., None], tab[gid.clamp_max(C * N - 1)], torch.zeros((), dtype=dtype, device=device))
+        dx = t[..., 0:1] - (ix.to(dtype) + 0.5)[:, None, :]  # [B,K,P]
+        dy = t[..., 1:2] - (iy.to(dtype) + 0.5)[:, None, :]
+        nha, nb, nhc, o = (v.unsqueeze(-1) for v in t[..., 2:6].unbind(-1))
+        nsigma = torch.addcmul(nha * dx, nb, dy) * dx + nhc * dy * dy
+        alpha = torch.clamp_max(o * torch.exp(torch.clamp_min(nsigma, -20.0)), ALPHA_MAX)
+        alpha = alpha * ((nsigma <= 0) & (alpha >= ALPHA_MIN) & inside[:, None, :])
+        T_incl = torch.cumprod(1.0 - alpha, dim=1)
+        T_excl = torch.cat([torch.ones_like(T_incl[:, :1]), T_incl[:, :-1]], dim=1)
+        # pixels stop before the Gaussian that takes T to <= 1e-4: that one still counts (it hides
+        # what is behind it), everything after it does not (T before it is already <= 1e-4)
+        w = alpha * T_excl * (T_excl > T_MIN)
+        out.scatter_reduce_(0, gid.reshape(-1), w.amax(-1).reshape(-1), reduce="amax")
+    return out[:-1].view(C, N)
+
+
+@torch.no_grad()
+def contribution_scores(
+    means: Tensor, quats: Tensor, scales: Tensor, opacities: Tensor, viewmats: Tensor, Ks: Tensor,
+    width: int, height: int, *, eps2d: float = 0.3, near_plane: float = 0.01, far_plane: float = 1e10,
+) -> Tensor:
+    """:func:`contribution_scores_2d` from 3D Gaussians (activated scales/opacities), [C,N]."""
+    from bytesplat_ns.raster.projection import project_gaussians
+
+    pr = project_gaussians(means, quats, scales, viewmats, Ks, width, height, eps2d=eps2d,
+                           near_plane=near_plane, far_plane=far_plane)
+    return contribution_scores_2d(pr.means2d, pr.conics, opacities, pr.radii, pr.depths, width, height)
+
+
+def scores_from_info(info: Dict[str, Any]) -> Tensor:
+    """Per-Gaussian score [N] of the views of one rendered batch (max over its views)."""
+    if info.get("gaussian_ids") is not None:
+        raise ValueError("hardware-aware pruning needs unpacked rasterizer output (packed=False)")
+    s = contribution_scores_2d(
+        info["means2d"], info["conics"], info["opacities"], info["radii"], info["depths"],
+        int(info["width"]), int(info["height"]), int(info.get("tile_size", TILE_SIZE)),
+    )
+    return s.amax(0)
+
+
+# ----------------------------------------------------------------------------------------------
+# tile lists
+# ----------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def tile_entries(info: Dict[str, Any], tile_size: int = TILE_SIZE) -> Tuple[Tensor, Tensor, int]:
+    """The fused kernel's tile lists for the views in ``info`` as (tile key [M], Gaussian [M],
+    number of tiles): entry m says Gaussian ``gaussian[m]`` (index into N) is in tile ``key[m]``
+    (view-major). Same reach rule and binning as the fused backend (``fused.bin_tiles``)."""
+    from bytesplat_ns.raster.fused import bin_tiles
+
+    radii = info["radii"]
+    C, N = radii.shape
+    W, H = int(info["width"]), int(info["height"])
+    offsets, flatten_ids = bin_tiles(info["means2d"], radii, info["depths"], W, H, tile_size)
+    offsets = offsets.long()
+    n_tiles = offsets.numel() - 1
+    counts = offsets[1:] - offsets[:-1]
+    keys = torch.repeat_interleave(torch.arange(n_tiles, device=offsets.device), counts)
+    return keys, flatten_ids.long() % N, n_tiles
+
+
+def tile_counts(keys: Tensor, n_tiles: int, keep: Optional[Tensor] = None, gids: Optional[Tensor] = None) -> Tensor:
+    """Gaussians per tile, optionally only those with ``keep[gid]``."""
+    if keep is not None:
+        assert gids is not None
+        keys = keys[keep[gids]]
+    return torch.bincount(keys, minlength=n_tiles)
+
+
+# ----------------------------------------------------------------------------------------------
+# (c) selection
+# ----------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def select_prune_mask(
+    scores: Tensor,
+    tile_keys: Optional[Tensor],
+    tile_gids: Optional[Tensor],
+    capacity: Optional[int],
+    *,
+    min_contribution: float = 0.0,
+    max_fraction: float = 0.05,
+    prune_low_contribution: bool = True,
+    n_tiles: Optional[int] = None,
+) -> Tuple[Tensor, Dict[str, Any]]:
+    """Which Gaussians to remove, as a boolean mask [N], and counts describing the choice.
+
+    1. Gaussians with ``score <= min_contribution`` (when ``prune_low_contribution``).
+    2. For every tile (``tile_keys``/``tile_gids``: entries of the tile lists, see
+       :func:`tile_entries`; several views just use distinct keys) still holding more than
+       ``capacity`` Gaussians, its ``count - capacity`` lowest-scoring remaining Gaussians (ties:
+       lower index first). A Gaussian goes only if one of its tiles is over capacity; removing
+       each over-capacity tile's excess lowest is exactly what removing Gaussians one by one in
+       increasing score while any of their tiles is over capacity gives.
+    3. At most ``floor(max_fraction * N)`` in all: stage 1 first, then stage 2, each lowest
+       scores first. Tiles left over capacity take the kernel's streaming path.
+    """
+    N = scores.numel()
+    device = scores.device
+    budget = int(math.floor(max_fraction * N))
+    mask = torch.zeros(N, dtype=torch.bool, device=device)
+    stats: Dict[str, Any] = dict(gaussians=N, budget=budget, low_contribution=0, over_capacity=0,
+                                 tiles=0, tiles_over_before=0, tiles_over_after=0,
+                                 max_tile_before=0, max_tile_after=0, capacity=capacity)
+
+    def lowest(cand: Tensor, limit: int) -> Tensor:
+        """The ``limit`` lowest-scoring of the candidate mask (ties: lower index)."""
+        idx = torch.nonzero(cand).squeeze(1)
+        if idx.numel() <= limit:
+            return cand
+        order = torch.sort(scores[idx], stable=True).indices[:limit]  # idx is ascending: stable = index ties
+        keep = torch.zeros_like(cand)
+        keep[idx[order]] = True
+        return keep
+
+    if prune_low_contribution and budget > 0:
+        mask |= lowest(scores <= min_contribution, budget)
+    stats["low_contribution"] = int(mask.sum())
+
+    if capacity is not None and capacity > 0 and tile_keys is not None and tile_keys.numel() > 0:
+        assert tile_gids is not None
+        n_tiles = int(n_tiles if n_tiles is not None else int(tile_keys.max()) + 1)
+        before = tile_counts(tile_keys, n_tiles)
+        stats["tiles"] = n_tiles
+        stats["tiles_over_before"] = int((before > capacity).sum())
+        stats["max_tile_before"] = int(before.max())
+        alive = ~mask[tile_gids]
+        k, g = tile_keys[alive], tile_gids[alive]
+        counts = torch.bincount(k, minlength=n_tiles)
+        excess = counts - capacity
+        over = excess[k] > 0
+        k, g = k[over], g[over]
+        left = budget - int(mask.sum())
+        if k.numel() > 0 and left > 0:
+            # sort entries by (tile, score, index): stable sorts from the last key to the first
+            o = torch.sort(g, stable=True).indices
+            o = o[torch.sort(scores[g[o]], stable=True).indices]
+            o = o[torch.sort(k[o], stable=True).indices]
+            k, g = k[o], g[o]
+            first = torch.searchsorted(k, k, right=False)
+            rank = torch.arange(k.numel(), device=device) - first
+            chosen = torch.zeros(N, dtype=torch.bool, device=device)
+            chosen[g[rank < excess[k]]] = True
+            chosen = lowest(chosen, left)
+            stats["over_capacity"] = int(chosen.sum())
+            mask |= chosen
+        after = tile_counts(tile_keys, n_tiles, ~mask, tile_gids)
+        stats["tiles_over_after"] = int((after > capacity).sum())
+        stats["max_tile_after"] = int(after.max())
+    return mask, stats
+
+
+# ----------------------------------------------------------------------------------------------
+# (d) apply
+# ----------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def apply_prune(params, optimizers: Dict[str, torch.optim.Optimizer], state: Dict[str, Any], mask: Tensor) -> int:
+    """Remove the masked Gaussians from the parameters, the optimizers' state (Adam moments) and
+    every per-Gaussian tensor of the strategy state, in place (gsplat's ``strategy.ops.remove``:
+    parameters are replaced, optimizers re-pointed at them). Returns the number removed."""
+    from gsplat.strategy.ops import remove
+
+    n = int(mask.sum())
+    if n:
+        remove(params=params, optimizers=optimizers, state=state, mask=mask)
+    return n
+
+
+# ----------------------------------------------------------------------------------------------
+# training-schedule integration
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class HWPruneSettings:
+    """The model config's ``hw_prune*`` fields (see ``ByteSplatModelConfig``)."""
+
+    mode: str = "auto"
+    every: int = 500
+    max_fraction: float = 0.05
+    min_contribution: float = 1.0 / 255.0
+    window: int = 0
+    tile_views: int = 4
+    capacity: int = 0
+    stop_iter: int = -1
+
+    @classmethod
+    def from_config(cls, config: Any) -> "HWPruneSettings":
+        return cls(
+            mode=getattr(config, "hw_prune", "off"),
+            every=int(getattr(config, "hw_prune_every", cls.every)),
+            max_fraction=float(getattr(config, "hw_prune_max_fraction", cls.max_fraction)),
+            min_contribution=float(getattr(config, "hw_prune_min_contribution", cls.min_contribution)),
+            window=int(getattr(config, "hw_prune_window", cls.window)),
+            tile_views=int(getattr(config, "hw_prune_tile_views", cls.tile_views)),
+            capacity=int(getattr(config, "hw_prune_capacity", cls.capacity)),
+            stop_iter=int(getattr(config, "hw_prune_stop_iter", cls.stop_iter)),
+        )
+
+
+def _log(msg: str) -> None:
+    try:
+        from nerfstudio.utils.rich_utils import CONSOLE
+
+        CONSOLE.log(msg)
+    except Exception:  # pragma: no cover
+        print(msg)
+
+
+class HardwarePruner:
+    """Runs (b)-(d) on gsplat ``DefaultStrategy``'s schedule.
+
+    Prune steps ``s``: ``s % every == refine_every // 2`` (half a refine period after a gsplat refine
+    step, so never on one), ``refine_start < s < stop`` (stop: ``stop_iter``, default gsplat's
+    ``refine_stop_iter``) and outside gsplat's pause after an opacity reset.
+    Before prune step ``s``:
+    - the ``window`` training views ending at ``s`` (default: one per training image, at most
+      ``every - 1``) accumulate the running max score into ``state["hw_score"]`` (gsplat's
+      duplicate/split/remove carry it, children inherit their parent's score);
+    - the last ``tile_views`` views (at most ``refine_every // 2``, all after the last refine)
+      record their tile lists.
+    At ``s``, after gsplat's step: low-contribution removal only when the whole window was seen;
+    over-capacity removal when the capacity is known (device or ``capacity``).
+    """
+
+    def __init__(self, settings: HWPruneSettings, strategy: Any, num_train_data: int, enabled: bool,
+                 capacity: Optional[int]):
+        self.settings = settings
+        self.strategy = strategy
+        self.enabled = enabled
+        self.capacity = capacity
+        every = max(1, settings.every)
+        self.every = every
+        self.offset = max(1, strategy.refine_every // 2) % every
+        window = settings.window if settings.window > 0 else max(1, num_train_data)
+        self.window = max(1, min(window, every - 1)) if every > 1 else 1
+        self.tile_views = max(0, min(settings.tile_views, max(1, strategy.refine_every // 2)))
+        self.stop = settings.stop_iter if settings.stop_iter > 0 else strategy.refine_stop_iter
+        self._target: Optional[int] = None
+        self._views = 0
+        self._tiles: List[Tuple[Tensor, Tensor, int]] = []
+        self._tiles_owner: Optional[weakref.ref] = None
+        self.last_stats: Optional[Dict[str, Any]] = None
+        self.history: List[Dict[str, Any]] = []
+
+    @classmethod
+    def from_model(cls, model: Any) -> "HardwarePruner":
+        settings = HWPruneSettings.from_config(model.config)
+        if settings.mode not in ("auto", "on", "off"):
+            raise ValueError(f"hw_prune must be auto, on or off, got {settings.mode!r}")
+        enabled = settings.mode == "on" or (settings.mode == "auto" and model.rasterizer_backend == "fused")
+        dist = torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
+        if enabled and dist:
+            _log("bytesplat: hardware-aware pruning is not supported with sharded training yet; off")
+            enabled = False
+        capacity: Optional[int] = settings.capacity if settings.capacity > 0 else None
+        if enabled and capacity is None:
+            if model.device.type == "cuda":
+                capacity = device_tile_capacity(model.device)
+            else:
+                _log("bytesplat: hw-prune on a CPU model without --pipeline.model.hw-prune-capacity: "
+                     "only low-contribution pruning runs (no device capacity)")
+        pruner = cls(settings, model.strategy, int(getattr(model, "num_train_data", 1) or 1), enabled, capacity)
+        if enabled:
+            _log(f"bytesplat: hardware-aware pruning on (tile capacity {capacity}, every {pruner.every} steps "
+                 f"at offset {pruner.offset}, score window {pruner.window} views)")
+        return pruner
+
+    # -- schedule --
+    def is_prune_step(self, step: int) -> bool:
+        s = self.strategy
+        return (
+            self.enabled
+            and step % self.every == self.offset
+            and s.refine_start_iter < step < self.stop
+            and step < s.refine_stop_iter
+            and step % s.refine_every != 0
+            and step % s.reset_every >= s.pause_refine_after_reset
+        )
+
+    def next_prune_step(self, step: int) -> int:
+        return step + (self.offset - step) % self.every
+
+    # -- hooks --
+    def before_strategy(self, params, state: Dict[str, Any], info: Dict[str, Any], step: int) -> None:
+        """Accumulate the score (and tile lists) of the step's views; ``info`` matches ``params``."""
+        if not self.enabled or not info:
+            return
+        target = self.next_prune_step(step)
+        if not self.is_prune_step(target) or target - step >= self.window:
+            return
+        n = params["means"].shape[0]
+        score = state.get(SCORE_KEY)
+        if self._target != target or not isinstance(score, Tensor) or score.shape[0] != n:
+            state[SCORE_KEY] = torch.zeros(n, dtype=torch.float32, device=params["means"].device)
+            self._target, self._views = target, 0
+            self._tiles, self._tiles_owner = [], None
+        view_scores = scores_from_info(info).to(torch.float32)
+        state[SCORE_KEY] = torch.maximum(state[SCORE_KEY], view_scores)
+        self._views += int(info.get("n_cameras", 1))
+        if target - step < self.tile_views and self.capacity:
+            owner = params["means"]
+            if self._tiles_owner is None or self._tiles_owner() is not owner:
+                self._tiles, self._tiles_owner = [], weakref.ref(owner)
+            self._tiles.append(tile_entries(info))
+
+    def after_strategy(self, params, optimizers, state: Dict[str, Any], step: int) -> Optional[Dict[str, Any]]:
+        """Prune at a prune step (after gsplat's own step). Returns the stats, or None."""
+        if not self.is_prune_step(step) or self._target != step or not isinstance(state.get(SCORE_KEY), Tensor):
+            return None
+        scores = state[SCORE_KEY]
+        n = params["means"].shape[0]
+        keys = gids = None
+        n_tiles = 0
+        if self._tiles and self._tiles_owner is not None and self._tiles_owner() is params["means"]:
+            parts_k, parts_g = [], []
+            for k, g, nt in self._tiles:
+                parts_k.append(k + n_tiles)
+                parts_g.append(g)
+                n_tiles += nt
+            keys, gids = torch.cat(parts_k), torch.cat(parts_g)
+        full_window = self._views >= self.window
+        mask, stats = select_prune_mask(
+            scores, keys, gids, self.capacity,
+            min_contribution=self.settings.min_contribution, max_fraction=self.settings.max_fraction,
+            prune_low_contribution=full_window, n_tiles=n_tiles or None,
+        )
+        removed = apply_prune(params, optimizers, state, mask)
+        state[SCORE_KEY] = None  # stop carrying it until the next window
+        self._tiles, self._tiles_owner, self._target = [], None, None
+        stats.update(step=step, removed=removed, window_views=self._views, full_window=full_window,
+                     gaussians_after=n - removed)
+        self.last_stats = stats
+        self.history.append(stats)
+        tiles = max(1, stats["tiles"])
+        _log(
+            f"bytesplat hw-prune step {step}: removed {stats['low_contribution']} low-contribution + "
+            f"{stats['over_capacity']} over-capacity Gaussians ({n} -> {n - removed}); tiles over capacity "
+            f"{stats['tiles_over_before'] / tiles:.2%} -> {stats['tiles_over_after'] / tiles:.2%} "
+            f"(capacity {self.capacity}, largest tile {stats['max_tile_before']} -> {stats['max_tile_after']})"
+        )
+        try:
+            from nerfstudio.utils import writer
+
+            writer.put_scalar("hw_prune/removed", removed, step)
+            writer.put_scalar("hw_prune/over_capacity_tiles_before", stats["tiles_over_before"] / tiles, step)
+            writer.put_scalar("hw_prune/over_capacity_tiles_after", stats["tiles_over_after"] / tiles, step)
+        except Exception:  # pragma: no cover - logging must never break training
+            pass
+        return stats
+
+
+def model_step_post_backward(model: Any, step: int, strategy_step) -> None:
+    """The model's densification step with hardware-aware pruning around gsplat's own step.
+
+    ``strategy_step(step)`` is splatfacto's ``step_post_backward`` (gsplat's refine)."""
+    pruner = getattr(model, "hw_pruner", None)
+    if pruner is None:
+        pruner = HardwarePruner.from_model(model)
+        model.hw_pruner = pruner
+    if pruner.enabled:
+        pruner.before_strategy(model.gauss_params, model.strategy_state, getattr(model, "info", None) or {}, step)
+    strategy_step(step)
+    if pruner.enabled:
+        pruner.after_strategy(model.gauss_params, model.optimizers, model.strategy_state, step)
