@@ -1,0 +1,187 @@
+"""Worker processes for tests/test_pixel_exchange.py (run as ``python -m tests.pixel_worker``).
+
+Started by ``bytesplat_ns.distributed.launch.launch_local`` with torchrun's environment variables;
+writes its results (torch.save) into the output directory given on the command line. The scene
+helpers are also imported by the test for the single-process oracle.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Dict, Tuple
+
+import torch
+
+SEED = 11
+WIDTH, HEIGHT = 32, 24
+NUM_VIEWS = 4
+SH_DEGREE = 3
+CELLS_PER_RANK = 2
+BORDER_MARGIN = 0.3  # world units kept between a Gaussian's mean and its cell's faces (no crossing)
+SCALE_COUNTS = (800, 3200, 12800)  # 1x, 4x, 16x
+EYES = [(0.2, 0.4, -3.2), (2.9, -0.5, -1.8), (-2.8, 0.6, -1.5), (0.4, -2.6, -1.9)]
+
+
+def look_at(eye, target=(0.0, 0.0, 0.0), up=(0.0, -1.0, 0.0)) -> torch.Tensor:
+    from tests.distributed_worker import look_at as la
+
+    return la(eye, target, up)
+
+
+def raw_gaussians(n: int, seed: int, small: bool) -> Dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    u = lambda *shape: torch.rand(*shape, generator=g)  # noqa: E731
+    lo, hi = (0.015, 0.035) if small else (0.04, 0.16)
+    return {
+        "means": (u(n, 3) * 2 - 1) * torch.tensor([1.2, 0.9, 0.9]),
+        "scales": torch.log(lo + (hi - lo) * u(n, 3)),
+        "quats": torch.randn(n, 4, generator=g),
+        "features_dc": torch.randn(n, 3, generator=g) * 0.6,
+        "features_rest": torch.randn(n, 15, 3, generator=g) * 0.05,
+        "opacities": torch.logit(0.15 + 0.6 * u(n, 1)),
+    }
+
+
+def make_scene(n: int, num_cells: int, crossing: bool, seed: int = SEED):
+    """(all Gaussians, kd cells). Without ``crossing``, Gaussians closer than BORDER_MARGIN to a face
+    of their cell are dropped (the tree is built before, so it still partitions space)."""
+    from bytesplat_ns.distributed.cells import KdCells
+
+    g = raw_gaussians(n, seed, small=not crossing)
+    tree = KdCells.build(g["means"], num_cells)
+    if not crossing:
+        from bytesplat_ns.distributed.cells import crossing_mask
+
+        keep = ~crossing_mask(tree, g["means"], torch.full((n,), BORDER_MARGIN))
+        g = {k: v[keep] for k, v in g.items()}
+    return g, tree
+
+
+def make_views():
+    from bytesplat_ns.distributed import Views
+    from bytesplat_ns.raster import rasterize
+
+    viewmats = torch.stack([look_at(e) for e in EYES[:NUM_VIEWS]])
+    K = torch.tensor([[30.0, 0.0, WIDTH / 2], [0.0, 30.0, HEIGHT / 2], [0.0, 0.0, 1.0]])
+    Ks = K.expand(NUM_VIEWS, 3, 3).clone()
+    backgrounds = torch.tensor([[0.1, 0.2, 0.3], [0.9, 0.8, 0.7], [0.0, 0.0, 0.0], [0.5, 0.5, 0.5]])[:NUM_VIEWS]
+    t = raw_gaussians(200, SEED + 100, small=False)
+    with torch.no_grad():
+        render, alpha, _ = rasterize(
+            t["means"], t["quats"], torch.exp(t["scales"]), torch.sigmoid(t["opacities"]).squeeze(-1),
+            torch.cat([t["features_dc"][:, None], t["features_rest"]], 1), viewmats, Ks, WIDTH, HEIGHT,
+            backend="reference", sh_degree=SH_DEGREE,
+        )
+        images = torch.clamp(render + (1 - alpha) * backgrounds[:, None, None, :], 0, 1)
+    return Views(viewmats, Ks, WIDTH, HEIGHT, images, backgrounds)
+
+
+def local_part(g: Dict[str, torch.Tensor], tree, rank: int, world: int):
+    """This rank's Gaussians (params), their global ids, and the CellState."""
+    from bytesplat_ns.distributed.cells import cell_ranks
+    from bytesplat_ns.distributed.pixel import CellState
+
+    ranks = cell_ranks(tree.num_cells, world)
+    cell = tree.locate(g["means"])
+    rk = torch.tensor(ranks)[cell]
+    gids = torch.nonzero(rk == rank).squeeze(1)
+    params = {k: torch.nn.Parameter(v[gids].clone()) for k, v in g.items()}
+    return params, gids, CellState(tree, ranks, cell[gids])
+
+
+def run_once(g, tree, rank, world, views, config, wire=None) -> Dict:
+    from bytesplat_ns.distributed.pixel import pixel_render_loss
+
+    params, gids, cells = local_part(g, tree, rank, world)
+    if wire is not None:
+        wire.take()
+    fwd = pixel_render_loss(params, cells, views, SH_DEGREE, config)
+    fwd.local_loss.backward()
+    out = {
+        "gids": gids,
+        "grads": {k: (p.grad.clone() if p.grad is not None else torch.zeros_like(p)) for k, p in params.items()},
+        "renders": fwd.renders,
+        "stats": fwd.stats.as_dict(),
+        "views_of_rank": fwd.schedule.views_of_rank,
+        "schedule_line": fwd.schedule.log_line(),
+        "log": fwd.stats.log_line(rank),
+        "loss": float(fwd.local_loss.item()),
+    }
+    if wire is not None:
+        out["wire"] = wire.take()
+    return out
+
+
+def main() -> None:
+    scenario, out = sys.argv[1], Path(sys.argv[2])
+    torch.set_num_threads(1)
+    from bytesplat_ns.distributed import DistributedError, init_distributed
+    from bytesplat_ns.distributed.pixel import PixelConfig
+    from tests.distributed_worker import WireCounter
+
+    init_distributed(timeout_s=float(os.environ.get("TEST_PG_TIMEOUT", "30")))
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    wire = WireCounter()
+    n_cells = CELLS_PER_RANK * world
+    views = make_views()
+    rec: Dict = {}
+    try:
+        if scenario == "main":
+            g, tree = make_scene(400, n_cells, crossing=False)
+            rec["exact"] = run_once(g, tree, rank, world, views, PixelConfig(geometric=True), wire)
+            rec["nogeo"] = run_once(g, tree, rank, world, views, PixelConfig(geometric=False), wire)
+            rec["tprune"] = run_once(g, tree, rank, world, views, PixelConfig(geometric=True, transmittance=True), wire)
+            rec["noschedule"] = run_once(g, tree, rank, world, views, PixelConfig(schedule=False), wire)
+            gx, treex = make_scene(240, n_cells, crossing=True)
+            rec["crossing"] = run_once(gx, treex, rank, world, views, PixelConfig(), wire)
+            rec["crossing_t"] = run_once(gx, treex, rank, world, views, PixelConfig(transmittance=True), wire)
+            rec["crossing_t05"] = run_once(gx, treex, rank, world, views, PixelConfig(transmittance=True, threshold=0.05), wire)
+        elif scenario == "scale":
+            for n in SCALE_COUNTS:
+                g, tree = make_scene(n, n_cells, crossing=False, seed=SEED + 1)
+                rec[f"n{n}"] = run_once(g, tree, rank, world, views, PixelConfig(), wire)
+                rec[f"n{n}"]["count"] = int(g["means"].shape[0])
+        elif scenario == "migrate":
+            from bytesplat_ns.distributed import make_adam_optimizers
+            from bytesplat_ns.distributed.cells import migrate
+            from bytesplat_ns.distributed.pixel import pixel_step
+
+            g, tree = make_scene(240, n_cells, crossing=True)
+            params, gids, cells = local_part(g, tree, rank, world)
+            lrs = {"means": 0.05, "features_dc": 0.0025, "features_rest": 0.000125, "opacities": 0.05, "scales": 0.005, "quats": 0.001}
+            opts = make_adam_optimizers(params, lrs, NUM_VIEWS)
+            pixel_step(params, opts, cells, views, SH_DEGREE)
+            # Shift every mean along x so that some leave their cell; migrate them.
+            with torch.no_grad():
+                params["means"][:, 0] += 0.25
+            before = {"means": params["means"].detach().clone(), "gids": gids.clone(),
+                      "exp_avg": opts["means"].state[params["means"]]["exp_avg"].clone()}
+            extra = {"gids": gids.to(torch.float64)}
+            cell_of, sent = migrate(params, opts, tree, cells.ranks_of_cells, extra=extra)
+            cells.cell_of = cell_of
+            after_gids = extra["gids"].to(torch.int64)
+            rec["migrate"] = {
+                "before": before, "sent": sent, "gids": after_gids, "means": params["means"].detach().clone(),
+                "cells": cell_of, "ranks": cells.ranks_of_cells,
+                "exp_avg": opts["means"].state[params["means"]]["exp_avg"].clone(),
+                "in_opt": all(opts[k].param_groups[0]["params"][0] is params[k] for k in params),
+            }
+            # Training continues on the migrated Gaussians.
+            res = pixel_step(params, opts, cells, views, SH_DEGREE)
+            rec["migrate"]["loss_after"] = res.loss
+        else:
+            raise SystemExit(f"unknown scenario {scenario}")
+    except DistributedError as error:
+        sys.stderr.write(f"bytesplat: error: {error}\n")
+        sys.stderr.flush()
+        os._exit(1)
+    torch.save(rec, out / f"{scenario}-rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
