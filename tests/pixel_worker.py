@@ -21,13 +21,45 @@ SH_DEGREE = 3
 CELLS_PER_RANK = 2
 BORDER_MARGIN = 0.3  # world units kept between a Gaussian's mean and its cell's faces (no crossing)
 SCALE_COUNTS = (800, 3200, 12800)  # 1x, 4x, 16x
+TRAIN_STEPS = 3
+TRAIN_LRS = {"means": 1.6e-4, "features_dc": 0.0025, "features_rest": 0.0025 / 20, "opacities": 0.05, "scales": 0.005, "quats": 0.001}
 EYES = [(0.2, 0.4, -3.2), (2.9, -0.5, -1.8), (-2.8, 0.6, -1.5), (0.4, -2.6, -1.9)]
 
 
 def look_at(eye, target=(0.0, 0.0, 0.0), up=(0.0, -1.0, 0.0)) -> torch.Tensor:
-    from tests.distributed_worker import look_at as la
+    """OpenCV world-to-camera matrix (x right, y down, z forward)."""
+    eye = torch.tensor(eye, dtype=torch.float64)
+    z = torch.tensor(target, dtype=torch.float64) - eye
+    z = z / z.norm()
+    x = torch.linalg.cross(z, torch.tensor(up, dtype=torch.float64))
+    x = x / x.norm()
+    y = torch.linalg.cross(z, x)
+    m = torch.eye(4, dtype=torch.float64)
+    m[:3, :3] = torch.stack([x, y, z])
+    m[:3, 3] = -m[:3, :3] @ eye
+    return m.float()
 
-    return la(eye, target, up)
+
+class WireCounter:
+    """Counts the bytes handed to isend (what actually goes on the wire)."""
+
+    def __init__(self):
+        import torch.distributed as dist
+
+        self.bytes = 0
+        real = dist.batch_isend_irecv
+
+        def counting(ops):
+            for op in ops:
+                if op.op is dist.isend:
+                    self.bytes += op.tensor.numel() * op.tensor.element_size()
+            return real(ops)
+
+        dist.batch_isend_irecv = counting
+
+    def take(self) -> int:
+        out, self.bytes = self.bytes, 0
+        return out
 
 
 def raw_gaussians(n: int, seed: int, small: bool) -> Dict[str, torch.Tensor]:
@@ -119,7 +151,6 @@ def main() -> None:
     torch.set_num_threads(1)
     from bytesplat_ns.distributed import DistributedError, init_distributed
     from bytesplat_ns.distributed.pixel import PixelConfig
-    from tests.distributed_worker import WireCounter
 
     init_distributed(timeout_s=float(os.environ.get("TEST_PG_TIMEOUT", "30")))
     import torch.distributed as dist
@@ -149,6 +180,13 @@ def main() -> None:
             from bytesplat_ns.distributed import make_adam_optimizers
             from bytesplat_ns.distributed.cells import migrate
             from bytesplat_ns.distributed.pixel import pixel_step
+
+            # K training steps on a scene without border crossings (compared with one process).
+            ge, treee = make_scene(400, n_cells, crossing=False)
+            params, gids, cells = local_part(ge, treee, rank, world)
+            opts = make_adam_optimizers(params, TRAIN_LRS, NUM_VIEWS)
+            losses = [pixel_step(params, opts, cells, views, SH_DEGREE).loss for _ in range(TRAIN_STEPS)]
+            rec["train"] = {"gids": gids, "params": {k: v.detach().clone() for k, v in params.items()}, "losses": losses}
 
             g, tree = make_scene(240, n_cells, crossing=True)
             params, gids, cells = local_part(g, tree, rank, world)

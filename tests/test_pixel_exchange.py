@@ -214,6 +214,8 @@ def test_composite_equals_single_process_without_border_crossings(world, runs):
     assert not bool(crossing_mask(tree, g["means"], gaussian_extent(torch.exp(g["scales"]))).any())
     want_img, want_loss, want_grads = oracle(g)
     imgs, loss, grads = gathered(ranks, "exact")
+    print(f"world {world}: {g['means'].shape[0]} Gaussians in {tree.num_cells} cells; image rel {rel(imgs, want_img):.1e}; grad rel "
+          + " ".join(f"{k} {rel(grads[k], want_grads[k]):.1e}" for k in grads))
     assert rel(imgs, want_img) <= REL_TOL, rel(imgs, want_img)
     assert loss == pytest.approx(want_loss, rel=REL_TOL)
     for k in want_grads:
@@ -325,3 +327,23 @@ def test_migration_moves_gaussians_and_adam_state_to_their_cells(world, runs):
         assert torch.equal(m["exp_avg"], before_avg[m["gids"]])  # with their Adam state
         assert m["in_opt"]
         assert math.isfinite(m["loss_after"])
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_training_steps_equal_single_process_without_border_crossings(world, runs):
+    from bytesplat_ns.distributed import make_adam_optimizers, single_process_step
+
+    ranks = runs("migrate", world)
+    g, _ = P.make_scene(400, P.CELLS_PER_RANK * world, crossing=False)
+    torch.set_num_threads(1)
+    views = P.make_views()
+    params = {k: torch.nn.Parameter(v.clone()) for k, v in g.items()}
+    opts = make_adam_optimizers(params, P.TRAIN_LRS, P.NUM_VIEWS)
+    losses = [single_process_step(params, opts, views, P.SH_DEGREE) for _ in range(P.TRAIN_STEPS)]
+    assert ranks[0]["train"]["losses"] == pytest.approx(losses, rel=REL_TOL)
+    gids = torch.cat([r["train"]["gids"] for r in ranks])
+    order = torch.argsort(gids)
+    for k, p in params.items():
+        got = torch.cat([r["train"]["params"][k] for r in ranks])[order]
+        assert rel(got, p.detach()) <= REL_TOL, (k, rel(got, p.detach()))
+    assert (params["means"].detach() - g["means"]).abs().max() > 1e-5  # the parameters did move
