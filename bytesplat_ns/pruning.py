@@ -258,8 +258,18 @@ def contribution_scores(
     return contribution_scores_2d(pr.means2d, pr.conics, opacities, pr.radii, pr.depths, width, height)
 
 
+CONTRIBUTION_INFO_KEY = "contribution"  # [C,N] max alpha*T, when a rasterizer provides it
+
+
 def scores_from_info(info: Dict[str, Any]) -> Tensor:
-    """Per-Gaussian score [N] of the views of one rendered batch (max over its views)."""
+    """Per-Gaussian score [N] of the views of one rendered batch (max over its views).
+
+    Uses ``info["contribution"]`` ([C,N], the same quantity) when the rasterizer computed it (the
+    fused kernel's backward is meant to, see docs/pruning.md); otherwise a no-grad pass of
+    :func:`contribution_scores_2d` over the projected Gaussians of ``info``."""
+    given = info.get(CONTRIBUTION_INFO_KEY)
+    if isinstance(given, Tensor):
+        return given.detach().reshape(-1, given.shape[-1]).amax(0)
     if info.get("gaussian_ids") is not None:
         raise ValueError("hardware-aware pruning needs unpacked rasterizer output (packed=False)")
     s = contribution_scores_2d(

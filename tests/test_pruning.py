@@ -1,0 +1,553 @@
+"""Hardware-aware pruning (bytesplat_ns/pruning.py, issue 4).
+
+CPU: capacity arithmetic (and the kernel layout read from the CUDA sources), the alpha*T score
+against an explicit float64 per-pixel walk, that removing zero-score Gaussians leaves the reference
+render unchanged, the selection rules, removal keeping parameters / optimizer state / strategy
+state consistent, and the hook on the densification schedule (standalone and through the model).
+GPU (skipped without CUDA): capacity read from the device; a pruned model renders the same through
+the fused and the reference backends.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from bytesplat_ns import pruning
+from bytesplat_ns.pruning import (
+    HardwarePruner,
+    HWPruneSettings,
+    apply_prune,
+    contribution_scores,
+    contribution_scores_2d,
+    select_prune_mask,
+    tile_capacity,
+    tile_entries,
+)
+from bytesplat_ns.raster.projection import project_gaussians
+from bytesplat_ns.raster.reference import rasterize_reference
+from tests.test_reference_raster import make_scene
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+# H200 (compute capability 9.0): cudaDevAttrMaxSharedMemoryPerBlockOptin, ...PerMultiprocessor,
+# ReservedSharedMemoryPerBlock.
+H200_SMEM = (232448, 233472, 1024)
+
+
+# ----------------------------------------------------------------------------------------------
+# (a) capacity
+# ----------------------------------------------------------------------------------------------
+
+
+def test_kernel_layout_is_read_from_the_cuda_sources():
+    layout = pruning.fused_smem_layout()
+    # common.cuh documents the record as 40 bytes (float4 + float4 + float + int32)
+    assert layout.bytes_per_gaussian == 40
+    assert layout.granularity == 32
+    # SSIM scratch + gradient accumulators + reduction scratch: tens of KB, a multiple of 4 bytes
+    assert 10_000 < layout.fixed_bytes < 100_000 and layout.fixed_bytes % 4 == 0
+    assert pruning.fused_blocks_per_sm() == 2
+
+
+def test_constexpr_reader():
+    text = """
+    constexpr int kTile = 16;   // comment
+    constexpr int kBlock = kTile * kTile;
+    constexpr int kHalf = 11 / 2;
+    constexpr float kIgnored = 1.f / 255.f;
+    constexpr int kSum = (kBlock + kHalf) * 4;  // (256 + 5) * 4
+    """
+    env = pruning._eval_constexprs(text, {})
+    assert env == {"kTile": 16, "kBlock": 256, "kHalf": 5, "kSum": 1044}
+
+
+def test_capacity_arithmetic():
+    lay = dict(bytes_per_gaussian=40, fixed_bytes=38704, granularity=32)
+    # H200, 2 blocks per SM: min(232448, 233472/2 - 1024) = 115712; (115712-38704)/40 = 1925 -> 1920
+    assert tile_capacity(*H200_SMEM, blocks_per_sm=2, **lay) == 1920
+    # 1 block per SM: the opt-in limit binds: (232448-38704)/40 = 4843 -> 4832
+    assert tile_capacity(*H200_SMEM, blocks_per_sm=1, **lay) == 4832
+    # a 48 KiB-per-block device (no opt-in above 48K), 64 KiB per SM, 1 block
+    assert tile_capacity(49152, 65536, 0, 1, **lay) == (49152 - 38704) // 40 // 32 * 32 == 256
+    # bytes per Gaussian and fixed bytes enter as stated
+    assert tile_capacity(100_000, 200_000, 0, 1, bytes_per_gaussian=10, fixed_bytes=0, granularity=1) == 10_000
+    assert tile_capacity(100_000, 200_000, 0, 1, bytes_per_gaussian=64, fixed_bytes=36_000, granularity=32) == 992
+    # the default layout is the kernel's
+    assert tile_capacity(*H200_SMEM, blocks_per_sm=2) == tile_capacity(
+        *H200_SMEM, blocks_per_sm=2, **pruning.fused_smem_layout().__dict__)
+    with pytest.raises(ValueError, match="too little shared memory"):
+        tile_capacity(39_900, 80_000, 0, 1, **lay)  # (39900-38704)/40 = 29 < 32
+
+
+@needs_cuda
+@pytest.mark.gpu
+def test_capacity_read_from_device():
+    from bytesplat_ns.raster._build import load_extension
+
+    ext = load_extension()
+    props = torch.cuda.get_device_properties(0)
+    for bps in (1, 2):
+        cap = pruning.device_tile_capacity(blocks_per_sm=bps)
+        assert cap == ext.fused_capacity(bps)
+        reserved = 1024 if props.major >= 8 else 0
+        assert cap == tile_capacity(props.shared_memory_per_block_optin, props.shared_memory_per_multiprocessor,
+                                    reserved, bps)
+    assert pruning.device_tile_capacity() == ext.fused_capacity(pruning.fused_blocks_per_sm())
+
+
+# ----------------------------------------------------------------------------------------------
+# (b) score
+# ----------------------------------------------------------------------------------------------
+
+
+def _scene(seed=8, N=200, W=45, H=37, C=2, opacity_range=(0.8, 0.99), scale_range=(0.1, 0.6)):
+    return make_scene(seed, N=N, W=W, H=H, C=C, opacity_range=opacity_range, scale_range=scale_range)
+
+
+def explicit_scores(means2d, conics, opacities, radii, depths, W, H, tile=16):
+    """Per pixel, walk the Gaussians whose tile box holds the pixel's tile in depth order (float64),
+    with gsplat's rules; score = max over pixels of alpha*T (the stopping Gaussian included).
+    Returns scores [C,N] and whether some pixel stopped."""
+    C, N = radii.shape
+    ys, xs = torch.meshgrid(torch.arange(H), torch.arange(W), indexing="ij")
+    px, py = xs.flatten().double() + 0.5, ys.flatten().double() + 0.5
+    ptx, pty = xs.flatten() // tile, ys.flatten() // tile
+    out = torch.zeros(C, N, dtype=torch.float64)
+    stopped_any = False
+    for c in range(C):
+        T = torch.ones(W * H, dtype=torch.float64)
+        alive = torch.ones(W * H, dtype=torch.bool)
+        for g in torch.sort(depths[c].double(), stable=True).indices.tolist():
+            r = float(radii[c, g])
+            if r <= 0:
+                continue
+            mx, my = means2d[c, g].double().tolist()
+            x0, x1 = math.floor((mx - r) / tile), math.ceil((mx + r) / tile)
+            y0, y1 = math.floor((my - r) / tile), math.ceil((my + r) / tile)
+            reach = (ptx >= x0) & (ptx < x1) & (pty >= y0) & (pty < y1)
+            a, b, cc = conics[c, g].double().tolist()
+            dx, dy = mx - px, my - py
+            sigma = 0.5 * (a * dx * dx + cc * dy * dy) + b * dx * dy
+            alpha = torch.clamp(float(opacities[c, g]) * torch.exp(-sigma), max=0.999)
+            use = reach & alive & (sigma >= 0) & (alpha >= 1.0 / 255.0)
+            w = torch.where(use, alpha * T, torch.zeros_like(T))
+            out[c, g] = w.max()
+            nextT = T * (1 - alpha)
+            stop = use & (nextT <= 1e-4)
+            stopped_any |= bool(stop.any())
+            alive &= ~stop
+            T = torch.where(use & ~stop, nextT, T)
+    return out, stopped_any
+
+
+def _project(sc, dtype):
+    pr = project_gaussians(sc["means"].to(dtype), sc["quats"].to(dtype), sc["scales"].to(dtype),
+                           sc["viewmats"].to(dtype), sc["Ks"].to(dtype), sc["W"], sc["H"])
+    C = sc["viewmats"].shape[0]
+    return pr, sc["opacities"].to(dtype).expand(C, -1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_score_equals_explicit_max_alpha_T(dtype):
+    sc = _scene()
+    pr, opac = _project(sc, dtype)
+    got = contribution_scores_2d(pr.means2d, pr.conics, opac, pr.radii, pr.depths, sc["W"], sc["H"])
+    want, stopped = explicit_scores(pr.means2d, pr.conics, opac, pr.radii, pr.depths, sc["W"], sc["H"])
+    assert stopped, "the scene must exercise the stop rule"
+    assert got.shape == want.shape
+    tol = 1e-12 if dtype == torch.float64 else 2e-6
+    assert (got.double() - want).abs().max().item() <= tol
+    # the score separates: visible Gaussians with zero score (occluded / behind saturated pixels)
+    # and positive ones
+    vis = pr.radii > 0
+    assert int(((want == 0) & vis).sum()) >= 5 and int((want > 0.1).sum()) >= 20
+    # and the 3D convenience wrapper agrees
+    assert torch.equal(contribution_scores(sc["means"].to(dtype), sc["quats"].to(dtype), sc["scales"].to(dtype),
+                                           sc["opacities"].to(dtype), sc["viewmats"].to(dtype), sc["Ks"].to(dtype),
+                                           sc["W"], sc["H"]), got)
+
+
+def test_score_ignores_pixels_outside_the_image():
+    # one Gaussian just beyond the right edge whose 3-sigma box still reaches the last tile: the
+    # blocks of that tile extend past the image, but no pixel inside it is reached
+    W, H = 20, 16
+    means2d = torch.tensor([[[21.5, 8.0]]])
+    conics = torch.tensor([[[4.0, 0.0, 4.0]]])  # sigma = 2 dx^2: alpha(dx=1) = o e^-2
+    got = contribution_scores_2d(means2d, conics, torch.tensor([[0.9]]), torch.tensor([[3]]),
+                                 torch.tensor([[1.0]]), W, H)
+    want, _ = explicit_scores(means2d, conics, torch.tensor([[0.9]]), torch.tensor([[3]]), torch.tensor([[1.0]]), W, H)
+    assert torch.allclose(got.double(), want, atol=1e-7)
+    assert want[0, 0] < 0.9 * math.exp(-2 * 1.5**2) + 1e-9  # nearest pixel center is 1.5 px away
+
+
+def test_scores_from_info_prefers_a_rasterizer_provided_contribution():
+    sc = _scene(N=50)
+    f = {k: (v.float() if torch.is_tensor(v) else v) for k, v in sc.items()}
+    _, _, info = rasterize_reference(f["means"], f["quats"], f["scales"], f["opacities"], f["colors"],
+                                     f["viewmats"], f["Ks"], sc["W"], sc["H"])
+    want = contribution_scores(f["means"], f["quats"], f["scales"], f["opacities"], f["viewmats"], f["Ks"],
+                               sc["W"], sc["H"]).amax(0)
+    assert torch.equal(pruning.scores_from_info(info), want)
+    info[pruning.CONTRIBUTION_INFO_KEY] = torch.arange(100.0).view(2, 50)
+    assert torch.equal(pruning.scores_from_info(info), torch.arange(50.0, 100.0))
+
+
+def _render(sc, keep=None, dtype=torch.float32):
+    sel = slice(None) if keep is None else keep
+    bg = torch.tensor([[0.2, 0.5, 0.7]], dtype=dtype).expand(sc["viewmats"].shape[0], -1)
+    img, alpha, _ = rasterize_reference(
+        sc["means"][sel].to(dtype), sc["quats"][sel].to(dtype), sc["scales"][sel].to(dtype),
+        sc["opacities"][sel].to(dtype), sc["colors"][sel].to(dtype), sc["viewmats"].to(dtype),
+        sc["Ks"].to(dtype), sc["W"], sc["H"], backgrounds=bg)
+    return img, alpha
+
+
+def test_pruning_zero_contribution_leaves_the_render_unchanged():
+    sc = _scene(seed=11, N=300)
+    f = {k: (v.float() if torch.is_tensor(v) else v) for k, v in sc.items()}
+    scores = contribution_scores(f["means"], f["quats"], f["scales"], f["opacities"], f["viewmats"], f["Ks"],
+                                 sc["W"], sc["H"]).amax(0)
+    mask, stats = select_prune_mask(scores, None, None, None, min_contribution=0.0, max_fraction=1.0)
+    assert stats["low_contribution"] == int(mask.sum()) >= 10
+    img0, a0 = _render(sc)
+    img1, a1 = _render(sc, ~mask)
+    assert (img0 - img1).abs().max().item() <= 1e-6 and (a0 - a1).abs().max().item() <= 1e-6
+    # negative control: removing the lowest-scoring Gaussians that DO contribute changes the image
+    pos = torch.nonzero(scores > 0.02).squeeze(1)
+    drop = pos[torch.argsort(scores[pos])[:5]]
+    keep = torch.ones_like(mask)
+    keep[drop] = False
+    img2, _ = _render(sc, keep)
+    assert (img0 - img2).abs().max().item() > 1e-3
+
+
+# ----------------------------------------------------------------------------------------------
+# (c) selection
+# ----------------------------------------------------------------------------------------------
+
+
+def _entries(tiles):
+    keys = torch.tensor([t for t, gs in enumerate(tiles) for _ in gs], dtype=torch.long)
+    gids = torch.tensor([g for gs in tiles for g in gs], dtype=torch.long)
+    return keys, gids
+
+
+def greedy_reference(scores, tiles, capacity, pre):
+    """Remove Gaussians one at a time in increasing score (ties: index) while one of their tiles is
+    still over capacity (after the ``pre`` removals)."""
+    removed = set(pre)
+    counts = [sum(1 for g in gs if g not in removed) for gs in tiles]
+    member = {}
+    for t, gs in enumerate(tiles):
+        for g in gs:
+            member.setdefault(g, []).append(t)
+    out = []
+    for g in sorted(range(len(scores)), key=lambda i: (float(scores[i]), i)):
+        if g in removed:
+            continue
+        if any(counts[t] > capacity for t in member.get(g, [])):
+            removed.add(g)
+            out.append(g)
+            for t in member[g]:
+                counts[t] -= 1
+    return out
+
+
+def test_selection_zero_first_then_lowest_in_over_capacity_tiles():
+    scores = torch.tensor([0.0, 0.5, 0.1, 0.9, 0.3, 0.2, 0.05, 0.8, 0.0, 0.01, 0.7])
+    tiles = [
+        [0, 1, 2, 3, 4, 5],  # 6 entries, capacity 3: 0 (zero) goes first, then 2 and 5
+        [6, 9, 10],  # at capacity: its low scorers 6 and 9 must stay
+        [5, 7, 8],  # at capacity (8 is zero-contribution and goes in stage 1 anyway)
+    ]
+    keys, gids = _entries(tiles)
+    mask, st = select_prune_mask(scores, keys, gids, 3, min_contribution=0.0, max_fraction=1.0)
+    assert torch.nonzero(mask).squeeze(1).tolist() == [0, 2, 5, 8]
+    assert st["low_contribution"] == 2 and st["over_capacity"] == 2
+    assert st["tiles_over_before"] == 1 and st["tiles_over_after"] == 0
+    assert st["max_tile_before"] == 6 and st["max_tile_after"] == 3
+    # without stage 1 the zero-score Gaussian is still the lowest of the crowded tile
+    mask, st = select_prune_mask(scores, keys, gids, 3, min_contribution=0.0, max_fraction=1.0,
+                                 prune_low_contribution=False)
+    assert torch.nonzero(mask).squeeze(1).tolist() == [0, 2, 5]
+    # a threshold above zero takes the low scorers everywhere, crowded or not
+    mask, st = select_prune_mask(scores, keys, gids, 3, min_contribution=0.05, max_fraction=1.0)
+    assert torch.nonzero(mask).squeeze(1).tolist() == [0, 2, 5, 6, 8, 9]
+    # no capacity known: only stage 1
+    mask, _ = select_prune_mask(scores, keys, gids, None, min_contribution=0.0, max_fraction=1.0)
+    assert torch.nonzero(mask).squeeze(1).tolist() == [0, 8]
+
+
+def test_selection_respects_the_cap():
+    scores = torch.tensor([0.0, 0.0, 0.0, 0.4, 0.3, 0.2, 0.1, 0.6, 0.7, 0.8])
+    tiles = [[3, 4, 5, 6, 7, 8, 9]]  # 7 entries, capacity 2 -> wants 5 more removed
+    keys, gids = _entries(tiles)
+    # 10 Gaussians, 20%: 2 removals, all from stage 1 (lowest score, then lowest index)
+    mask, st = select_prune_mask(scores, keys, gids, 2, min_contribution=0.0, max_fraction=0.2)
+    assert torch.nonzero(mask).squeeze(1).tolist() == [0, 1] and st["over_capacity"] == 0
+    # 50%: the 3 zeros, then the 2 lowest of the tile's 5 candidates
+    mask, st = select_prune_mask(scores, keys, gids, 2, min_contribution=0.0, max_fraction=0.5)
+    assert torch.nonzero(mask).squeeze(1).tolist() == [0, 1, 2, 5, 6]
+    assert st["tiles_over_after"] == 1 and st["max_tile_after"] == 5
+    mask, _ = select_prune_mask(scores, keys, gids, 2, max_fraction=0.0)
+    assert not mask.any()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_selection_matches_one_by_one_greedy_on_random_tiles(seed):
+    g = torch.Generator().manual_seed(seed)
+    N, n_tiles, cap = 300, 40, 12
+    scores = torch.rand(N, generator=g) * (torch.rand(N, generator=g) > 0.1)  # ~10% exact zeros
+    scores = torch.round(scores * 50) / 50  # ties
+    tiles = []
+    for _ in range(n_tiles):
+        size = int(torch.randint(2, 30, (1,), generator=g))
+        tiles.append(sorted(torch.randperm(N, generator=g)[:size].tolist()))
+    keys, gids = _entries(tiles)
+    perm = torch.randperm(keys.numel(), generator=g)  # entry order must not matter
+    for stage1 in (True, False):
+        mask, st = select_prune_mask(scores, keys[perm], gids[perm], cap, min_contribution=0.0,
+                                     max_fraction=1.0, prune_low_contribution=stage1)
+        pre = torch.nonzero(scores == 0).squeeze(1).tolist() if stage1 else []
+        want = set(pre) | set(greedy_reference(scores, tiles, cap, pre))
+        assert set(torch.nonzero(mask).squeeze(1).tolist()) == want
+        assert st["tiles_over_after"] == 0
+        # never a Gaussian (beyond stage 1) whose tiles are all within capacity
+        counts = [len(t) - sum(1 for x in t if x in pre) for t in tiles]
+        crowded = {x for t, c in zip(tiles, counts) if c > cap for x in t}
+        assert set(torch.nonzero(mask).squeeze(1).tolist()) - set(pre) <= crowded
+
+
+# ----------------------------------------------------------------------------------------------
+# (d) apply, and training on
+# ----------------------------------------------------------------------------------------------
+
+
+def _trainable(sc):
+    params = torch.nn.ParameterDict({
+        "means": torch.nn.Parameter(sc["means"].float()),
+        "scales": torch.nn.Parameter(torch.log(sc["scales"].float())),
+        "quats": torch.nn.Parameter(sc["quats"].float()),
+        "opacities": torch.nn.Parameter(torch.logit(sc["opacities"].float())[:, None]),
+        "features_dc": torch.nn.Parameter(sc["colors"].float()),
+        "features_rest": torch.nn.Parameter(torch.zeros(sc["means"].shape[0], 0, 3)),
+    })
+    optimizers = {k: torch.optim.Adam([{"params": [p], "lr": 1e-3, "name": k}], eps=1e-15) for k, p in params.items()}
+    return params, optimizers
+
+
+def _train_step(params, optimizers, strategy, state, sc, step, view, pruner=None):
+    gt = torch.full((sc["H"], sc["W"], 3), 0.5)
+    render, alpha, info = rasterize_reference(
+        params["means"], params["quats"], torch.exp(params["scales"]), torch.sigmoid(params["opacities"]).squeeze(-1),
+        torch.sigmoid(params["features_dc"]), sc["viewmats"][view:view + 1].float(), sc["Ks"][view:view + 1].float(),
+        sc["W"], sc["H"], absgrad=True)
+    strategy.step_pre_backward(params, optimizers, state, step, info)
+    loss = (render[0] - gt).abs().mean()
+    loss.backward()
+    for opt in optimizers.values():
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    if pruner is not None:
+        pruner.before_strategy(params, state, info, step)
+    strategy.step_post_backward(params, optimizers, state, step, info, packed=False)
+    stats = pruner.after_strategy(params, optimizers, state, step) if pruner is not None else None
+    return loss, stats
+
+
+def _check_consistent(params, optimizers, state):
+    n = params["means"].shape[0]
+    for k, p in params.items():
+        assert p.shape[0] == n, k
+        opt = optimizers[k]
+        assert opt.param_groups[0]["params"][0] is p
+        st = opt.state[p]
+        for key in ("exp_avg", "exp_avg_sq"):
+            if st or k != "features_rest":  # features_rest (SH degree 0) never gets a gradient
+                assert st[key].shape == p.shape, (k, key)
+    for k, v in state.items():
+        if isinstance(v, torch.Tensor):
+            assert v.shape[0] == n, k
+
+
+def test_apply_keeps_params_optimizer_and_strategy_state_consistent():
+    from gsplat.strategy import DefaultStrategy
+
+    sc = _scene(seed=5, N=60, C=3)
+    params, optimizers = _trainable(sc)
+    strategy = DefaultStrategy(refine_start_iter=1000, refine_scale2d_stop_iter=1000, absgrad=True, verbose=False)
+    state = strategy.initialize_state()
+    for it in range(2):
+        _train_step(params, optimizers, strategy, state, sc, it, it)
+    N = params["means"].shape[0]
+    state[pruning.SCORE_KEY] = torch.rand(N)
+    before_p = {k: p.detach().clone() for k, p in params.items()}
+    before_o = {k: {s: optimizers[k].state[p][s].clone() for s in ("exp_avg", "exp_avg_sq")}
+                for k, p in params.items() if optimizers[k].state[p]}
+    assert set(before_o) == set(params) - {"features_rest"}
+    before_s = {k: v.clone() for k, v in state.items() if isinstance(v, torch.Tensor)}
+    steps = {k: optimizers[k].state[p]["step"] for k, p in params.items() if optimizers[k].state[p]}
+    assert set(before_s) == {"grad2d", "count", "radii", pruning.SCORE_KEY}
+    mask = torch.zeros(N, dtype=torch.bool)
+    mask[torch.tensor([0, 3, 17, 40, 59])] = True
+    assert apply_prune(params, optimizers, state, mask) == 5
+    keep = ~mask
+    _check_consistent(params, optimizers, state)
+    assert params["means"].shape[0] == N - 5
+    for k, p in params.items():
+        assert torch.equal(p.detach(), before_p[k][keep]), k
+        if k in before_o:
+            for s in ("exp_avg", "exp_avg_sq"):
+                assert torch.equal(optimizers[k].state[p][s], before_o[k][s][keep]), (k, s)
+            assert torch.equal(torch.as_tensor(optimizers[k].state[p]["step"]), torch.as_tensor(steps[k]))
+    for k, v in before_s.items():
+        assert torch.equal(state[k], v[keep]), k
+    # training goes on with the pruned set, and the strategy keeps accumulating on it
+    loss, _ = _train_step(params, optimizers, strategy, state, sc, 2, 2)
+    assert torch.isfinite(loss)
+    _check_consistent(params, optimizers, state)
+    assert apply_prune(params, optimizers, state, torch.zeros(N - 5, dtype=torch.bool)) == 0
+
+
+def _crowded_scene(N=300, W=96, H=64, C=3, seed=3):
+    """Half the Gaussians clustered near the origin (a few crowded tiles), half spread out."""
+    sc = make_scene(seed, N=N, W=W, H=H, C=C, opacity_range=(0.1, 0.9), scale_range=(0.03, 0.15), cam_dist=5.0)
+    sc["means"][: N // 2] *= 0.25
+    return sc
+
+
+def test_hook_on_the_densification_schedule():
+    from gsplat.strategy import DefaultStrategy
+
+    sc = _crowded_scene()
+    params, optimizers = _trainable(sc)
+    strategy = DefaultStrategy(refine_start_iter=2, refine_stop_iter=40, refine_every=4, reset_every=1000,
+                               pause_refine_after_reset=0, grow_grad2d=1e-2, absgrad=True, verbose=False)
+    state = strategy.initialize_state()
+    capacity = 100  # 2-4 of each view's 24 tiles hold more (up to ~225)
+    settings = HWPruneSettings(mode="on", every=8, max_fraction=0.3, min_contribution=1 / 255, window=3,
+                               tile_views=2, capacity=capacity)
+    pruner = HardwarePruner(settings, strategy, num_train_data=3, enabled=True, capacity=capacity)
+    assert pruner.offset == 2 and pruner.window == 3 and pruner.tile_views == 2
+    assert [s for s in range(50) if pruner.is_prune_step(s)] == [10, 18, 26, 34]  # refine_stop 40
+    pruned = []
+    for it in range(1, 28):
+        n_before = params["means"].shape[0]
+        loss, stats = _train_step(params, optimizers, strategy, state, sc, it, it % 3, pruner)
+        assert torch.isfinite(loss)
+        _check_consistent(params, optimizers, state)
+        if stats is not None:
+            pruned.append(it)
+            assert stats["removed"] == n_before - params["means"].shape[0]
+            assert stats["removed"] <= math.floor(0.3 * n_before)
+            assert stats["full_window"] and stats["window_views"] == 3
+            assert stats["tiles"] > 0 and stats["tiles_over_after"] <= stats["tiles_over_before"]
+            assert state[pruning.SCORE_KEY] is None
+        else:
+            assert not pruner.is_prune_step(it)
+    assert pruned == [10, 18, 26]
+    first, last = pruner.history[0], pruner.history[-1]
+    # first prune: both stages, stopped by the 30% cap with tiles still over capacity
+    assert first["low_contribution"] > 0 and first["over_capacity"] > 0
+    assert first["removed"] == math.floor(0.3 * first["gaussians"])
+    assert 0 < first["tiles_over_after"] < first["tiles_over_before"]
+    # later ones bring every recent tile within capacity (growth continues in between)
+    assert last["tiles_over_after"] == 0 and last["max_tile_after"] <= capacity
+    # grow steps (8, 12, 16, ...) ran between prunes on state carrying the score
+    _train_step(params, optimizers, strategy, state, sc, 28, 0, pruner)
+    _check_consistent(params, optimizers, state)
+
+
+def test_model_hook_and_config(tmp_path):
+    """Through ByteSplatModel.step_post_backward: the config knobs, auto = off on CPU/reference,
+    and a pruning step inside a short CPU training loop of the real model."""
+    from nerfstudio.cameras.cameras import Cameras
+    from nerfstudio.data.scene_box import SceneBox
+
+    from bytesplat_ns.model import ByteSplatModelConfig
+
+    sc = _crowded_scene(N=120, W=48, H=32, C=2)
+
+    def make(**kw):
+        cfg = ByteSplatModelConfig(warmup_length=2, refine_every=4, stop_split_at=40, reset_alpha_every=1000,
+                                   sh_degree=0, num_random=120, random_init=True, background_color="black",
+                                   num_downscales=0, **kw)
+        model = cfg.setup(scene_box=SceneBox(torch.tensor([[-1.0, -1, -1], [1, 1, 1]])), num_train_data=2,
+                          metadata={})
+        with torch.no_grad():
+            model.gauss_params["means"].copy_(sc["means"].float())
+            model.gauss_params["scales"].copy_(torch.log(sc["scales"].float()))
+            model.gauss_params["opacities"].copy_(torch.logit(sc["opacities"].float())[:, None])
+        model.train()
+        return model
+
+    assert ByteSplatModelConfig().hw_prune == "auto"
+    model = make()
+    pruner = HardwarePruner.from_model(model)
+    assert not pruner.enabled  # auto: the reference backend on CPU
+
+    model = make(hw_prune="on", hw_prune_every=8, hw_prune_window=2, hw_prune_tile_views=2,
+                 hw_prune_capacity=6, hw_prune_max_fraction=0.25, hw_prune_min_contribution=0.0)
+    optimizers = {k: torch.optim.Adam([{"params": [p], "lr": 1e-3, "name": k}], eps=1e-15)
+                  for k, p in model.gauss_params.items()}
+    c2w = []
+    for v in range(2):
+        w2c = sc["viewmats"][v].float()
+        c2w_cv = torch.linalg.inv(w2c)[:3]
+        c2w.append(c2w_cv * torch.tensor([1.0, -1.0, -1.0, 1.0]))  # OpenCV -> OpenGL camera axes
+    K = sc["Ks"].float()
+    cams = Cameras(camera_to_worlds=torch.stack(c2w), fx=K[:, 0, 0:1], fy=K[:, 1, 1:2], cx=K[:, 0, 2:3],
+                   cy=K[:, 1, 2:3], width=sc["W"], height=sc["H"])
+    pruned_at = []
+    for it in range(1, 13):
+        model.step = it
+        model.optimizers = optimizers
+        n_before = model.num_points
+        out = model.get_outputs(cams[it % 2:it % 2 + 1])
+        loss = (out["rgb"] - 0.5).abs().mean()
+        loss.backward()
+        for opt in optimizers.values():
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        model.step_post_backward(it)
+        _check_consistent(model.gauss_params, optimizers, model.strategy_state)
+        if model.hw_pruner.last_stats is not None and model.hw_pruner.last_stats["step"] == it:
+            pruned_at.append(it)
+            assert model.num_points == n_before - model.hw_pruner.last_stats["removed"] < n_before
+    assert model.hw_pruner.enabled and model.hw_pruner.capacity == 6
+    assert pruned_at == [10]
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU: a pruned model renders the same through fused and reference
+# ----------------------------------------------------------------------------------------------
+
+
+@needs_cuda
+@pytest.mark.gpu
+def test_pruned_model_renders_identically_through_fused_and_reference():
+    from bytesplat_ns.raster import rasterize
+
+    sc = _crowded_scene(N=2000, W=96, H=64, C=2, seed=21)
+    dev = torch.device("cuda")
+    f = {k: (v.float().to(dev) if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in sc.items()}
+    scores = contribution_scores(f["means"], f["quats"], f["scales"], f["opacities"], f["viewmats"], f["Ks"],
+                                 sc["W"], sc["H"]).amax(0)
+    pr = project_gaussians(f["means"], f["quats"], f["scales"], f["viewmats"], f["Ks"], sc["W"], sc["H"])
+    info = dict(radii=pr.radii, means2d=pr.means2d, depths=pr.depths, width=sc["W"], height=sc["H"])
+    keys, gids, nt = tile_entries(info)
+    capacity = max(32, int(torch.bincount(keys, minlength=nt).max()) // 2)
+    mask, st = select_prune_mask(scores, keys, gids, capacity, min_contribution=1 / 255, max_fraction=0.5, n_tiles=nt)
+    assert st["low_contribution"] > 0 and st["over_capacity"] > 0
+    keep = ~mask
+    bg = torch.tensor([[0.1, 0.2, 0.3]], device=dev).expand(2, -1)
+    args = (f["means"][keep], f["quats"][keep], f["scales"][keep], f["opacities"][keep], f["colors"][keep],
+            f["viewmats"], f["Ks"], sc["W"], sc["H"])
+    ref, ref_a, _ = rasterize(*args, backend="reference", backgrounds=bg)
+    fus, fus_a, _ = rasterize(*args, backend="fused", backgrounds=bg)
+    scale = ref.abs().max().item()
+    assert (fus - ref).abs().max().item() / scale <= 1e-5
+    assert (fus_a - ref_a).abs().max().item() <= 1e-5
