@@ -123,6 +123,13 @@ def local_part(g: Dict[str, torch.Tensor], tree, rank: int, world: int):
     return params, gids, CellState(tree, ranks, cell[gids])
 
 
+def only_rank0_cells(g, tree, world):
+    from bytesplat_ns.distributed.cells import cell_ranks
+
+    rk = torch.tensor(cell_ranks(tree.num_cells, world))[tree.locate(g["means"])]
+    return {k: v[rk == 0] for k, v in g.items()}
+
+
 def run_once(g, tree, rank, world, views, config, wire=None) -> Dict:
     from bytesplat_ns.distributed.pixel import pixel_render_loss
 
@@ -171,6 +178,9 @@ def main() -> None:
             rec["crossing"] = run_once(gx, treex, rank, world, views, PixelConfig(), wire)
             rec["crossing_t"] = run_once(gx, treex, rank, world, views, PixelConfig(transmittance=True), wire)
             rec["crossing_t05"] = run_once(gx, treex, rank, world, views, PixelConfig(transmittance=True, threshold=0.05), wire)
+            # A rank without any Gaussian (all of them in rank 0's cells) still takes part.
+            ge = only_rank0_cells(g, tree, world)
+            rec["empty_rank"] = run_once(ge, tree, rank, world, views, PixelConfig(transmittance=True), wire)
         elif scenario == "scale":
             for n in SCALE_COUNTS:
                 g, tree = make_scene(n, n_cells, crossing=False, seed=SEED + 1)

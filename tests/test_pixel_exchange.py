@@ -247,6 +247,19 @@ def test_composite_within_tolerance_with_border_crossings(world, runs):
 
 
 @pytest.mark.parametrize("world", [2, 4])
+def test_ranks_without_gaussians_take_part(world, runs):
+    ranks = runs("main", world)
+    g, tree = P.make_scene(400, P.CELLS_PER_RANK * world, crossing=False)
+    g0 = P.only_rank0_cells(g, tree, world)
+    want_img, want_loss, want_grads = oracle(g0)
+    assert all(r["empty_rank"]["gids"].numel() == 0 for r in ranks[1:])
+    imgs, loss, grads = gathered(ranks, "empty_rank")
+    assert rel(imgs, want_img) <= REL_TOL and loss == pytest.approx(want_loss, rel=REL_TOL)
+    for k in want_grads:
+        assert rel(grads[k], want_grads[k]) <= REL_TOL, k
+
+
+@pytest.mark.parametrize("world", [2, 4])
 def test_pruned_and_unpruned_exchanges_give_the_same_image(world, runs):
     ranks = runs("main", world)
     base_img, base_loss, base_grads = gathered(ranks, "exact")  # geometric pruning on

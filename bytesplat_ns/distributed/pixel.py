@@ -234,6 +234,7 @@ class _Runner:
     # filled by forward (compositing side)
     leaves: Dict[Tuple[int, int], Dict] = field(default_factory=dict)  # (view, cell) -> {rect, T, C, kidx}
     masks_mine: Dict[Tuple[int, int], Optional[Tensor]] = field(default_factory=dict)  # (view, my cell) -> kept idx (T mode)
+    masks: Dict[Tuple[int, int], Tensor] = field(default_factory=dict)  # (view, cell) -> contributing pixels (compositing side)
     local_loss: Optional[Tensor] = None
     renders: Dict[int, Tensor] = field(default_factory=dict)
 
@@ -403,7 +404,7 @@ class _PixelExchange(torch.autograd.Function):
                 loss = loss + runner.loss_fn(rgb, views.images[v].to(rgb)) / B
         st.composite_s += time.perf_counter() - t0
         runner.local_loss = loss
-        runner.masks = masks  # type: ignore[attr-defined]
+        runner.masks = masks
         ctx.runner = runner
         ctx.shapes = [(tuple(p.shape), p.dtype) for p in partials]
         ctx.dtype = dtype
@@ -634,7 +635,7 @@ def pixel_render_loss(
     # rank's backward takes part in the gradient exchange.
     anchor = torch.zeros((), dtype=dtype, requires_grad=True)
     local_loss = _PixelExchange.apply(runner, anchor, *partials)
-    return PixelForward(local_loss, runner.renders, st, report, rects, getattr(runner, "masks", {}))
+    return PixelForward(local_loss, runner.renders, st, report, rects, runner.masks)
 
 
 @dataclass
