@@ -484,7 +484,7 @@ class HardwarePruner:
         self.stop = settings.stop_iter if settings.stop_iter > 0 else strategy.refine_stop_iter
         self._target: Optional[int] = None
         self._views = 0
-        self._tiles: List[Tuple[Tensor, Tensor, int]] = []
+        self._tiles: List[Tuple[Tensor, Tensor, int, int]] = []  # crowded-tile entries, n_tiles, max other tile
         self._tiles_owner: Optional[weakref.ref] = None
         self.last_stats: Optional[Dict[str, Any]] = None
         self.history: List[Dict[str, Any]] = []
@@ -548,7 +548,12 @@ class HardwarePruner:
             owner = params["means"]
             if self._tiles_owner is None or self._tiles_owner() is not owner:
                 self._tiles, self._tiles_owner = [], weakref.ref(owner)
-            self._tiles.append(tile_entries(info))
+            keys, gids, nt = tile_entries(info)
+            counts = torch.bincount(keys, minlength=nt)
+            over = counts[keys] > self.capacity  # only crowded tiles can need pruning: keep just those
+            under = counts[counts <= self.capacity]
+            self._tiles.append((keys[over].to(torch.int32), gids[over].to(torch.int32), nt,
+                                int(under.max()) if under.numel() else 0))
 
     def after_strategy(self, params, optimizers, state: Dict[str, Any], step: int) -> Optional[Dict[str, Any]]:
         """Prune at a prune step (after gsplat's own step). Returns the stats, or None."""
@@ -558,12 +563,14 @@ class HardwarePruner:
         n = params["means"].shape[0]
         keys = gids = None
         n_tiles = 0
+        under_max = 0
         if self._tiles and self._tiles_owner is not None and self._tiles_owner() is params["means"]:
             parts_k, parts_g = [], []
-            for k, g, nt in self._tiles:
-                parts_k.append(k + n_tiles)
-                parts_g.append(g)
+            for k, g, nt, umax in self._tiles:
+                parts_k.append(k.long() + n_tiles)
+                parts_g.append(g.long())
                 n_tiles += nt
+                under_max = max(under_max, umax)
             keys, gids = torch.cat(parts_k), torch.cat(parts_g)
         full_window = self._views >= self.window
         mask, stats = select_prune_mask(
@@ -571,6 +578,11 @@ class HardwarePruner:
             min_contribution=self.settings.min_contribution, max_fraction=self.settings.max_fraction,
             prune_low_contribution=full_window, n_tiles=n_tiles or None,
         )
+        if n_tiles:
+            # the recorded lists hold only the crowded tiles; the others held at most under_max
+            stats["tiles"] = n_tiles
+            stats["max_tile_before"] = max(stats["max_tile_before"], under_max)
+            stats["max_tile_after"] = max(stats["max_tile_after"], under_max)
         removed = apply_prune(params, optimizers, state, mask)
         state[SCORE_KEY] = None  # stop carrying it until the next window
         self._tiles, self._tiles_owner, self._target = [], None, None

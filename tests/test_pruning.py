@@ -434,7 +434,7 @@ def test_hook_on_the_densification_schedule():
     assert pruner.offset == 2 and pruner.window == 3 and pruner.tile_views == 2
     assert [s for s in range(50) if pruner.is_prune_step(s)] == [10, 18, 26, 34]  # refine_stop 40
     pruned = []
-    for it in range(1, 28):
+    for it in range(1, 20):
         n_before = params["means"].shape[0]
         loss, stats = _train_step(params, optimizers, strategy, state, sc, it, it % 3, pruner)
         assert torch.isfinite(loss)
@@ -448,7 +448,7 @@ def test_hook_on_the_densification_schedule():
             assert state[pruning.SCORE_KEY] is None
         else:
             assert not pruner.is_prune_step(it)
-    assert pruned == [10, 18, 26]
+    assert pruned == [10, 18]
     first, last = pruner.history[0], pruner.history[-1]
     # first prune: both stages, stopped by the 30% cap with tiles still over capacity
     assert first["low_contribution"] > 0 and first["over_capacity"] > 0
@@ -456,9 +456,7 @@ def test_hook_on_the_densification_schedule():
     assert 0 < first["tiles_over_after"] < first["tiles_over_before"]
     # later ones bring every recent tile within capacity (growth continues in between)
     assert last["tiles_over_after"] == 0 and last["max_tile_after"] <= capacity
-    # grow steps (8, 12, 16, ...) ran between prunes on state carrying the score
-    _train_step(params, optimizers, strategy, state, sc, 28, 0, pruner)
-    _check_consistent(params, optimizers, state)
+    # grow steps (8, 12, 16) ran inside the score windows, on state carrying the score
 
 
 def test_model_hook_and_config(tmp_path):
@@ -485,12 +483,10 @@ def test_model_hook_and_config(tmp_path):
         return model
 
     assert ByteSplatModelConfig().hw_prune == "auto"
-    model = make()
-    pruner = HardwarePruner.from_model(model)
-    assert not pruner.enabled  # auto: the reference backend on CPU
-
-    model = make(hw_prune="on", hw_prune_every=8, hw_prune_window=2, hw_prune_tile_views=2,
+    model = make(hw_prune="auto", hw_prune_every=8, hw_prune_window=2, hw_prune_tile_views=2,
                  hw_prune_capacity=6, hw_prune_max_fraction=0.25, hw_prune_min_contribution=0.0)
+    assert not HardwarePruner.from_model(model).enabled  # auto: off with the reference backend (CPU)
+    model.config.hw_prune = "on"
     optimizers = {k: torch.optim.Adam([{"params": [p], "lr": 1e-3, "name": k}], eps=1e-15)
                   for k, p in model.gauss_params.items()}
     c2w = []
