@@ -283,3 +283,220 @@ def test_fused_loss_capacity_from_device():
     props = torch.cuda.get_device_properties(0)
     assert 32 <= cap2 < cap1
     assert cap1 * 40 < getattr(props, "shared_memory_per_block_optin", 1 << 30)
+
+
+# ---------------------------------------------------------------------------------------------
+# RGB+ED (eval / viewer path) and the trained-scene regime
+# ---------------------------------------------------------------------------------------------
+
+
+def norm_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def _gsplat_available() -> bool:
+    try:
+        import gsplat.cuda._backend as backend  # JIT-builds on first use
+
+        return backend._C is not None
+    except Exception:  # noqa: BLE001
+        return False
+
+
+needs_gsplat = pytest.mark.skipif(not torch.cuda.is_available() or not _gsplat_available(),
+                                  reason="needs gsplat's CUDA extension")
+
+
+@pytest.mark.parametrize("use_bg", [False, True])
+def test_rasterize_fused_rgb_ed_matches_reference(use_bg):
+    """RGB+ED: rgb, alpha and expected depth (and gradients through all four channels) equal the
+    reference's one 4-channel pass. absgrad: the RGB pass only (documented), so not compared."""
+    from bytesplat_ns.raster.fused import rasterize_fused
+    from bytesplat_ns.raster.reference import rasterize_reference
+
+    C, W, H = 2, 77, 45
+    scene = make_scene(400, C, W, H, seed=21, sh_degree=3)
+    bg = torch.rand(C, 3, device="cuda") if use_bg else None
+    g = torch.Generator(device="cuda").manual_seed(8)
+    wr = torch.randn(C, H, W, 4, device="cuda", generator=g)
+    wa = torch.randn(C, H, W, 1, device="cuda", generator=g)
+    outs = {}
+    for backend in ("fused", "reference"):
+        p = _params(scene)
+        kw = dict(sh_degree=3, backgrounds=bg, render_mode="RGB+ED", absgrad=True)
+        fn = rasterize_fused if backend == "fused" else rasterize_reference
+        render, alpha, info = fn(*_args(p, scene), **kw, **({"projection": "torch"} if backend == "fused" else {}))
+        info["means2d"].retain_grad()
+        ((render * wr).sum() + (alpha * wa).sum()).backward()
+        outs[backend] = (render, alpha, info, p)
+    rf, af, inf, pf = outs["fused"]
+    rr, ar, inr, pr = outs["reference"]
+    assert rf.shape == rr.shape == (C, H, W, 4)
+    assert rel_err(rf[..., :3], rr[..., :3]) <= IMG_TOL, "rgb"
+    assert rel_err(af, ar) <= IMG_TOL, "alpha"
+    covered = ar[..., 0] > 1e-3
+    assert rel_err(rf[..., 3][covered], rr[..., 3][covered]) <= IMG_TOL, "depth"
+    # the RGB part does not depend on whether depth was requested
+    with torch.no_grad():
+        r3, a3, _ = rasterize_fused(*_args(scene, scene), sh_degree=3, backgrounds=bg, projection="torch")
+    assert torch.equal(r3, rf[..., :3].detach()) and torch.equal(a3, af.detach())
+    _compare_grads(pf, pr, [("means2d.grad", inf["means2d"].grad, inr["means2d"].grad)])
+
+
+@needs_gsplat
+def test_rasterize_fused_rgb_ed_matches_gsplat_eval():
+    """What eval/ns-eval/the viewer run: no grad, no backgrounds, RGB+ED, gsplat's projection,
+    against gsplat's own rasterization (fast-math alpha cut-off flips tolerated)."""
+    from gsplat.rendering import rasterization
+
+    from bytesplat_ns.raster.fused import rasterize_fused
+
+    scene = make_scene(3000, 1, 256, 192, seed=22, sh_degree=3, scale=0.05)
+    with torch.no_grad():
+        rf, af, inf = rasterize_fused(*_args(scene, scene), sh_degree=2, render_mode="RGB+ED", projection="gsplat")
+        rg, ag, ing = rasterization(*_args(scene, scene), sh_degree=2, render_mode="RGB+ED", packed=False)
+    assert torch.equal(inf["radii"], ing["radii"])
+    diff = (rf[..., :3] - rg[..., :3]).abs()
+    assert float((diff > 1e-5).float().mean()) <= 5e-3 and float(diff.max()) <= 4e-3
+    assert float((af - ag).abs().max()) <= 4e-3
+    covered = ag[..., 0] > 1e-2
+    assert norm_err(rf[..., 3][covered], rg[..., 3][covered]) <= 1e-3
+
+
+def trained_regime_scene(N=100000, W=256, H=192, seed=31):
+    """What a trained scene looks like to the rasterizer, unlike the random test scenes: most
+    opacities near 1 (alpha clamped at 0.999, pixels saturating at T <= 1e-4), small Gaussians,
+    thousands per tile (over the on-chip capacity), some behind the camera or off screen (gsplat's
+    projection leaves their 2D entries uninitialised)."""
+    scene = make_scene(N, 1, W, H, seed=seed, sh_degree=3, scale=0.05)
+    g = torch.Generator().manual_seed(seed + 1)
+    u = torch.rand(N, generator=g)
+    op = torch.where(u < 0.6, 0.995 + 0.0049 * torch.rand(N, generator=g), torch.sigmoid(torch.randn(N, generator=g) * 2))
+    scene["opacities"] = op.cuda()
+    means = scene["means"].clone()
+    means[: N // 50, 2] = -3.0  # behind the camera
+    means[N // 50: N // 25, 0] += 50.0  # off screen
+    scene["means"] = means
+    return scene
+
+
+@needs_gsplat
+@pytest.mark.parametrize("mode", ["two_launch", "one_launch"])
+def test_fused_loss_trained_regime_matches_gsplat(mode):
+    """fused_render_loss (gsplat projection, as training uses it) against the unfused training
+    path: gsplat's rasterization + clamp(render + (1-alpha) bg) + L1 + pytorch_msssim, in the regime
+    of a trained scene. Loss, 2D gradients (grad and absgrad: DefaultStrategy's input), radii and
+    parameter gradients."""
+    from gsplat.rendering import rasterization
+
+    from bytesplat_ns.raster.fused import fused_render_loss, splatfacto_loss_torch
+
+    scene = trained_regime_scene()
+    W, H = scene["width"], scene["height"]
+    g = torch.Generator(device="cuda").manual_seed(9)
+    gt = torch.rand(1, H, W, 3, device="cuda", generator=g)
+    gt = torch.nn.functional.avg_pool2d(gt.permute(0, 3, 1, 2), 5, 1, 2).permute(0, 2, 3, 1).contiguous()
+    bg = torch.rand(1, 3, device="cuda", generator=g)
+
+    pf = _params(scene)
+    loss_f, rgb_f, alpha_f, inf = fused_render_loss(*_args(pf, scene), gt, bg, sh_degree=3, absgrad=True,
+                                                    projection="gsplat", mode=mode)
+    inf["means2d"].retain_grad()
+    loss_f.backward()
+
+    pg = _params(scene)
+    render, alpha, ing = rasterization(*_args(pg, scene), sh_degree=3, packed=False, absgrad=True)
+    ing["means2d"].retain_grad()
+    loss_g = splatfacto_loss_torch(render, alpha, gt, bg, render_has_bg=False)
+    loss_g.backward()
+
+    assert torch.equal(inf["radii"], ing["radii"])
+    assert int((inf["radii"] == 0).sum()) >= scene["means"].shape[0] // 25  # culled entries present
+    alpha_g = alpha.detach()
+    assert float(alpha_g.gt(1 - 1e-4).float().mean()) > 0.05, "regime: saturated pixels"
+    assert _max_tile_count(inf) > inf["kernel"]["capacity"], "regime: over-capacity tiles"
+    assert abs(loss_f.item() - loss_g.item()) <= 1e-4 * loss_g.item()
+    rgb_g = torch.clamp(render + (1 - alpha) * bg[:, None, None, :], 0, 1)
+    assert float((rgb_f - rgb_g.detach()).abs().max()) <= 4e-3 and float((alpha_f - alpha_g).abs().max()) <= 4e-3
+    vis = ing["radii"] > 0
+    for name, a, b in (("means2d.grad", inf["means2d"].grad, ing["means2d"].grad),
+                       ("means2d.absgrad", inf["means2d"].absgrad, ing["means2d"].absgrad)):
+        assert norm_err(a[vis], b[vis]) <= 5e-3, f"{name}: {norm_err(a[vis], b[vis]):.3g}"
+    # DefaultStrategy's statistic: per-Gaussian |absgrad| in normalised screen units
+    s = torch.tensor([W / 2.0, H / 2.0], device="cuda")
+    nf, ng = (inf["means2d"].absgrad * s).norm(dim=-1), (ing["means2d"].absgrad * s).norm(dim=-1)
+    assert norm_err(nf[vis], ng[vis]) <= 5e-3
+    for k in pf:
+        assert norm_err(pf[k].grad, pg[k].grad) <= 5e-3, f"grad {k}: {norm_err(pf[k].grad, pg[k].grad):.3g}"
+
+
+# ---------------------------------------------------------------------------------------------
+# ByteSplatModel: the fused training step against the gsplat one (same state, same batch)
+# ---------------------------------------------------------------------------------------------
+
+
+def _compare_model_steps(a, b, tol=5e-3):
+    assert abs(a["loss"] - b["loss"]) <= 1e-4 * abs(b["loss"]), (a["loss"], b["loss"])
+    assert float((a["rgb"] - b["rgb"]).abs().max()) <= 4e-3
+    for n in b["grads"]:
+        assert norm_err(a["grads"][n], b["grads"][n]) <= tol, f"grad {n}: {norm_err(a['grads'][n], b['grads'][n]):.3g}"
+        big = b["grads"][n].abs() > 1e-2 * b["grads"][n].abs().max()
+        agree = torch.isclose(a["update"][n][big], b["update"][n][big], rtol=1e-2, atol=1e-7).float().mean()
+        assert float(agree) >= 0.999, f"Adam update {n}: {float(agree):.4f} agree"
+    for k in ("grad2d", "count", "radii"):
+        assert norm_err(a["state"][k], b["state"][k]) <= tol, f"strategy {k}: {norm_err(a['state'][k], b['state'][k]):.3g}"
+    assert torch.equal(a["state"]["count"], b["state"]["count"])
+
+
+@needs_gsplat
+@pytest.mark.parametrize("absgrad", [True, False])
+def test_model_fused_training_step_matches_gsplat(absgrad):
+    """One nerfstudio iteration through ByteSplatModel: fused path (get_outputs -> fused_pending ->
+    get_metrics_dict -> _FusedLoss -> DefaultStrategy) vs the gsplat path, from the same Gaussians:
+    same loss, parameter gradients, Adam update and strategy statistics (grad2d, count, radii)."""
+    from tests.test_fused_cpu_logic import anisotropic, make_camera, make_model, model_train_step, seed_cloud, target_image
+
+    seed_points = seed_cloud(2000)
+    image, bg = target_image(device="cuda"), torch.tensor([0.3, 0.6, 0.2], device="cuda")
+    runs, params = {}, None
+    for backend in ("fused", "gsplat"):
+        model = make_model(backend, seed_points, device="cuda", use_absgrad=absgrad)
+        if params is None:
+            params = anisotropic(model)
+        for n, p in model.gauss_params.items():
+            p.data.copy_(params[n].cuda())
+        runs[backend] = model_train_step(model, make_camera(device="cuda"), image, step=5, background=bg)
+    _compare_model_steps(runs["fused"], runs["gsplat"])
+
+
+@needs_gsplat
+def test_model_fused_step_matches_gsplat_after_densification():
+    """The same from a state reached by training with gsplat (densified, running statistics)."""
+    from tests.test_fused_cpu_logic import step_at_trained_state
+
+    runs = step_at_trained_state("cuda", "gsplat", ["fused", "gsplat"])
+    _compare_model_steps(runs["fused"], runs["gsplat"])
+
+
+@needs_gsplat
+def test_model_fused_eval_outputs_match_gsplat():
+    """Eval: get_outputs (RGB+ED through rasterize_fused) vs the gsplat backend."""
+    from tests.test_fused_cpu_logic import anisotropic, make_camera, make_model, seed_cloud
+
+    seed_points = seed_cloud(2000)
+    outs, params = {}, None
+    for backend in ("fused", "gsplat"):
+        model = make_model(backend, seed_points, device="cuda")
+        if params is None:
+            params = anisotropic(model)
+        for n, p in model.gauss_params.items():
+            p.data.copy_(params[n].cuda())
+        model.eval()
+        model.step = 2999
+        outs[backend] = model.get_outputs_for_camera(make_camera(256, 192, device="cuda"))
+    f, g = outs["fused"], outs["gsplat"]
+    assert float((f["rgb"] - g["rgb"]).abs().max()) <= 4e-3
+    assert float((f["accumulation"] - g["accumulation"]).abs().max()) <= 4e-3
+    covered = g["accumulation"][..., 0] > 1e-2
+    assert norm_err(f["depth"][..., 0][covered], g["depth"][..., 0][covered]) <= 1e-3
