@@ -221,6 +221,21 @@ def main() -> None:
             # Training continues on the migrated Gaussians.
             res = pixel_step(params, opts, cells, views, SH_DEGREE)
             rec["migrate"]["loss_after"] = res.loss
+            # Rebalancing: within 10% nothing is rebuilt; a drift beyond it rebuilds a balanced tree and migrates.
+            from bytesplat_ns.distributed.cells import rebalance_cells
+
+            extra = {"gids": after_gids.to(torch.float64)}
+            _, _, rebuilt_near, _ = rebalance_cells(params, opts, tree, cells.ranks_of_cells, threshold=10.0, extra=extra)
+            with torch.no_grad():  # squeeze rank 0's Gaussians towards the origin: counts drift
+                if rank == 0:
+                    params["means"][:] = params["means"] * 0.2
+            tree2, cell_of2, rebuilt, sent2 = rebalance_cells(params, opts, tree, cells.ranks_of_cells, threshold=0.1, force=True, extra=extra)
+            rec["rebalance"] = {"rebuilt_near": rebuilt_near, "rebuilt": rebuilt, "sent": sent2, "n": int(params["means"].shape[0]),
+                                "cells": cell_of2, "ranks": cells.ranks_of_cells, "gids": extra["gids"].to(torch.int64),
+                                "tree_split": tree2.split, "old_split": tree.split,
+                                "in_opt": all(opts[k].param_groups[0]["params"][0] is params[k] for k in params)}
+            cells.tree, cells.cell_of = tree2, cell_of2
+            rec["rebalance"]["loss_after"] = pixel_step(params, opts, cells, views, SH_DEGREE).loss
         else:
             raise SystemExit(f"unknown scenario {scenario}")
     except DistributedError as error:
@@ -228,7 +243,13 @@ def main() -> None:
         sys.stderr.flush()
         os._exit(1)
     torch.save(rec, out / f"{scenario}-rank{rank}.pt")
-    dist.destroy_process_group()
+    # Everyone has saved; leave without tearing the process group down. Once (1 of ~20 runs) rank 0,
+    # which hosts the TCP store, aborted inside the teardown ("terminate called without an active
+    # exception") after every collective had completed; skipping the destructors avoids that race.
+    dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -360,3 +360,19 @@ def test_training_steps_equal_single_process_without_border_crossings(world, run
         got = torch.cat([r["train"]["params"][k] for r in ranks])[order]
         assert rel(got, p.detach()) <= REL_TOL, (k, rel(got, p.detach()))
     assert (params["means"].detach() - g["means"]).abs().max() > 1e-5  # the parameters did move
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_rebalancing_rebuilds_balanced_cells_and_migrates(world, runs):
+    ranks = runs("migrate", world)
+    recs = [r["rebalance"] for r in ranks]
+    assert not any(r["rebuilt_near"] for r in recs) and all(r["rebuilt"] for r in recs)
+    assert recs[0]["tree_split"] != recs[0]["old_split"] and all(r["tree_split"] == recs[0]["tree_split"] for r in recs)
+    counts = [r["n"] for r in recs]
+    assert max(counts) - min(counts) <= 2 * P.CELLS_PER_RANK, counts  # balanced again
+    gids = torch.cat([r["gids"] for r in recs])
+    assert torch.equal(torch.sort(gids).values, torch.arange(gids.numel()))
+    for i, r in enumerate(recs):
+        assert all(r["ranks"][c] == i for c in r["cells"].tolist()) and r["in_opt"]
+        assert math.isfinite(r["loss_after"])
+    assert sum(r["sent"] for r in recs) > 0

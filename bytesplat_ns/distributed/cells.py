@@ -333,3 +333,37 @@ def migrate(
         j += 1
     sent = int(sum(rows_to[d].numel() for d in range(world) if d != rank))
     return tree.locate(params["means"].detach()), sent
+
+
+def rank_imbalance(counts_per_rank: Sequence[int]) -> float:
+    """max over ranks of |count - mean| / mean (0 for an empty scene)."""
+    mean = sum(counts_per_rank) / max(len(counts_per_rank), 1)
+    return 0.0 if mean == 0 else max(abs(c - mean) for c in counts_per_rank) / mean
+
+
+def rebalance_cells(
+    params: MutableMapping[str, Tensor],
+    optimizers: Optional[Mapping[str, torch.optim.Optimizer]],
+    tree: KdCells,
+    ranks_of_cells: Sequence[int],
+    threshold: float = 0.1,
+    force: bool = False,
+    group=None,
+    stats: Optional[ExchangeStats] = None,
+    extra: Optional[MutableMapping[str, Tensor]] = None,
+    max_samples: int = 1 << 20,
+) -> Tuple[KdCells, Tensor, bool, int]:
+    """Rebalancing of the cells (collective): when the ranks' Gaussian counts differ from their mean
+    by more than ``threshold`` (or ``force``), rebuild a balanced tree from every rank's means
+    (``build_global``, same number of cells); then migrate every Gaussian that is not on its cell's
+    rank (this also moves Gaussians that left their cell under the old tree).
+
+    Returns (the tree now in use, the local cell id of every row, whether the tree was rebuilt, the
+    number of rows this rank sent away)."""
+    _, world = rank_and_world(group)
+    counts = all_gather_ints([int(params["means"].shape[0])], group, stats, phase="cell sizes")[:, 0].tolist()
+    rebuilt = force or rank_imbalance(counts) > threshold
+    if rebuilt:
+        tree = build_global(params["means"], tree.num_cells, group, max_samples, stats)
+    cell_of, sent = migrate(params, optimizers, tree, ranks_of_cells, group, stats, extra)
+    return tree, cell_of, rebuilt, sent
