@@ -24,6 +24,7 @@ opacities); the estimate for ``pixel`` is therefore an upper bound.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Optional
 
@@ -34,6 +35,9 @@ from bytesplat_ns.distributed.cells import KdCells, content_bounds, gaussian_ext
 from bytesplat_ns.distributed.communicators import forward_record_bytes, sparse_grad_record_bytes
 from bytesplat_ns.distributed.pixel import RECT_BYTES, _area, project_box_rect
 from bytesplat_ns.distributed.step import Views
+
+
+LOG = logging.getLogger("bytesplat.auto")
 
 
 @dataclass
@@ -118,4 +122,6 @@ def choose(
     px_per_view = total_px / max(B, 1)
     sg = sparse_grad_bytes(vis, B, world, channels, nonzero_fraction)
     px = pixel_bytes(px_per_view, rects / max(B, 1), B, world, channels)
-    return AutoDecision("pixel" if px < sg else "sparse-grad", px, sg, vis, px_per_view, world, B)
+    decision = AutoDecision("pixel" if px < sg else "sparse-grad", px, sg, vis, px_per_view, world, B)
+    LOG.info(decision.log_line())
+    return decision
