@@ -70,7 +70,9 @@ def parse(argv=None):
     return tyro.cli(union, args=argv, description=__doc__)
 
 
-def run(config) -> None:
+def run(config):
+    """Set up and train on this rank (the process group comes from torchrun's environment); returns
+    the trainer. The caller ends with ``teardown()``."""
     import torch.distributed as dist
 
     from bytesplat_ns.distributed.runtime import init_distributed, launched_distributed
@@ -107,8 +109,21 @@ def run(config) -> None:
     trainer = config.setup(local_rank=local_rank, world_size=world)
     trainer.setup()
     trainer.train()
-    if world > 1 and dist.is_initialized():
-        dist.barrier()
+    return trainer
+
+
+def teardown() -> None:
+    """Wait for every rank, then leave the process group (after ``run``)."""
+    import torch.distributed as dist
+
+    from bytesplat_ns.distributed.exchange import wrap_failure
+
+    if dist.is_initialized():
+        if dist.get_world_size() > 1:
+            try:
+                dist.barrier()
+            except Exception as error:  # noqa: BLE001
+                raise wrap_failure("waiting for every rank at the end of training", None, error) from error
         dist.destroy_process_group()
 
 
@@ -118,6 +133,7 @@ def main(argv=None) -> None:
     config = parse(argv)
     try:
         run(config)
+        teardown()
     except BytesplatError as error:
         sys.stderr.write(f"\nbytesplat: error: {error}\n")
         sys.stderr.flush()

@@ -158,8 +158,97 @@ def run_training(name: str, communicator_name: str, counts, out: Path, rank: int
     torch.save(record, out / f"{name}-rank{rank}.pt")
 
 
+def dump_after_training(trainer, out: Path) -> None:
+    """Each rank's shard; on rank 0 also the full copy (params, step), whether the viewer renders it,
+    and a render of eval camera 0 from it (in one process: from the model itself)."""
+    from bytesplat_ns.distributed.pipeline import PARAM_NAMES
+
+    pipeline = trainer.pipeline
+    rank = getattr(pipeline, "rank", 0)
+    torch.save({n: pipeline.model.gauss_params[n].detach().cpu() for n in PARAM_NAMES}, out / f"shard-rank{rank}.pt")
+    full = pipeline.full_model()
+    if rank != 0:
+        assert full is None
+        return
+    camera = pipeline.datamanager.eval_dataset.cameras[0:1].to(pipeline.device)
+    full.eval()
+    with torch.no_grad():
+        rgb = full.get_outputs_for_camera(camera)["rgb"].cpu()
+    viewer = trainer.viewer_state
+    torch.save(
+        {
+            "params": {n: full.gauss_params[n].detach().cpu() for n in PARAM_NAMES},
+            "step": getattr(pipeline, "full_copy_step", None),
+            "render": rgb,
+            "viewer_renders_copy": None if viewer is None else viewer.get_model() is full,
+            "copy_in_state_dict": any(k.startswith("_full_copy") for k in pipeline.state_dict()),
+        },
+        out / "full-copy.pt",
+    )
+
+
+def train_and_dump(out: Path, argv) -> None:
+    """``python -m bytesplat_ns.train <argv>`` on this rank, then ``dump_after_training``."""
+    import bytesplat_ns  # noqa: F401
+    from bytesplat_ns.errors import BytesplatError
+    from bytesplat_ns.train import parse, run, teardown
+
+    config = parse(argv)
+    try:
+        trainer = run(config)
+        dump_after_training(trainer, out)
+        teardown()
+    except BytesplatError as error:
+        sys.stderr.write(f"bytesplat: error: {error}\n")
+        sys.stderr.flush()
+        os._exit(1)
+    if trainer.viewer_state is not None:
+        os._exit(0)  # viser's server threads would keep the process alive
+
+
+class _TorchAsSeenByNerfstudioLauncher:
+    """``torch`` for nerfstudio.scripts.train only, with CUDA reported present: its worker asserts CUDA
+    and one GPU per process even for gloo, so this is how its own worker and train_loop run on CPU."""
+
+    def __init__(self, devices: int):
+        import types
+
+        self.cuda = types.SimpleNamespace(is_available=lambda: True, device_count=lambda: devices)
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
+def nerfstudio_launcher(argv) -> None:
+    """One rank of ``ns-train <argv>``'s multi-process launch, as nerfstudio 1.1.5 runs it: the config
+    parsed by ns-train's CLI, handed to its own ``_distributed_worker`` (process group, per-machine
+    groups) with its own ``train_loop`` (seed, config.setup -> trainer.setup -> trainer.train).
+    The only difference from ``mp.spawn``: this process is started by the test's launcher."""
+    import tyro
+    from nerfstudio.configs.method_configs import AnnotatedBaseConfigUnion
+    from nerfstudio.scripts import train as ns_train
+
+    import bytesplat_ns  # noqa: F401
+
+    config = tyro.cli(AnnotatedBaseConfigUnion, args=argv)
+    if config.data:
+        config.pipeline.datamanager.data = config.data
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if rank == 0:
+        config.save_config()
+    ns_train.torch = _TorchAsSeenByNerfstudioLauncher(world)
+    ns_train._distributed_worker(
+        rank, ns_train.train_loop, world, world, 0, f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+        config, device_type=config.machine.device_type,
+    )
+
+
 def main() -> None:
     scenario, out = sys.argv[1], Path(sys.argv[2])
+    if scenario == "train-and-dump":
+        return train_and_dump(out, sys.argv[3:])
+    if scenario == "nerfstudio-launcher":
+        return nerfstudio_launcher(sys.argv[3:])
     torch.set_num_threads(1)
     from bytesplat_ns.distributed import DistributedError, init_distributed
 

@@ -6,6 +6,10 @@ A: 2 ranks, 3 steps of 2 views; B: 1 process, the same 3 steps -> same Gaussians
 C: resume A with 1 process, D: resume B with 4 ranks, 2 more steps each -> the same Gaussians again
 (resharding of parameters and Adam state on load). Checks the checkpoint holds every rank's
 Gaussians, bytes per step reach nerfstudio's writer, and the checkpoint loads in one process.
+A also runs the viewer and an evaluation at step 2: rank 0's full copy equals the concatenated
+shards, the viewer renders it, and its renders/eval metrics equal B's (one process). E runs A's
+training through ns-train's own multi-process worker (``--machine.num-devices 2``) and must
+give A's checkpoint; on CPU ns-train's launcher is refused with a clear message.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bytesplat_ns.distributed.launch import launch_local
+from bytesplat_ns.distributed.launch import free_port, launch_local
 
 pytestmark = pytest.mark.slow
 
@@ -26,9 +30,24 @@ REPO = Path(__file__).resolve().parents[1]
 NAMES = ("means", "scales", "quats", "features_dc", "features_rest", "opacities")
 
 
-def train(tmp: Path, name: str, nprocs: int, iterations: int, extra=()):
+def train(tmp: Path, name: str, nprocs: int, iterations: int, extra=(), runner: str = "module"):
+    """One run. runner: ``module`` = ``python -m bytesplat_ns.train`` (torchrun's entry), ``dump`` = the
+    same, then every rank dumps its shard and rank 0 its full copy (tests.distributed_worker),
+    ``nerfstudio`` = ``ns-train bytesplat-distributed --machine.num-devices N`` through nerfstudio's own
+    worker and train_loop."""
+    dump = tmp / f"dump-{name}"
+    dump.mkdir(parents=True, exist_ok=True)
+    method = "bytesplat"
+    if runner == "module":
+        head = [sys.executable, "-m", "bytesplat_ns.train"]
+    elif runner == "dump":
+        head = [sys.executable, "-m", "tests.distributed_worker", "train-and-dump", str(dump)]
+    else:
+        head = [sys.executable, "-m", "tests.distributed_worker", "nerfstudio-launcher", str(dump)]
+        method = "bytesplat-distributed"
+        extra = [*extra, "--machine.num-devices", str(nprocs)]
     args = [
-        sys.executable, "-m", "bytesplat_ns.train", "bytesplat",
+        *head, method,
         "--output-dir", str(tmp / "out"), "--experiment-name", name, "--timestamp", "run",
         "--vis", "tensorboard", "--max-num-iterations", str(iterations), "--steps-per-save", "1000",
         "--steps-per-eval-image", "100000", "--steps-per-eval-all-images", "100000", "--steps-per-eval-batch", "0",
@@ -38,11 +57,11 @@ def train(tmp: Path, name: str, nprocs: int, iterations: int, extra=()):
         "bytesplat-scene", "--num-views", "8", "--width", "48",
     ]
     env = dict(os.environ, BYTESPLAT_CACHE=str(tmp / "cache"), WANDB_MODE="disabled", OMP_NUM_THREADS="1",
-               PYTHONUNBUFFERED="1", MPLBACKEND="Agg")
+               PYTHONUNBUFFERED="1", MPLBACKEND="Agg", PYTHONPATH=os.pathsep.join(p for p in [str(REPO), os.environ.get("PYTHONPATH", "")] if p))
     results = launch_local(args, nprocs, timeout_s=240, env=env, cwd=tmp)
     detail = "\n".join(f"--- rank {r.rank} exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}" for r in results)
     assert all(r.returncode == 0 for r in results), detail
-    run_dir = tmp / "out" / name / "bytesplat" / "run"
+    run_dir = tmp / "out" / name / method / "run"
     ckpts = sorted((run_dir / "nerfstudio_models").glob("step-*.ckpt"))
     assert ckpts, detail
     return run_dir, torch.load(ckpts[-1], map_location="cpu", weights_only=False)
@@ -62,8 +81,12 @@ def assert_close(a, b, tol=1e-5):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dist-train")
-    a_dir, a = train(tmp, "a", 2, 3, ["--pipeline.communicator", "sparse-grad"])
-    b_dir, b = train(tmp, "b", 1, 3)
+    # A also runs the viewer on rank 0 (full copy refreshed every step) and evaluates one image at
+    # step 2 from the full copy; B (one process) evaluates the same image.
+    viewer = ["--vis", "viewer+tensorboard", "--viewer.websocket-port", str(free_port()),
+              "--viewer.quit-on-train-completion", "True", "--pipeline.full-copy-steps", "1"]
+    a_dir, a = train(tmp, "a", 2, 3, ["--pipeline.communicator", "sparse-grad", "--steps-per-eval-image", "2", *viewer], runner="dump")
+    b_dir, b = train(tmp, "b", 1, 3, ["--steps-per-eval-image", "2"], runner="dump")
     return tmp, a_dir, a, b_dir, b
 
 
@@ -97,6 +120,11 @@ def test_bytes_per_step_are_logged_to_the_writer(runs):
     # Forward bytes: 48 bytes per record (float32, RGB) plus a 4-byte per-view header per message.
     assert all(f >= 48 * r for f, r in zip(fwd, recs))
     assert all(0 < v for v in bwd)
+    # Step time and views/s of the sharded step (views per step / step seconds).
+    vps = [e.value for e in events.Scalars("throughput/views_per_second")]
+    secs = [e.value for e in events.Scalars("throughput/step_seconds")]
+    assert len(vps) == 3 and all(v > 0 for v in vps)
+    assert all(abs(v * s - 2) < 1e-3 for v, s in zip(vps, secs))
 
 
 def test_resume_with_other_rank_counts_gives_the_same_training(runs):
@@ -121,3 +149,62 @@ def test_checkpoint_loads_in_one_process(runs):
     camera = pipeline.datamanager.eval_dataset.cameras[0:1].to(pipeline.device)
     outputs = pipeline.model.get_outputs_for_camera(camera)
     assert outputs["rgb"].shape[-1] == 3 and torch.isfinite(outputs["rgb"]).all()
+
+
+def _scalars(run_dir: Path, tag: str):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(glob.glob(str(run_dir / "events.out.tfevents.*"))[0])
+    events.Reload()
+    return {e.step: e.value for e in events.Scalars(tag)}
+
+
+def test_rank0_full_copy_is_the_concatenated_shards_and_renders_like_one_process(runs):
+    tmp, a_dir, a, b_dir, b = runs
+    full = torch.load(tmp / "dump-a" / "full-copy.pt", weights_only=False)
+    shards = [torch.load(tmp / "dump-a" / f"shard-rank{r}.pt", weights_only=False) for r in range(2)]
+    assert full["step"] == 2
+    assert shards[0]["means"].shape[0] + shards[1]["means"].shape[0] == 4000
+    for n in NAMES:
+        assert torch.equal(full["params"][n], torch.cat([shards[0][n], shards[1][n]])), n
+    assert full["viewer_renders_copy"] is True
+    assert full["copy_in_state_dict"] is False
+    one = torch.load(tmp / "dump-b" / "full-copy.pt", weights_only=False)
+    assert one["render"].shape == full["render"].shape
+    assert (one["render"] - full["render"]).abs().max().item() <= 1e-4
+    # The evaluation during training (step 2) rendered the full copy on rank 0: B's metrics.
+    psnr_a = _scalars(a_dir, "Eval Images Metrics/psnr")
+    psnr_b = _scalars(b_dir, "Eval Images Metrics/psnr")
+    assert set(psnr_a) == set(psnr_b) == {2}
+    assert abs(psnr_a[2] - psnr_b[2]) <= 1e-3, (psnr_a, psnr_b)
+
+
+def test_ns_train_num_devices_runs_our_sharded_pipeline(runs):
+    """nerfstudio's launcher path (its _distributed_worker + train_loop, gloo) trains like torchrun."""
+    tmp, a_dir, a, _, _ = runs
+    e_dir, e = train(tmp, "e", 2, 3, ["--pipeline.communicator", "sparse-grad"], runner="nerfstudio")
+    assert not any(".module." in k for k in e["pipeline"])  # no DDP wrap
+    assert gaussians(e)["means"].shape[0] == 4000  # rank 0 wrote every rank's Gaussians
+    assert e["optimizers"]["means"]["state"][0]["exp_avg"].shape[0] == 4000  # ShardedTrainer's gathered Adam state
+    assert_close(gaussians(e), gaussians(a))
+
+
+def test_ns_train_num_devices_on_cpu_points_to_torchrun(tmp_path, monkeypatch):
+    """ns-train's main() with --machine.num-devices 2 on CPU stops before spawning, naming torchrun
+    (nerfstudio's worker would otherwise fail an `assert torch.cuda.is_available()` in every process)."""
+    import tyro
+    from nerfstudio.configs.method_configs import AnnotatedBaseConfigUnion
+    from nerfstudio.scripts import train as ns_train
+
+    from bytesplat_ns.errors import BytesplatError
+
+    def no_spawn(*args, **kwargs):
+        raise AssertionError("nerfstudio's launcher was reached")
+
+    monkeypatch.setattr(ns_train.mp, "spawn", no_spawn)
+    config = tyro.cli(AnnotatedBaseConfigUnion, args=[
+        "bytesplat-distributed", "--machine.num-devices", "2", "--machine.device-type", "cpu",
+        "--output-dir", str(tmp_path / "out"), "--vis", "tensorboard", "bytesplat-scene"])
+    with pytest.raises(BytesplatError, match="torchrun --nproc-per-node N -m bytesplat_ns.train"):
+        ns_train.main(config)
+    assert not (tmp_path / "out").exists()  # stopped before writing anything

@@ -6,8 +6,10 @@ One interface (:class:`Communicator`), chosen by name (``make_communicator``):
   returned, zero or not. The owner knows the sizes, so the backward needs no size exchange.
 - ``sparse-grad`` (ByteSplat 3): the renderer *encodes* only the records whose gradient is not all
   zero as ``(index, values)``; the owner *decodes* them by scatter-adding the values straight into
-  its gradient buffer. ``encode``/``decode`` are the torch implementation (any device); the GPU
-  encoder/decoder kernels replace exactly these two methods.
+  its gradient buffer. On CUDA tensors ``encode``/``decode`` run the GPU kernels of
+  ``cuda/sparse_grad.cu`` (``sparse_kernels``: warp-ballot compaction, atomicAdd decode); on the
+  CPU (and where the kernels cannot be built, or ``BYTESPLAT_SPARSE_KERNELS=0``) the torch
+  implementation (``encode_torch``/``decode_torch``), which gives the same bytes.
 
 Both give bit-identical owner gradients: the buffer starts at zero and every (view, Gaussian)
 record is produced by exactly one renderer, so adding the non-zero rows equals copying all rows.
@@ -168,15 +170,32 @@ class DenseCommunicator(Communicator):
 class SparseGradCommunicator(Communicator):
     name = "sparse-grad"
 
-    # The two methods the GPU encoder/decoder kernels replace.
     def encode(self, grad: Tensor) -> Tuple[Tensor, Tensor]:
         """[m, G] gradients -> (index [k] int32 of rows with any non-zero entry, values [k, G])."""
+        from bytesplat_ns.distributed import sparse_kernels
+
+        if sparse_kernels.usable(grad):
+            return sparse_kernels.encode(grad)
+        return self.encode_torch(grad)
+
+    def decode(self, index: Tensor, values: Tensor, sent_index: Tensor, grad_buffer: Tensor) -> None:
+        """Scatter-add received ``values`` into the owner's gradient buffer rows they belong to."""
+        from bytesplat_ns.distributed import sparse_kernels
+
+        if index.numel() and grad_buffer.is_contiguous() and sparse_kernels.usable(grad_buffer):
+            sparse_kernels.decode(index, values, sent_index, grad_buffer)
+            return
+        self.decode_torch(index, values, sent_index, grad_buffer)
+
+    # The torch implementation (CPU, and the reference the GPU kernels are tested against).
+    @staticmethod
+    def encode_torch(grad: Tensor) -> Tuple[Tensor, Tensor]:
         keep = (grad != 0).any(dim=1)
         index = torch.nonzero(keep).squeeze(1)
         return index.to(INDEX_DTYPE), grad.index_select(0, index)
 
-    def decode(self, index: Tensor, values: Tensor, sent_index: Tensor, grad_buffer: Tensor) -> None:
-        """Scatter-add received ``values`` into the owner's gradient buffer rows they belong to."""
+    @staticmethod
+    def decode_torch(index: Tensor, values: Tensor, sent_index: Tensor, grad_buffer: Tensor) -> None:
         if index.numel():
             grad_buffer.index_add_(0, sent_index.index_select(0, index.long()), values)
 

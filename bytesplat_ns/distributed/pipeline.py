@@ -27,16 +27,29 @@ rank 0 only from the gathered copy (the same format as ``ns-train bytesplat``, s
 ``ns-export gaussian-splat`` and ``ns-eval`` load them in one process), and loads a checkpoint of
 any rank count by slicing the full Gaussians and their Adam state into this run's shards.
 
+The viewer and evaluation during training (DESIGN "Distributed": never a collective from the viewer
+thread or inside ``state_dict``): rank 0 keeps a FULL copy of the Gaussians (``full_model()``, a
+second model object that is not registered in the pipeline, so checkpoints do not carry it),
+refreshed by the after-iteration callback (a gather from every rank, under nerfstudio's train lock):
+every ``--pipeline.full-copy-steps`` steps while a viewer runs, before every step with an
+evaluation, and from the gather of every checkpoint. The viewer renders from it (``ShardedTrainer``
+points the viewer's ``get_model`` at it), and ``get_eval_*`` render from it on rank 0; the other
+ranks skip evaluation (nerfstudio's writer only records rank 0) and wait for rank 0 at the next
+step's first collective (the wait is bounded by the process-group timeout, not by the step
+watchdog: a barrier before the next step's watchdog is armed). With one process the model itself
+is the full copy.
+
 Not supported yet in sharded mode (a clear error at start): camera pose optimisation, the
-bilateral grid, masks, training views of different resolutions in one batch. Evaluation during
-training and the viewer render rank 0's shard only (see the module README in the report).
+bilateral grid, masks, training views of different resolutions in one batch.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Literal, Mapping, Optional, Type
@@ -82,6 +95,13 @@ class ShardedPipelineConfig(VanillaPipelineConfig):
     """Re-cut the shards evenly when a shard's size differs from the mean by more than this fraction."""
     step_timeout: float = 0.0
     """Seconds after which a rank stuck in one training step ends itself with a clear error (0: off)."""
+    compositor: Literal["reference", "fused"] = "reference"
+    """How a rank composites the gathered 2D records of its views: reference (PyTorch, any device) or
+    fused (bytesplat's CUDA tile rasterizer kernels, GPU and RGB only)."""
+    full_copy_steps: int = 100
+    """While a viewer runs, gather every rank's Gaussians into rank 0's full copy (what the viewer renders)
+    every this many steps (0: never for the viewer). The copy is always refreshed before an evaluation
+    step and at checkpoints."""
 
 
 def _strip_module(state: Mapping[str, Any]) -> Dict[str, Any]:
@@ -125,6 +145,11 @@ class ShardedPipeline(VanillaPipeline):
         self._sampler_epoch = -1
         self._sampler_order: List[int] = []
         self._watchdog = StepWatchdog(config.step_timeout) if config.step_timeout > 0 else None
+        # Rank 0's full copy of the Gaussians (viewer, evaluation). Kept out of the module tree
+        # (plain __dict__ entry) so that state_dict(), .to() and .train()/.eval() ignore it.
+        self.__dict__["_full_copy"] = None
+        self.full_copy_step: Optional[int] = None
+        self._eval_ran = False
         self._share_initial_gaussians()
 
     # ---- setup ----
@@ -141,6 +166,10 @@ class ShardedPipeline(VanillaPipeline):
             )
         if getattr(model.config, "use_bilateral_grid", False):
             raise BytesplatError("The bilateral grid is not supported with sharded Gaussians yet.")
+        if self.config.compositor == "fused" and not str(self.device).startswith("cuda"):
+            raise BytesplatError(
+                "--pipeline.compositor fused needs CUDA GPUs.", hint="Use --pipeline.compositor reference on the CPU."
+            )
 
     def _share_initial_gaussians(self) -> None:
         """Broadcast rank 0's Gaussians (ranks seed their RNGs differently), keep this rank's shard."""
@@ -158,10 +187,100 @@ class ShardedPipeline(VanillaPipeline):
                 except Exception as error:  # noqa: BLE001
                     raise wrap_failure("broadcasting the initial Gaussians", 0, error) from error
                 params[name] = torch.nn.Parameter(buf.to(params[name].device))
+        if self.world_size > 1 and self.rank == 0:
+            # The model still holds every Gaussian: the first full copy is a deep copy of it.
+            full = copy.deepcopy(self._model)
+            full.requires_grad_(False)
+            self.__dict__["_full_copy"] = full
+            self.full_copy_step = -1
         layout = ShardLayout.even(total, self.world_size)
         start, end = layout.range(self.rank)
         for name in list(params.keys()):
             params[name] = torch.nn.Parameter(params[name].detach()[start:end].clone())
+
+    # ---- rank 0's full copy (viewer, evaluation) ----
+    def full_model(self):
+        """The model holding EVERY Gaussian, to render the whole scene: rank 0's full copy when sharded
+        over several ranks (None on the other ranks), the model itself in one process. Never runs a
+        collective (the viewer thread calls it)."""
+        if self.world_size == 1:
+            return self.model
+        return self.__dict__["_full_copy"]
+
+    def _set_full_copy(self, params: Mapping[str, torch.Tensor], step: int) -> None:
+        full = self.__dict__["_full_copy"]
+        if full is None:
+            return
+        device = next(iter(self.model.gauss_params.values())).device
+        for n in PARAM_NAMES:
+            full.gauss_params[n] = torch.nn.Parameter(params[n].detach().to(device), requires_grad=False)
+        full.step = int(step)
+        self.full_copy_step = int(step)
+
+    def refresh_full_copy(self, step: int) -> None:
+        """Collective (every rank calls it between steps): gather all shards into rank 0's full copy."""
+        if self.world_size == 1:
+            return
+        full = gather_to_rank0({n: self.model.gauss_params[n].detach() for n in PARAM_NAMES})
+        if full is not None:
+            self._set_full_copy(full, step)
+
+    def _full_copy_due(self, step: int, trainer) -> bool:
+        """Whether the copy is refreshed after ``step`` (the same answer on every rank: config only)."""
+        cfg = trainer.config
+        if self._evaluates(step, cfg):
+            return True
+        viewer = cfg.is_viewer_enabled() or cfg.is_viewer_legacy_enabled()
+        k = self.config.full_copy_steps
+        return viewer and k > 0 and step_check(step, k, run_at_zero=True)
+
+    @staticmethod
+    def _evaluates(step: int, cfg) -> bool:
+        """nerfstudio's Trainer.eval_iteration runs an evaluation after ``step``."""
+        if not (cfg.is_wandb_enabled() or cfg.is_tensorboard_enabled() or cfg.is_comet_enabled()):
+            return False
+        return any(step_check(step, n) for n in (cfg.steps_per_eval_batch, cfg.steps_per_eval_image, cfg.steps_per_eval_all_images))
+
+    @contextlib.contextmanager
+    def _rendering_full_copy(self):
+        """Rank 0: ``self.model`` is the full copy inside the block (evaluation runs on the main
+        thread under the train lock, like the viewer's renders, so nobody sees the swap)."""
+        full = self.full_model()
+        if self.world_size == 1 or full is None:
+            yield
+            return
+        training_model = self._modules["_model"]
+        self._modules["_model"] = full
+        try:
+            yield
+        finally:
+            self._modules["_model"] = training_model
+
+    def _skips_eval(self) -> bool:
+        """Ranks other than 0 do not evaluate (only rank 0 writes; it renders the full copy)."""
+        return self.world_size > 1 and self.rank != 0
+
+    def get_eval_loss_dict(self, step: int):
+        if self._skips_eval():
+            self._eval_ran = True
+            return {}, {"main_loss": torch.zeros((), device=self.device)}, {}
+        self._eval_ran = True
+        with self._rendering_full_copy():
+            return super().get_eval_loss_dict(step)
+
+    def get_eval_image_metrics_and_images(self, step: int):
+        self._eval_ran = True
+        if self._skips_eval():
+            return {"num_rays": 1}, {}
+        with self._rendering_full_copy():
+            return super().get_eval_image_metrics_and_images(step)
+
+    def get_average_eval_image_metrics(self, step: Optional[int] = None, output_path: Optional[Path] = None, get_std: bool = False):
+        self._eval_ran = True
+        if self._skips_eval():
+            return {}
+        with self._rendering_full_copy():
+            return super().get_average_eval_image_metrics(step, output_path, get_std)
 
     # ---- the training step ----
     def _sample_views(self, step: int) -> List[int]:
@@ -220,6 +339,7 @@ class ShardedPipeline(VanillaPipeline):
     def get_train_loss_dict(self, step: int):
         if self._watchdog is not None:
             self._watchdog.arm(f"training step {step}")
+        self._step_started = time.perf_counter()
         model = self.model
         views = self._batch(step)
         lam = model.config.ssim_lambda
@@ -230,6 +350,7 @@ class ShardedPipeline(VanillaPipeline):
             self._sh_degree(),
             lambda pred, gt: splatfacto_loss(pred, gt, lam),
             absgrad=bool(getattr(model.strategy, "absgrad", False)),
+            compositor=self.config.compositor,
         )
         model.info = fwd.info
         if getattr(model, "optimizers", None) is not None:
@@ -262,7 +383,15 @@ class ShardedPipeline(VanillaPipeline):
         callbacks.append(
             TrainingCallback([TrainingCallbackLocation.AFTER_TRAIN_ITERATION], self._after_iteration, kwargs={"trainer": trainer})
         )
+        callbacks.append(TrainingCallback([TrainingCallbackLocation.BEFORE_TRAIN_ITERATION], self._before_iteration))
         return callbacks
+
+    def _before_iteration(self, step: int) -> None:
+        # After an evaluation step the other ranks wait here for rank 0 (bounded by the process
+        # group's timeout), before the step watchdog is armed for the next step.
+        if self.world_size > 1 and self._eval_ran:
+            _barrier("waiting for rank 0's evaluation")
+        self._eval_ran = False
 
     def _after_iteration(self, step: int, trainer) -> None:
         self._log_communication(step)
@@ -277,8 +406,13 @@ class ShardedPipeline(VanillaPipeline):
                 opts.parameters[name] = [model.gauss_params[name]]
             CONSOLE.log(f"bytesplat: step {step}: shards rebalanced to {layout.counts}")
         final = trainer._start_step + trainer.config.max_num_iterations - 1
-        if step_check(step, trainer.config.steps_per_save) or step == final:
+        gathered = step_check(step, trainer.config.steps_per_save) or step == final
+        if gathered:
             self.gather_checkpoint(step, trainer)
+            if self._checkpoint is not None and self._checkpoint["step"] == step:
+                self._set_full_copy(self._checkpoint["params"], step)  # the same gather serves the copy
+        elif self.world_size > 1 and self._full_copy_due(step, trainer):
+            self.refresh_full_copy(step)
         if self._watchdog is not None:
             self._watchdog.disarm()
 
@@ -296,6 +430,17 @@ class ShardedPipeline(VanillaPipeline):
             scalar_dict={f"{self.communicator.name}/{k}": v for k, v in summed.items()},
             step=step,
         )
+        started = getattr(self, "_step_started", None)
+        if started is not None:
+            # Forward, exchanges, backward, optimizer step and densification of this step; the
+            # all_reduce above waited for the device, so this is wall time, not launch time.
+            seconds = max(time.perf_counter() - started, 1e-9)
+            self._step_started = None
+            writer.put_dict(
+                name="throughput",
+                scalar_dict={"step_seconds": seconds, "views_per_second": self.views_per_step / seconds},
+                step=step,
+            )
 
     def gather_checkpoint(self, step: int, trainer) -> None:
         """Collective: every rank's Gaussians and their Adam state, concatenated on rank 0."""
@@ -345,11 +490,13 @@ class ShardedPipeline(VanillaPipeline):
         state = _strip_module(loaded_state)
         total = int(state["_model.gauss_params.means"].shape[0])
         start, end = ShardLayout.even(total, self.world_size).range(self.rank)
+        self.model.update_to_step(step)
+        full = {n: state[f"_model.gauss_params.{n}"] for n in PARAM_NAMES}
         for n in PARAM_NAMES:
             key = f"_model.gauss_params.{n}"
             state[key] = state[key][start:end]
-        self.model.update_to_step(step)
         self.load_state_dict(state)
+        self._set_full_copy(full, step)
         self.model.strategy_state.update({k: None for k in STRATEGY_ROW_KEYS if k in self.model.strategy_state})
 
     def shard_range(self) -> tuple:
@@ -368,13 +515,60 @@ def _barrier(what: str) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+TORCHRUN_HINT = (
+    "On CPU (gloo), launch the ranks with torchrun instead: `torchrun --nproc-per-node N -m bytesplat_ns.train "
+    "bytesplat --machine.device-type cpu [ns-train arguments]` (same arguments as ns-train; see docs/distributed.md)."
+)
+
+
+def check_nerfstudio_launch(machine) -> None:
+    """Fail early and clearly where nerfstudio 1.1.5's own launcher (``ns-train ... --machine.num-devices
+    N``, N > 1) cannot work: its spawned worker asserts CUDA and one GPU per process, so it never runs
+    on CPU. Not called under torchrun / ``bytesplat_ns.train`` (the process group already exists)."""
+    processes = int(machine.num_devices) * int(machine.num_machines)
+    if processes <= 1 or (dist.is_available() and dist.is_initialized()):
+        return
+    if machine.device_type != "cuda":
+        raise BytesplatError(
+            f"ns-train cannot start {processes} processes with --machine.device-type {machine.device_type}: "
+            "nerfstudio 1.1.5's multi-process launcher only runs on CUDA GPUs (one per process).",
+            hint=TORCHRUN_HINT,
+        )
+    if not torch.cuda.is_available():
+        raise BytesplatError(
+            f"--machine.num-devices {machine.num_devices} needs {machine.num_devices} CUDA GPUs, but torch sees none.",
+            hint=TORCHRUN_HINT,
+        )
+    if torch.cuda.device_count() < int(machine.num_devices):
+        raise BytesplatError(
+            f"--machine.num-devices {machine.num_devices} needs {machine.num_devices} CUDA GPUs on this host, "
+            f"but torch sees {torch.cuda.device_count()}.",
+            hint="Lower --machine.num-devices or make more GPUs visible (CUDA_VISIBLE_DEVICES).",
+        )
+
+
 @dataclass
 class ShardedTrainerConfig(ByteSplatTrainerConfig):
     _target: Type = field(default_factory=lambda: ShardedTrainer)
 
+    def set_timestamp(self) -> None:
+        # ns-train's main() calls this first, before it launches the worker processes: the earliest
+        # point where a launch that cannot work is reported in one line instead of N tracebacks.
+        check_nerfstudio_launch(self.machine)
+        super().set_timestamp()
+
 
 class ShardedTrainer(ByteSplatTrainer):
     pipeline: ShardedPipeline
+
+    def setup(self, test_mode: Literal["test", "val", "inference"] = "val") -> None:
+        super().setup(test_mode=test_mode)
+        viewer = self.viewer_state
+        if viewer is not None and self.pipeline.world_size > 1 and hasattr(viewer, "get_model"):
+            # The viewer renders rank 0's full copy of the Gaussians (refreshed between steps), never
+            # the shard and never through a collective.
+            pipeline = self.pipeline
+            viewer.get_model = lambda: pipeline.full_model()  # type: ignore[method-assign]
 
     def setup_optimizers(self):
         """nerfstudio's optimizers on this rank's shard, with learning rates scaled for the batch."""

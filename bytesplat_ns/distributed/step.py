@@ -183,8 +183,14 @@ def composite_records(
     height: int,
     tile_size: int = 16,
     absgrad_sink: Optional[List[Tensor]] = None,
+    compositor: str = "reference",
 ) -> Tuple[Tensor, Tensor]:
     """Composite gathered 2D records of ONE view: [M,2], [M,3], [M,D], [M], [M], [M] int, [M] ids.
+
+    ``compositor``: ``reference`` (the PyTorch reference rasterizer, any device) or ``fused``
+    (bytesplat's CUDA tile rasterizer, ``bytesplat_ns.raster.fused``: forward and backward kernels,
+    RGB float32 on the GPU; the same front-to-back order: tiles sorted by depth, ties in record
+    order, i.e. by global id).
 
     Records are put in global-id order first, so the reference rasterizer's depth sort (stable,
     ties by position) breaks ties by global id, exactly as one process holding all Gaussians.
@@ -200,9 +206,21 @@ def composite_records(
         opacities, depths, radii = opacities[order], depths[order], radii[order]
     m = means2d[None]
     absgrad = absgrad_sink is not None and m.requires_grad
-    render, alpha = rasterize_to_pixels_reference(
-        m, conics[None], colors[None], opacities[None], radii[None], depths[None], width, height, tile_size, absgrad=absgrad
-    )
+    if compositor == "fused" and means2d.shape[0] > 0:
+        from bytesplat_ns.raster.fused import _RasterizeFused, bin_tiles
+
+        if not means2d.is_cuda or colors.shape[-1] != 3:
+            raise ValueError("the fused compositor needs CUDA tensors and RGB colors")
+        offsets, flatten_ids = bin_tiles(m, radii[None], depths[None], width, height, tile_size)
+        render, alpha = _RasterizeFused.apply(
+            m, conics[None], colors[None], opacities[None], None, offsets, flatten_ids, width, height, absgrad
+        )
+    elif compositor in ("reference", "fused"):
+        render, alpha = rasterize_to_pixels_reference(
+            m, conics[None], colors[None], opacities[None], radii[None], depths[None], width, height, tile_size, absgrad=absgrad
+        )
+    else:
+        raise ValueError(f"Unknown compositor '{compositor}' (reference or fused)")
     if absgrad:
         assert absgrad_sink is not None
 
@@ -291,6 +309,7 @@ class _Runner:
     stats: CommStats
     tile_size: int = 16
     absgrad: bool = False
+    compositor: str = "reference"
     # filled by forward
     sent_index: List[Tensor] = field(default_factory=list)
     leaves: List[Tensor] = field(default_factory=list)
@@ -375,6 +394,7 @@ class _ShardedRenderLoss(torch.autograd.Function):
                     views.height,
                     runner.tile_size,
                     absgrad_sink=sink,
+                    compositor=runner.compositor,
                 )
                 rgb = rgb_with_background(render, alpha, views.backgrounds[v].to(render))
                 runner.renders[v] = rgb.detach()
@@ -451,18 +471,20 @@ def sharded_render_loss(
     *,
     tile_size: int = 16,
     absgrad: bool = False,
+    compositor: str = "reference",
 ) -> ShardedForward:
     """Forward of one sharded step (collective). ``.local_loss.backward()`` runs the exchange of
     gradients and the owner's backward; the caller then steps its optimizers. With ``absgrad``
     the backward also sets ``info["means2d"].absgrad`` [B,n,2] (gsplat's densification statistic),
-    carried back in two extra gradient columns of the wire format."""
+    carried back in two extra gradient columns of the wire format. ``compositor``: see
+    ``composite_records``."""
     stats = CommStats()
     meta = ExchangeStats()
     layout = gather_layout(int(params["means"].shape[0]), communicator.group, meta)
     stats.meta_bytes += meta.meta_bytes
     proj = project_shard(params, views, sh_degree)
     proj.means2d.retain_grad()
-    runner = _Runner(views, communicator, layout, loss_fn, stats, tile_size, absgrad)
+    runner = _Runner(views, communicator, layout, loss_fn, stats, tile_size, absgrad, compositor)
     runner.means2d_ref = proj.means2d
     local_loss = _ShardedRenderLoss.apply(runner, proj.means2d, proj.conics, proj.colors, proj.opacities, proj.depths, proj.radii)
     info = {
