@@ -182,6 +182,12 @@ def main() -> None:
             ge = only_rank0_cells(g, tree, world)
             rec["empty_rank"] = run_once(ge, tree, rank, world, views, PixelConfig(transmittance=True), wire)
         elif scenario == "scale":
+            # Fewer views than ranks at 4 processes: a rank composites nothing but still renders and exchanges.
+            from bytesplat_ns.distributed import Views
+
+            g, tree = make_scene(400, n_cells, crossing=False)
+            v3 = Views(views.viewmats[:3], views.Ks[:3], WIDTH, HEIGHT, views.images[:3], views.backgrounds[:3])
+            rec["three_views"] = run_once(g, tree, rank, world, v3, PixelConfig(transmittance=True), wire)
             for n in SCALE_COUNTS:
                 g, tree = make_scene(n, n_cells, crossing=False, seed=SEED + 1)
                 rec[f"n{n}"] = run_once(g, tree, rank, world, views, PixelConfig(), wire)

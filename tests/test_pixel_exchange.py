@@ -376,3 +376,18 @@ def test_rebalancing_rebuilds_balanced_cells_and_migrates(world, runs):
         assert all(r["ranks"][c] == i for c in r["cells"].tolist()) and r["in_opt"]
         assert math.isfinite(r["loss_after"])
     assert sum(r["sent"] for r in recs) > 0
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_fewer_views_than_ranks(world, runs):
+    ranks = runs("scale", world)
+    g, _ = P.make_scene(400, P.CELLS_PER_RANK * world, crossing=False)
+    want_img, _, _ = oracle(g)
+    got = {}
+    for r in ranks:
+        got.update(r["three_views"]["renders"])
+    assert sorted(got) == [0, 1, 2]
+    imgs = torch.stack([got[v] for v in range(3)])
+    assert rel(imgs, want_img[:3]) <= REL_TOL
+    counts = sorted(len(vs) for vs in ranks[0]["three_views"]["views_of_rank"])
+    assert counts == sorted(3 // world + (1 if i < 3 % world else 0) for i in range(world))  # at 4 ranks one composites nothing
