@@ -4,8 +4,11 @@ Same schedule, model and hyper-parameters as ``bytesplat`` (method_configs/bytes
 is ``bytesplat_ns.distributed.pipeline.ShardedPipeline`` (no DDP; 2D records and their gradients move
 through ``--pipeline.communicator {dense,sparse-grad}``) and the trainer checkpoints every rank's
 Gaussians from rank 0. Run it with ``ns-train bytesplat-distributed --machine.num-devices N`` on one
-GPU host, or with ``torchrun --nproc-per-node N -m bytesplat_ns.train bytesplat ...`` (also CPU/gloo).
-In one process it trains like ``bytesplat`` with a batch of ``--pipeline.views-per-step`` views.
+GPU host (nerfstudio's own launcher spawns the ranks and builds this config's sharded trainer and
+pipeline in each), or with ``torchrun --nproc-per-node N -m bytesplat_ns.train bytesplat ...``
+(multi-node, and CPU/gloo: nerfstudio 1.1.5's launcher asserts CUDA, so on CPU ``ns-train
+--machine.num-devices N`` stops at once with a message pointing to torchrun). In one process it
+trains like ``bytesplat`` with a batch of ``--pipeline.views-per-step`` views. See docs/distributed.md.
 """
 
 from __future__ import annotations

@@ -3,8 +3,10 @@
 Each rank owns a contiguous shard of the Gaussians and their optimizer state (``sharding``);
 a batch of views is spread over the ranks; 2D records travel owner -> renderer and their gradients
 back through a communicator (``communicators``: ``dense``, ``sparse-grad``) built on a
-point-to-point exchange that also works over gloo (``exchange``); ``step`` runs one training step.
-No DDP anywhere.
+point-to-point exchange that also works over gloo (``exchange``); ``step`` runs one training step;
+``sparse_kernels`` holds the sparse-grad GPU encoder/decoder (``cuda/sparse_grad.cu``); ``pipeline``
+plugs all of it into nerfstudio (rank 0's full copy for the viewer and evaluation included).
+No DDP anywhere. User guide: docs/distributed.md.
 """
 
 from bytesplat_ns.distributed.communicators import (
