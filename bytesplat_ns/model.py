@@ -233,10 +233,25 @@ class ByteSplatModel(SplatfactoModel):
         raster_args, sh_degree = outputs.pop("fused_pending")
         background = outputs["background"]
         gt = self.composite_with_background(self.get_gt_img(batch["image"]), background)
+        gt_images, backgrounds = gt[None, ..., :3].float().contiguous(), background[None].float()
+        check_every = int(__import__("os").environ.get("BYTESPLAT_FUSED_CHECK", "0") or 0)
+        if check_every > 0 and self.step % check_every == 0:
+            # Diagnostics: this step's fused loss/gradients against the unfused (splatfacto) path.
+            from bytesplat_ns.raster.fused import compare_with_unfused
+
+            errors = compare_with_unfused(
+                raster_args, gt_images, backgrounds, {n: self.gauss_params[n] for n in GAUSSIAN_PARAM_NAMES},
+                sh_degree=sh_degree, ssim_lambda=self.config.ssim_lambda, absgrad=self.strategy.absgrad,
+            )
+            errors["step"] = float(self.step)
+            if not hasattr(self, "fused_check_log"):
+                self.fused_check_log = []
+            self.fused_check_log.append(errors)
+            CONSOLE.log("bytesplat fused check: " + " ".join(f"{k}={v:.3g}" for k, v in errors.items()))
         loss, rgb, alpha, self.info = fused_render_loss(
             *raster_args,
-            gt[None, ..., :3].float().contiguous(),
-            background[None].float(),
+            gt_images,
+            backgrounds,
             sh_degree=sh_degree,
             ssim_lambda=self.config.ssim_lambda,
             absgrad=self.strategy.absgrad,

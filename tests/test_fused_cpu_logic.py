@@ -276,6 +276,8 @@ def make_model(rasterizer: str, seed_points, device="cpu", **overrides):
 
     from bytesplat_ns.model import ByteSplatModelConfig
 
+    # hw_prune off: it is on by default with the fused backend only, and these tests compare backends
+    overrides = {"hw_prune": "off", **overrides}
     cfg = ByteSplatModelConfig(rasterizer=rasterizer, num_downscales=0, sh_degree=3, sh_degree_interval=2, **overrides)
     torch.manual_seed(0)
     model = cfg.setup(scene_box=SceneBox(aabb=torch.tensor([[-1.0, -1, -1], [1, 1, 1]])), num_train_data=4,
@@ -471,3 +473,26 @@ def test_model_fused_eval_outputs_match_reference(torch_ops):
     assert rel_err(f["depth"][..., 0][covered], r["depth"][..., 0][covered]) <= TOL
     assert torch.equal(f["background"], r["background"])
     assert float(f["rgb"].min()) >= 0.0 and float(f["rgb"].max()) <= 1.0
+
+
+def test_model_fused_check_diagnostic(torch_ops, monkeypatch):
+    """BYTESPLAT_FUSED_CHECK=N: every N steps the model logs the fused step's errors against the
+    unfused path on the same inputs, without changing the step itself."""
+    monkeypatch.setenv("BYTESPLAT_FUSED_CHECK", "5")
+    seed_points = seed_cloud()
+    image, bg = target_image(), torch.tensor([0.3, 0.6, 0.2])
+    runs, params = {}, None
+    for name in ("fused", "reference"):
+        model = make_model("reference", seed_points)
+        if name == "fused":
+            model._backend = "fused"
+        params = params or anisotropic(model)  # init differs between constructions: share it
+        for n, p in params.items():
+            model.gauss_params[n].data.copy_(p)
+        runs[name] = model_train_step(model, make_camera(), image, step=5, background=bg)
+        if name == "fused":
+            log = model.fused_check_log
+    assert len(log) == 1 and log[0]["step"] == 5.0 and log[0]["radii_equal"] == 1.0
+    for key in ("loss", "means2d_grad", "means2d_absgrad", "grad2d_stat", "grad_means", "grad_opacities"):
+        assert log[0][key] <= 1e-4, (key, log[0][key])
+    compare_steps(runs["fused"], runs["reference"], grad_tol=1e-4, state_tol=1e-4)
