@@ -536,6 +536,8 @@ class HardwarePruner:
         if not self.is_prune_step(target) or target - step >= self.window:
             return
         n = params["means"].shape[0]
+        if info["radii"].shape[-1] != n:  # not a render of the current Gaussians (crop, stale info)
+            return
         score = state.get(SCORE_KEY)
         if self._target != target or not isinstance(score, Tensor) or score.shape[0] != n:
             state[SCORE_KEY] = torch.zeros(n, dtype=torch.float32, device=params["means"].device)
