@@ -137,6 +137,15 @@ def test_sparse_encode_decode_equals_dense_add():
     assert torch.equal(sparse_buf, dense_buf)
 
 
+def test_sparse_kernels_serve_cuda_float_tensors_only():
+    # CPU tensors (and half precision) always take the torch implementation; the GPU kernels are
+    # compared with it in tests/test_sparse_kernels_gpu.py.
+    from bytesplat_ns.distributed import sparse_kernels
+
+    assert not sparse_kernels.usable(torch.zeros(4, 9))
+    assert not sparse_kernels.usable(torch.zeros(4, 9, dtype=torch.float16))
+
+
 # ---------------------------------------------------------------------------------------------
 # Multi-process runs
 

@@ -117,10 +117,17 @@ def test_decode_rejects_out_of_range_index(kernels):
     buffer = torch.zeros(10, 9, device="cuda")
     values = torch.ones(2, 9, device="cuda")
     sent_index = torch.arange(4, device="cuda")
-    with pytest.raises(RuntimeError, match="out of range"):
+    with pytest.raises(ValueError, match="out of range"):
         kernels.decode(torch.tensor([0, 4], dtype=torch.int32, device="cuda"), values, sent_index, buffer)
-    with pytest.raises(RuntimeError, match="out of range"):
+    with pytest.raises(ValueError, match="out of range"):
         kernels.decode(torch.tensor([0, 1], dtype=torch.int32, device="cuda"), values, torch.tensor([0, 10], device="cuda"), buffer)
+    # With a caller-held flag: several messages, one check at the end.
+    bad = kernels.new_flag(buffer.device)
+    kernels.decode(torch.tensor([0, 1], dtype=torch.int32, device="cuda"), values, sent_index, buffer, bad)
+    assert int(bad.item()) == 0
+    kernels.decode(torch.tensor([0, 7], dtype=torch.int32, device="cuda"), values, sent_index, buffer, bad)
+    with pytest.raises(ValueError, match="out of range"):
+        kernels.check_decoded(bad)
 
 
 def test_communicator_uses_the_kernels_on_cuda_and_matches_dense(kernels, monkeypatch):

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
-from typing import ClassVar, Dict, List, NamedTuple, Sequence, Tuple, Type
+from typing import ClassVar, Dict, List, NamedTuple, Optional, Sequence, Tuple, Type
 
 import torch
 from torch import Tensor
@@ -178,12 +178,13 @@ class SparseGradCommunicator(Communicator):
             return sparse_kernels.encode(grad)
         return self.encode_torch(grad)
 
-    def decode(self, index: Tensor, values: Tensor, sent_index: Tensor, grad_buffer: Tensor) -> None:
-        """Scatter-add received ``values`` into the owner's gradient buffer rows they belong to."""
+    def decode(self, index: Tensor, values: Tensor, sent_index: Tensor, grad_buffer: Tensor, bad: Optional[Tensor] = None) -> None:
+        """Scatter-add received ``values`` into the owner's gradient buffer rows they belong to.
+        ``bad``: see ``sparse_kernels.decode`` (GPU kernels only; lets one check cover every peer)."""
         from bytesplat_ns.distributed import sparse_kernels
 
         if index.numel() and grad_buffer.is_contiguous() and sparse_kernels.usable(grad_buffer):
-            sparse_kernels.decode(index, values, sent_index, grad_buffer)
+            sparse_kernels.decode(index, values, sent_index, grad_buffer, bad)
             return
         self.decode_torch(index, values, sent_index, grad_buffer)
 
@@ -211,12 +212,21 @@ class SparseGradCommunicator(Communicator):
         ex = ExchangeStats()
         received = exchange(messages, None, self.group, ex, phase="backward exchange of 2D gradients (sparse)")
         rec_bytes = G * nbytes(dtype) + nbytes(INDEX_DTYPE)
+        bad = None
+        if grad_buffer.is_cuda:
+            from bytesplat_ns.distributed.sparse_kernels import new_flag
+
+            bad = new_flag(grad_buffer.device)  # one host sync for all peers' messages, below
         for d, msg in enumerate(received):
             if msg.numel() % rec_bytes:
                 raise ValueError(f"malformed sparse gradient message from rank {d}: {msg.numel()} bytes")
             k = msg.numel() // rec_bytes
             values, index = unpack(msg, [(dtype, (k, G)), (INDEX_DTYPE, (k,))])
-            self.decode(index, values, sent_index[d], grad_buffer)
+            self.decode(index, values, sent_index[d], grad_buffer, bad)
+        if bad is not None:
+            from bytesplat_ns.distributed.sparse_kernels import check_decoded
+
+            check_decoded(bad)
         stats.backward_bytes += ex.payload_bytes
         stats.meta_bytes += ex.meta_bytes
         stats.backward_records += sum(kept[s] for s in range(world) if s != rank)

@@ -119,8 +119,26 @@ def encode(grad: Tensor) -> Tuple[Tensor, Tensor]:
     return index, values
 
 
-def decode(index: Tensor, values: Tensor, sent_index: Tensor, buffer: Tensor) -> None:
-    """``buffer[sent_index[index[i]]] += values[i]`` on the GPU (in place, atomicAdd)."""
+def decode(index: Tensor, values: Tensor, sent_index: Tensor, buffer: Tensor, bad: Optional[Tensor] = None) -> None:
+    """``buffer[sent_index[index[i]]] += values[i]`` on the GPU (in place, atomicAdd).
+
+    Out-of-range indices are skipped and flagged: with ``bad`` (an int32 CUDA tensor, zero before)
+    the flag is left in ``bad[0]`` for the caller to check once (``check_decoded``) after decoding
+    several messages; without it this call checks at once (one host sync)."""
     if not buffer.is_contiguous():
         raise ValueError("the gradient buffer must be contiguous")
-    load_extension().sparse_grad_decode(index, values, sent_index, buffer)
+    own = bad is None
+    if own:
+        bad = new_flag(buffer.device)
+    load_extension().sparse_grad_decode(index, values, sent_index, buffer, bad)
+    if own:
+        check_decoded(bad)
+
+
+def new_flag(device) -> Tensor:
+    return torch.zeros(1, dtype=torch.int32, device=device)
+
+
+def check_decoded(bad: Tensor) -> None:
+    if int(bad[0].item()) != 0:
+        raise ValueError("malformed sparse gradient message: a record index is out of range")
