@@ -414,7 +414,8 @@ def test_fused_loss_trained_regime_matches_gsplat(mode):
     assert torch.equal(inf["radii"], ing["radii"])
     assert int((inf["radii"] == 0).sum()) >= scene["means"].shape[0] // 25  # culled entries present
     alpha_g = alpha.detach()
-    assert float(alpha_g.gt(1 - 1e-4).float().mean()) > 0.05, "regime: saturated pixels"
+    # pixels that stopped early (T would have dropped to 1e-4; about 60% of this scene)
+    assert float(alpha_g.gt(0.999).float().mean()) > 0.3, "regime: saturated pixels"
     assert _max_tile_count(inf) > inf["kernel"]["capacity"], "regime: over-capacity tiles"
     assert abs(loss_f.item() - loss_g.item()) <= 1e-4 * loss_g.item()
     rgb_g = torch.clamp(render + (1 - alpha) * bg[:, None, None, :], 0, 1)
