@@ -459,6 +459,42 @@ def test_hook_on_the_densification_schedule():
     # grow steps (8, 12, 16) ran inside the score windows, on state carrying the score
 
 
+def test_schedule_with_splatfacto_defaults():
+    from gsplat.strategy import DefaultStrategy
+
+    # splatfacto 1.1.5's strategy settings for 100 training images
+    strategy = DefaultStrategy(refine_start_iter=500, refine_stop_iter=15000, refine_every=100, reset_every=3000,
+                               pause_refine_after_reset=100 + 100, verbose=False)
+    pruner = HardwarePruner(HWPruneSettings(mode="on"), strategy, num_train_data=100, enabled=True, capacity=1920)
+    steps = [s for s in range(30000) if pruner.is_prune_step(s)]
+    assert steps[0] == 550 and steps[-1] == 14550 and all(s % 500 == 50 for s in steps)
+    assert 3050 not in steps and 6050 not in steps and 3550 in steps  # gsplat's pause after a reset
+    assert pruner.window == 100 and pruner.tile_views == 4
+    assert not any(HardwarePruner(HWPruneSettings(), strategy, 100, False, None).is_prune_step(s) for s in steps)
+    # a short window is capped below the period, and the tile views stay after the last refine
+    p2 = HardwarePruner(HWPruneSettings(every=200, window=1000, tile_views=80), strategy, 100, True, 1920)
+    assert p2.window == 199 and p2.tile_views == 50 and p2.next_prune_step(551) == 650
+
+
+def test_low_contribution_stage_needs_the_whole_window():
+    from gsplat.strategy import DefaultStrategy
+
+    sc = _crowded_scene()
+    strategy = DefaultStrategy(refine_start_iter=2, refine_stop_iter=40, refine_every=4, reset_every=1000,
+                               pause_refine_after_reset=0, grow_grad2d=1e9, absgrad=True, verbose=False)
+    results = {}
+    for first in (8, 9):  # the window of step 10 is steps 8-10; starting at 9 sees only 2 of its 3 views
+        params, optimizers = _trainable(sc)
+        state = strategy.initialize_state()
+        pruner = HardwarePruner(HWPruneSettings(mode="on", every=8, max_fraction=0.5, min_contribution=0.01,
+                                                window=3, tile_views=2), strategy, 3, True, None)
+        for it in range(first, 11):
+            _, stats = _train_step(params, optimizers, strategy, state, sc, it, it % 3, pruner)
+        results[first] = stats
+    assert results[8]["full_window"] and results[8]["low_contribution"] > 0
+    assert not results[9]["full_window"] and results[9]["removed"] == 0
+
+
 def test_model_hook_and_config():
     """Through ByteSplatModel.step_post_backward: the config knobs, auto = off on CPU/reference,
     and a pruning step inside a short CPU training loop of the real model."""
