@@ -321,6 +321,10 @@ def test_rasterize_fused_rgb_ed_matches_reference(use_bg):
     g = torch.Generator(device="cuda").manual_seed(8)
     wr = torch.randn(C, H, W, 4, device="cuda", generator=g)
     wa = torch.randn(C, H, W, 1, device="cuda", generator=g)
+    with torch.no_grad():
+        _, a0, _ = rasterize_reference(*_args(scene, scene), sh_degree=3)
+    # depth = sum(w z) / alpha: keep its weight off nearly empty pixels (1/alpha^2 amplification)
+    wr[..., 3] *= (a0[..., 0] > 0.05).float()
     outs = {}
     for backend in ("fused", "reference"):
         p = _params(scene)
@@ -335,8 +339,8 @@ def test_rasterize_fused_rgb_ed_matches_reference(use_bg):
     assert rf.shape == rr.shape == (C, H, W, 4)
     assert rel_err(rf[..., :3], rr[..., :3]) <= IMG_TOL, "rgb"
     assert rel_err(af, ar) <= IMG_TOL, "alpha"
-    covered = ar[..., 0] > 1e-3
-    assert rel_err(rf[..., 3][covered], rr[..., 3][covered]) <= IMG_TOL, "depth"
+    covered = ar[..., 0] > 0.05
+    assert rel_err(rf[..., 3][covered], rr[..., 3][covered]) <= 1e-4, "depth"
     # the RGB part does not depend on whether depth was requested
     with torch.no_grad():
         r3, a3, _ = rasterize_fused(*_args(scene, scene), sh_degree=3, backgrounds=bg, projection="torch")
@@ -418,8 +422,11 @@ def test_fused_loss_trained_regime_matches_gsplat(mode):
     assert float(alpha_g.gt(0.999).float().mean()) > 0.3, "regime: saturated pixels"
     assert _max_tile_count(inf) > inf["kernel"]["capacity"], "regime: over-capacity tiles"
     assert abs(loss_f.item() - loss_g.item()) <= 1e-4 * loss_g.item()
-    rgb_g = torch.clamp(render + (1 - alpha) * bg[:, None, None, :], 0, 1)
-    assert float((rgb_f - rgb_g.detach()).abs().max()) <= 4e-3 and float((alpha_f - alpha_g).abs().max()) <= 4e-3
+    rgb_g = torch.clamp(render + (1 - alpha) * bg[:, None, None, :], 0, 1).detach()
+    # gsplat's fast-math exp flips a few Gaussians across the 1/255 cut-off (and a few pixels across
+    # the T <= 1e-4 stop): bounded per pixel, rare overall
+    assert float((rgb_f - rgb_g).abs().max()) <= 1e-2 and float((rgb_f - rgb_g).abs().mean()) <= 1e-5
+    assert float((alpha_f - alpha_g).abs().max()) <= 1e-2
     vis = ing["radii"] > 0
     for name, a, b in (("means2d.grad", inf["means2d"].grad, ing["means2d"].grad),
                        ("means2d.absgrad", inf["means2d"].absgrad, ing["means2d"].absgrad)):
