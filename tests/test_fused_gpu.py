@@ -508,3 +508,54 @@ def test_model_fused_eval_outputs_match_gsplat():
     assert float((f["accumulation"] - g["accumulation"]).abs().max()) <= 4e-3
     covered = g["accumulation"][..., 0] > 1e-2
     assert norm_err(f["depth"][..., 0][covered], g["depth"][..., 0][covered]) <= 1e-3
+
+
+# ---------------------------------------------------------------------------------------------
+# A real (short) training run on the built-in scene, cross-checked step by step
+# ---------------------------------------------------------------------------------------------
+
+
+@needs_gsplat
+def test_fused_training_run_cross_checked(tmp_path, monkeypatch):
+    """ns-train's loop on the built-in medium scene (256x192, as in docs/benchmarks.md) with the fused
+    backend, BYTESPLAT_FUSED_CHECK comparing every 100th step with the unfused path on the same
+    inputs through warm-up and densification (hw-prune off: rasterizers only). Then the trained
+    model is evaluated with the fused and with the gsplat renderer: same PSNR (eval path)."""
+
+    from bytesplat_ns.bench.train import method_config
+    from bytesplat_ns.data.scene import SceneSpec, ensure_scene
+
+    monkeypatch.setenv("BYTESPLAT_FUSED_CHECK", "100")
+    data = ensure_scene(SceneSpec(size="medium"))
+    config = method_config("bytesplat", "fused")
+    config.pipeline.datamanager.data = data
+    config.pipeline.datamanager.dataparser.data = data
+    config.pipeline.model.num_downscales = 0
+    config.pipeline.model.hw_prune = "off"
+    config.output_dir = tmp_path
+    config.experiment_name = "fused-check"
+    config.timestamp = "t"
+    config.max_num_iterations = 901
+    config.vis = "tensorboard"
+    for k in ("steps_per_eval_image", "steps_per_eval_batch", "steps_per_eval_all_images", "steps_per_save"):
+        setattr(config, k, 10**9)
+    config.machine.device_type = "cuda"
+    torch.manual_seed(0)
+    trainer = config.setup(local_rank=0, world_size=1)
+    trainer.setup()
+    trainer.train()
+    model = trainer.pipeline.model
+    log = model.fused_check_log
+    assert len(log) >= 9, len(log)
+    bad = [e for e in log if not (e["radii_equal"] == 1.0 and e["loss"] <= 1e-4 and e["means2d_grad"] <= 1e-2
+                                  and e.get("means2d_absgrad", 0.0) <= 1e-2 and e.get("grad2d_stat", 0.0) <= 1e-2
+                                  and max(v for k, v in e.items() if k.startswith("grad_")) <= 1e-2)]
+    assert not bad, "fused step disagrees with the unfused path:\n" + "\n".join(map(str, bad))
+
+    pipeline = trainer.pipeline
+    pipeline.eval()
+    psnr = {}
+    for backend in ("fused", "gsplat"):
+        model._backend = backend
+        psnr[backend] = float(pipeline.get_average_eval_image_metrics(step=config.max_num_iterations)["psnr"])
+    assert abs(psnr["fused"] - psnr["gsplat"]) <= 0.05, psnr
