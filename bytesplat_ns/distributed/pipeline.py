@@ -565,11 +565,19 @@ class ShardedTrainer(ByteSplatTrainer):
     def setup(self, test_mode: Literal["test", "val", "inference"] = "val") -> None:
         super().setup(test_mode=test_mode)
         viewer = self.viewer_state
-        if viewer is not None and self.pipeline.world_size > 1 and hasattr(viewer, "get_model"):
+        if viewer is None or self.pipeline.world_size == 1:
+            return
+        if self.pipeline.rank == 0 and hasattr(viewer, "get_model"):
             # The viewer renders rank 0's full copy of the Gaussians (refreshed between steps), never
             # the shard and never through a collective.
             pipeline = self.pipeline
             viewer.get_model = lambda: pipeline.full_model()  # type: ignore[method-assign]
+        elif self.pipeline.rank != 0:
+            # nerfstudio starts a viewer on every node's local rank 0 (multi-node runs).
+            CONSOLE.log(
+                f"bytesplat: the viewer of rank {self.pipeline.rank} shows this rank's shard only; "
+                "global rank 0's viewer shows the whole scene."
+            )
 
     def setup_optimizers(self):
         """nerfstudio's optimizers on this rank's shard, with learning rates scaled for the batch."""
