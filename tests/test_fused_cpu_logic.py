@@ -277,9 +277,12 @@ def make_model(rasterizer: str, seed_points, device="cpu", **overrides):
     from bytesplat_ns.model import ByteSplatModelConfig
 
     # hw_prune off: it is on by default with the fused backend only, and these tests compare backends
-    overrides = {"hw_prune": "off", **overrides}
-    cfg = ByteSplatModelConfig(rasterizer=rasterizer, num_downscales=0, sh_degree=3, sh_degree_interval=2, **overrides)
+    overrides = {"hw_prune": "off", "num_downscales": 0, "sh_degree": 3, "sh_degree_interval": 2, **overrides}
+    cfg = ByteSplatModelConfig(rasterizer=rasterizer, **overrides)
     torch.manual_seed(0)
+    # clone: the model's means Parameter aliases the seed points it is given (on CPU), so models
+    # built from one cloud would otherwise step each other's Gaussians
+    seed_points = tuple(t.clone() for t in seed_points)
     model = cfg.setup(scene_box=SceneBox(aabb=torch.tensor([[-1.0, -1, -1], [1, 1, 1]])), num_train_data=4,
                       metadata={}, seed_points=seed_points)
     return model.to(device)
@@ -486,7 +489,7 @@ def test_model_fused_check_diagnostic(torch_ops, monkeypatch):
         model = make_model("reference", seed_points)
         if name == "fused":
             model._backend = "fused"
-        params = params or anisotropic(model)  # init differs between constructions: share it
+        params = params or anisotropic(model)
         for n, p in params.items():
             model.gauss_params[n].data.copy_(p)
         runs[name] = model_train_step(model, make_camera(), image, step=5, background=bg)
@@ -496,3 +499,23 @@ def test_model_fused_check_diagnostic(torch_ops, monkeypatch):
     for key in ("loss", "means2d_grad", "means2d_absgrad", "grad2d_stat", "grad_means", "grad_opacities"):
         assert log[0][key] <= 1e-4, (key, log[0][key])
     compare_steps(runs["fused"], runs["reference"], grad_tol=1e-4, state_tol=1e-4)
+
+
+def test_model_fused_steps_across_resolution_change(torch_ops):
+    """splatfacto's coarse-to-fine schedule: the fused path at half resolution (downscaled gt and
+    camera), then at full resolution, then half again (nothing sized is kept between steps)."""
+    seed_points = seed_cloud()
+    image, bg = target_image(), torch.tensor([0.3, 0.6, 0.2])
+    models, params = {}, None
+    for name in ("fused", "reference"):
+        model = make_model("reference", seed_points, num_downscales=1, resolution_schedule=10)
+        if name == "fused":
+            model._backend = "fused"
+        params = params or anisotropic(model)
+        for n, p in params.items():
+            model.gauss_params[n].data.copy_(p)
+        models[name] = model
+    for step in (3, 12, 5):  # 32x24, 64x48, 32x24
+        runs = {name: model_train_step(m, make_camera(), image, step=step, background=bg) for name, m in models.items()}
+        assert runs["fused"]["rgb"].shape == ((24, 32, 3) if step < 10 else (48, 64, 3))
+        compare_steps(runs["fused"], runs["reference"], grad_tol=1e-4, state_tol=1e-4)
