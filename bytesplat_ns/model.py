@@ -98,7 +98,7 @@ class ByteSplatModel(SplatfactoModel):
 
     def _gaussians_from_seed(self, points: torch.Tensor, colors: torch.Tensor) -> Dict[str, torch.nn.Parameter]:
         """Initial Gaussians at the seed points: isotropic, sized by the mean distance to 3 neighbours."""
-        points = points.float()
+        points = points.float().clone()  # own storage: training must not move the dataparser's seed points
         distances, _ = self.k_nearest_sklearn(points, 3)
         mean_distance = torch.from_numpy(distances).mean(dim=-1, keepdim=True)
         count = points.shape[0]

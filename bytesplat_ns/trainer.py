@@ -6,7 +6,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Type
+from typing import Optional, Type
 
 import torch
 from nerfstudio.engine.trainer import Trainer, TrainerConfig
@@ -29,6 +29,24 @@ class ByteSplatTrainerConfig(TrainerConfig):
             self.experiment_name = "bytesplat-scene"
         super().set_experiment_name()
 
+    def set_timestamp(self) -> None:
+        # ns-train's main() calls this before it spawns processes: the earliest point where a
+        # multi-process launch that cannot work is reported in one line instead of N tracebacks.
+        if int(self.machine.num_devices) * int(self.machine.num_machines) > 1:
+            from bytesplat_ns.distributed.pipeline import check_nerfstudio_launch
+
+            check_nerfstudio_launch(self.machine)
+        super().set_timestamp()
+
+    def setup(self, **kwargs):
+        # Several processes (ns-train --machine.num-devices N): shard the Gaussians instead of
+        # nerfstudio's DDP, which would replicate every Gaussian and all-reduce all their gradients.
+        if kwargs.get("world_size", 1) > 1 and type(self) is ByteSplatTrainerConfig:
+            from bytesplat_ns.train import sharded_variant
+
+            return sharded_variant(self).setup(**kwargs)
+        return super().setup(**kwargs)
+
 
 def latest_checkpoint(load_dir: Path) -> Path:
     """The newest ``step-*.ckpt`` in ``load_dir``; a clear error if there is none."""
@@ -38,6 +56,29 @@ def latest_checkpoint(load_dir: Path) -> Path:
     if not steps:
         raise BytesplatError(f"No checkpoint (step-XXXXXXXXX.ckpt) in {load_dir}.")
     return load_dir / f"step-{steps[-1]:09d}.ckpt"
+
+
+def checkpoint_to_load(config: TrainerConfig) -> Optional[Path]:
+    """The checkpoint that ``--load-dir``/``--load-step``/``--load-checkpoint`` name, or None."""
+    if config.load_dir is not None:
+        if config.load_step is None:
+            return latest_checkpoint(config.load_dir)
+        return config.load_dir / f"step-{config.load_step:09d}.ckpt"
+    return config.load_checkpoint
+
+
+def write_checkpoint(state: dict, checkpoint_dir: Path, step: int, keep_only_latest: bool) -> Path:
+    """Write to a temporary file, then rename: a crash mid-write never leaves a broken checkpoint."""
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    path = checkpoint_dir / f"step-{step:09d}.ckpt"
+    partial = path.with_name(path.name + ".partial")
+    torch.save(state, partial)
+    os.replace(partial, path)
+    if keep_only_latest:
+        for old in checkpoint_dir.glob("step-*.ckpt"):
+            if old != path:
+                old.unlink()
+    return path
 
 
 def read_checkpoint(path: Path) -> dict:
@@ -57,12 +98,8 @@ class ByteSplatTrainer(Trainer):
     config: ByteSplatTrainerConfig
 
     def _load_checkpoint(self) -> None:
-        if self.config.load_dir is not None:
-            step = self.config.load_step
-            path = latest_checkpoint(self.config.load_dir) if step is None else self.config.load_dir / f"step-{step:09d}.ckpt"
-        elif self.config.load_checkpoint is not None:
-            path = self.config.load_checkpoint
-        else:
+        path = checkpoint_to_load(self.config)
+        if path is None:
             CONSOLE.print("No Nerfstudio checkpoint to load, so training from scratch.")
             return
         state = read_checkpoint(path)
@@ -89,23 +126,17 @@ class ByteSplatTrainer(Trainer):
             optimizer.param_groups[0]["params"] = list(params)
             self.optimizers.parameters[name] = list(params)
 
-    @check_main_thread
-    def save_checkpoint(self, step: int) -> None:
-        """Write to a temporary file, then rename: a crash mid-write never leaves a broken checkpoint."""
-        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        path: Path = self.checkpoint_dir / f"step-{step:09d}.ckpt"
+    def checkpoint_contents(self, step: int) -> dict:
+        """Everything a checkpoint holds (nerfstudio's layout, so its tools load it)."""
         pipeline = self.pipeline.module if hasattr(self.pipeline, "module") else self.pipeline
-        state = {
+        return {
             "step": step,
             "pipeline": pipeline.state_dict(),
             "optimizers": {k: v.state_dict() for k, v in self.optimizers.optimizers.items()},
             "schedulers": {k: v.state_dict() for k, v in self.optimizers.schedulers.items()},
             "scalers": self.grad_scaler.state_dict(),
         }
-        partial = path.with_name(path.name + ".partial")
-        torch.save(state, partial)
-        os.replace(partial, path)
-        if self.config.save_only_latest_checkpoint:
-            for old in self.checkpoint_dir.glob("step-*.ckpt"):
-                if old != path:
-                    old.unlink()
+
+    @check_main_thread
+    def save_checkpoint(self, step: int) -> None:
+        write_checkpoint(self.checkpoint_contents(step), self.checkpoint_dir, step, self.config.save_only_latest_checkpoint)

@@ -48,7 +48,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,7 +75,13 @@ from bytesplat_ns.distributed.step import (
     splatfacto_loss,
 )
 from bytesplat_ns.errors import BytesplatError
-from bytesplat_ns.trainer import ByteSplatTrainer, ByteSplatTrainerConfig, latest_checkpoint, read_checkpoint
+from bytesplat_ns.trainer import (
+    ByteSplatTrainer,
+    ByteSplatTrainerConfig,
+    checkpoint_to_load,
+    read_checkpoint,
+    write_checkpoint,
+)
 
 ADAM_ROW_KEYS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 STRATEGY_ROW_KEYS = ("grad2d", "count", "radii")
@@ -552,12 +557,6 @@ def check_nerfstudio_launch(machine) -> None:
 class ShardedTrainerConfig(ByteSplatTrainerConfig):
     _target: Type = field(default_factory=lambda: ShardedTrainer)
 
-    def set_timestamp(self) -> None:
-        # ns-train's main() calls this first, before it launches the worker processes: the earliest
-        # point where a launch that cannot work is reported in one line instead of N tracebacks.
-        check_nerfstudio_launch(self.machine)
-        super().set_timestamp()
-
 
 class ShardedTrainer(ByteSplatTrainer):
     pipeline: ShardedPipeline
@@ -601,36 +600,19 @@ class ShardedTrainer(ByteSplatTrainer):
     @check_main_thread
     def save_checkpoint(self, step: int) -> None:
         """Rank 0 writes the gathered full state (write, then rename)."""
-        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        path: Path = self.checkpoint_dir / f"step-{step:09d}.ckpt"
         try:
             gathered = self.pipeline.checkpoint_state(step)
         except BytesplatError as error:
             CONSOLE.print(f"[bold red]bytesplat: {error}")
             return
-        optimizers = gathered["optimizers"] or {k: v.state_dict() for k, v in self.optimizers.optimizers.items()}
-        state = {
-            "step": step,
-            "pipeline": gathered["pipeline"],
-            "optimizers": optimizers,
-            "schedulers": {k: v.state_dict() for k, v in self.optimizers.schedulers.items()},
-            "scalers": self.grad_scaler.state_dict(),
-        }
-        partial = path.with_name(path.name + ".partial")
-        torch.save(state, partial)
-        os.replace(partial, path)
-        if self.config.save_only_latest_checkpoint:
-            for old in self.checkpoint_dir.glob("step-*.ckpt"):
-                if old != path:
-                    old.unlink()
+        state = self.checkpoint_contents(step)
+        state["pipeline"] = gathered["pipeline"]
+        state["optimizers"] = gathered["optimizers"] or state["optimizers"]
+        write_checkpoint(state, self.checkpoint_dir, step, self.config.save_only_latest_checkpoint)
 
     def _load_checkpoint(self) -> None:
-        if self.config.load_dir is not None:
-            step = self.config.load_step
-            path = latest_checkpoint(self.config.load_dir) if step is None else self.config.load_dir / f"step-{step:09d}.ckpt"
-        elif self.config.load_checkpoint is not None:
-            path = self.config.load_checkpoint
-        else:
+        path = checkpoint_to_load(self.config)
+        if path is None:
             CONSOLE.print("No Nerfstudio checkpoint to load, so training from scratch.")
             return
         state = read_checkpoint(path)
