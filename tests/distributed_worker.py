@@ -314,7 +314,12 @@ def main() -> None:
         sys.stderr.write(f"bytesplat: error: {error}\n")
         sys.stderr.flush()
         os._exit(1)
-    dist.destroy_process_group()
+    # Results are on disk: meet once more, then leave without gloo's teardown, which now and then
+    # aborts a process ("terminate called without an active exception") after all work is done.
+    dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
