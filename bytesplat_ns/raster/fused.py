@@ -103,7 +103,7 @@ def project(
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """3D -> 2D for C cameras. Returns radii [C,N] int32, means2d [C,N,2], depths [C,N],
     conics [C,N,3], colors [C,N,3] (post-activation), opacities [C,N]."""
-    C, N = viewmats.shape[0], means.shape[0]
+    C = viewmats.shape[0]
     projection = projection or _default_projection()
     if projection == "gsplat":
         from gsplat.cuda._wrapper import fully_fused_projection, spherical_harmonics
@@ -286,6 +286,25 @@ def _check(width: int, height: int, tile_size: int, device: torch.device):
         raise CudaBuildError(f"The fused rasterizer needs CUDA tensors, got tensors on '{device}'.")
 
 
+def _strategy_info(means2d, radii, depths, conics, opac, offsets, flatten_ids, width, height, tile_size) -> Dict:
+    """The ``info`` dict gsplat's DefaultStrategy (and our tools) read, as the other backends return it."""
+    return {
+        "means2d": means2d,
+        "radii": radii,
+        "depths": depths,
+        "conics": conics,
+        "width": width,
+        "height": height,
+        "n_cameras": means2d.shape[0],
+        "opacities": opac,
+        "tile_size": tile_size,
+        "gaussian_ids": None,
+        "camera_ids": None,
+        "isect_offsets": offsets,
+        "flatten_ids": flatten_ids,
+    }
+
+
 def rasterize_fused(
     means: Tensor,
     quats: Tensor,
@@ -315,7 +334,6 @@ def rasterize_fused(
     _check(width, height, tile_size, means.device)
     if render_mode not in ("RGB", "RGB+ED"):
         raise ValueError(f"render_mode must be 'RGB' or 'RGB+ED', got {render_mode!r}")
-    C = viewmats.shape[0]
     radii, means2d, depths, conics, rgb, opac = project(
         means, quats, scales, opacities, colors, viewmats, Ks, width, height,
         sh_degree=sh_degree, near_plane=near_plane, far_plane=far_plane, eps2d=eps2d, projection=projection,
@@ -328,21 +346,7 @@ def rasterize_fused(
         dcol = torch.cat([depths[..., None], torch.zeros_like(depths)[..., None].expand(-1, -1, 2)], -1)
         dimg, _ = _RasterizeFused.apply(means2d, conics, dcol, opac, None, offsets, flatten_ids, width, height, False)
         render = torch.cat([render, dimg[..., :1] / alpha.clamp(min=1e-10)], -1)
-    info = {
-        "means2d": means2d,
-        "radii": radii,
-        "depths": depths,
-        "conics": conics,
-        "width": width,
-        "height": height,
-        "n_cameras": C,
-        "opacities": opac,
-        "tile_size": tile_size,
-        "gaussian_ids": None,
-        "camera_ids": None,
-        "isect_offsets": offsets,
-        "flatten_ids": flatten_ids,
-    }
+    info = _strategy_info(means2d, radii, depths, conics, opac, offsets, flatten_ids, width, height, tile_size)
     return render, alpha, info
 
 
@@ -413,19 +417,7 @@ def fused_render_loss(
         width, height, ssim_lambda, absgrad, capacity, blocks_per_sm, force_two_phase,
     )
     info = {
-        "means2d": means2d,
-        "radii": radii,
-        "depths": depths,
-        "conics": conics,
-        "width": width,
-        "height": height,
-        "n_cameras": C,
-        "opacities": opac,
-        "tile_size": tile_size,
-        "gaussian_ids": None,
-        "camera_ids": None,
-        "isect_offsets": offsets,
-        "flatten_ids": flatten_ids,
+        **_strategy_info(means2d, radii, depths, conics, opac, offsets, flatten_ids, width, height, tile_size),
         "l1": stats[0],
         "ssim": stats[1],
         "kernel": dict(_FusedLoss.last_kernel_info),
