@@ -65,3 +65,7 @@ def test_truncated_checkpoint(tmp_path):
     broken = tmp_path / "step-000000010.ckpt"
     broken.write_bytes(b"PK\x03\x04 truncated")
     assert_clear_error(ns_train(tmp_path, "--load-checkpoint", str(broken)), "Cannot read checkpoint")
+
+
+def test_multi_process_launch_on_cpu_points_to_torchrun(tmp_path):
+    assert_clear_error(ns_train(tmp_path, "--machine.num-devices", "2"), "torchrun")

@@ -1,0 +1,30 @@
+"""ByteSplatTrainer(Config): multi-process launches shard instead of DDP; checkpoints are atomic."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from bytesplat_ns.distributed.pipeline import ShardedPipelineConfig, ShardedTrainerConfig
+from bytesplat_ns.method_configs.bytesplat import bytesplat_config
+from bytesplat_ns.trainer import write_checkpoint
+
+
+def test_several_processes_get_the_sharded_trainer(monkeypatch):
+    built = {}
+    monkeypatch.setattr(ShardedTrainerConfig, "setup", lambda self, **kwargs: built.update(config=self, **kwargs))
+    config = copy.deepcopy(bytesplat_config)
+    config.setup(local_rank=1, world_size=2)
+    assert isinstance(built["config"], ShardedTrainerConfig)
+    assert isinstance(built["config"].pipeline, ShardedPipelineConfig)
+    assert built["config"].method_name == "bytesplat"
+    assert (built["local_rank"], built["world_size"]) == (1, 2)
+
+
+def test_write_checkpoint_replaces_atomically_and_keeps_only_the_latest(tmp_path):
+    first = write_checkpoint({"step": 1, "x": torch.ones(3)}, tmp_path, 1, keep_only_latest=True)
+    second = write_checkpoint({"step": 2, "x": torch.zeros(3)}, tmp_path, 2, keep_only_latest=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [second.name]  # no .partial, no older step
+    assert not first.exists()
+    assert torch.load(second)["step"] == 2
