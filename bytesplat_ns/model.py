@@ -122,7 +122,14 @@ class ByteSplatModel(SplatfactoModel):
     def rasterizer_backend(self) -> str:
         """The backend actually used, resolved against the model's device on first use."""
         if self._backend is None:
-            self._backend = resolve_backend(self.config.rasterizer, self.device)
+            try:
+                self._backend = resolve_backend(self.config.rasterizer, self.device)
+            except BytesplatError:
+                if self.training or self.device.type == "cuda":
+                    raise
+                # Viewing/exporting a GPU-trained model on a CPU machine: render with the reference.
+                CONSOLE.log(f"bytesplat: '{self.config.rasterizer}' needs a GPU; rendering with 'reference' on CPU")
+                self._backend = "reference"
             if self.config.rasterize_mode != "classic" and self._backend != "gsplat":
                 raise BytesplatError(
                     f"rasterize_mode '{self.config.rasterize_mode}' is only available with the gsplat rasterizer "

@@ -28,3 +28,16 @@ def test_write_checkpoint_replaces_atomically_and_keeps_only_the_latest(tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == [second.name]  # no .partial, no older step
     assert not first.exists()
     assert torch.load(second)["step"] == 2
+
+
+def test_gpu_backend_on_cpu_is_a_clear_error():
+    import pytest
+
+    from bytesplat_ns.errors import BytesplatError
+    from bytesplat_ns.raster import resolve_backend
+
+    assert resolve_backend("auto", torch.device("cpu")) == "reference"
+    with pytest.raises(BytesplatError, match="needs a CUDA device"):
+        resolve_backend("gsplat", torch.device("cpu"))
+    with pytest.raises(BytesplatError, match="Unknown rasterizer"):
+        resolve_backend("magic", torch.device("cpu"))

@@ -25,14 +25,17 @@ BACKENDS: Tuple[str, ...] = ("reference", "gsplat", "fused")
 
 
 def resolve_backend(name: str, device: torch.device) -> str:
-    """Map ``auto`` to the backend for ``device`` and check the choice can run there."""
+    """Map ``auto`` to the backend for ``device`` and check the choice can run there (a clear
+    ``BytesplatError`` otherwise: e.g. a GPU-trained config opened in ns-viewer on a CPU machine)."""
+    from bytesplat_ns.errors import BytesplatError
+
     if name == "auto":
         # The fused kernel becomes the GPU default once it lands (see fused.py); until then gsplat.
         return "gsplat" if device.type == "cuda" else "reference"
     if name not in BACKENDS:
-        raise ValueError(f"Unknown rasterizer '{name}'; choose one of auto, {', '.join(BACKENDS)}.")
+        raise BytesplatError(f"Unknown rasterizer '{name}'; choose one of auto, {', '.join(BACKENDS)}.")
     if name in ("gsplat", "fused") and device.type != "cuda":
-        raise ValueError(
+        raise BytesplatError(
             f"The '{name}' rasterizer needs a CUDA device but the model is on '{device}'. "
             "Use --pipeline.model.rasterizer reference (or auto) on CPU."
         )
