@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import torch
 import pytest
 from PIL import Image
 
@@ -178,3 +179,55 @@ def test_cli(tmp_path, capsys):
     assert C.main(["--preset", "tiny", "--out", str(tmp_path / "cli"), "--workers", "1", "--num-points", "100"]) == 0
     assert is_city_complete(tmp_path / "cli")
     assert C.main(["--preset", "tiny", "--width", "99999", "--out", str(tmp_path / "x")]) == 2
+
+
+# ------------------------------------------------------------------ lazy image loading (large scenes)
+
+
+def test_lazy_datamanager_matches_full_and_bounds_memory(tiny_city):
+    from nerfstudio.data.datamanagers.full_images_datamanager import FullImageDatamanagerConfig
+
+    from bytesplat_ns.data.dataparser import BytesplatSceneDataParserConfig
+    from bytesplat_ns.data.lazy_images import LazyImageDatamanagerConfig, LazyImages
+
+    # "gpu" with device cpu: nerfstudio's "cpu" mode pins memory, which needs a CUDA driver
+    full = FullImageDatamanagerConfig(
+        dataparser=BytesplatSceneDataParserConfig(data=tiny_city), cache_images="gpu", cache_images_type="uint8"
+    ).setup(device="cpu")
+    lazy = LazyImageDatamanagerConfig(
+        dataparser=BytesplatSceneDataParserConfig(data=tiny_city), lazy_cache_size=3, prefetch=2
+    ).setup(device="cpu")
+    assert isinstance(lazy.cached_train, LazyImages) and lazy.cached_train.loads == 0  # nothing decoded at setup
+    n = len(lazy.train_dataset)
+    for step in range(2 * n):
+        cam, data = lazy.next_train(step)
+        idx = cam.metadata["cam_idx"]
+        assert data["image"].dtype == torch.uint8 and data["image"].shape == (36, 64, 3)
+        assert torch.equal(data["image"], full.cached_train[idx]["image"])
+        assert torch.allclose(cam.camera_to_worlds, full.train_cameras[idx : idx + 1].camera_to_worlds)
+        assert len(lazy.cached_train._cache) <= 3
+    for fut in list(lazy._pending.values()):
+        fut.result()
+    assert lazy.cached_train.loads >= n  # re-decoded after eviction instead of held
+    views = lazy.fixed_indices_eval_dataloader
+    assert len(views) == len(full.fixed_indices_eval_dataloader) == 1
+    cam, data = views[0]
+    assert torch.equal(data["image"], full.fixed_indices_eval_dataloader[0][1]["image"])
+    assert lazy.get_train_rays_per_batch() == 64 * 36
+    cam, data = lazy.next_eval(0)
+    assert data["image"].shape == (36, 64, 3)
+
+
+def test_lazy_datamanager_refuses_distortion(tiny_city, tmp_path):
+    import shutil
+
+    from bytesplat_ns.data.dataparser import BytesplatSceneDataParserConfig
+    from bytesplat_ns.data.lazy_images import LazyImageDatamanagerConfig
+
+    data = tmp_path / "distorted"
+    shutil.copytree(tiny_city, data)
+    meta = json.loads((data / "transforms.json").read_text())
+    meta["k1"] = 0.1
+    (data / "transforms.json").write_text(json.dumps(meta))
+    with pytest.raises(BytesplatError, match="distortion"):
+        LazyImageDatamanagerConfig(dataparser=BytesplatSceneDataParserConfig(data=data)).setup(device="cpu")
