@@ -231,3 +231,13 @@ def test_lazy_datamanager_refuses_distortion(tiny_city, tmp_path):
     (data / "transforms.json").write_text(json.dumps(meta))
     with pytest.raises(BytesplatError, match="distortion"):
         LazyImageDatamanagerConfig(dataparser=BytesplatSceneDataParserConfig(data=data)).setup(device="cpu")
+
+
+def test_dataparser_city_scene_size(tmp_path):
+    from bytesplat_ns.data.dataparser import BytesplatSceneDataParserConfig
+
+    cfg = BytesplatSceneDataParserConfig(scene_size="city-tiny", scene_cache_dir=tmp_path, num_views=8, width=48)
+    outputs = cfg.setup().get_dataparser_outputs("train")
+    expected = CitySpec(preset="tiny", aerial_views=6, street_views=2, width=48)
+    assert cfg.data == tmp_path / expected.dirname and is_city_complete(cfg.data, expected)
+    assert len(outputs.image_filenames) == 7 and int(outputs.cameras.width[0]) == 48

@@ -779,6 +779,19 @@ def ensure_city(
     return target
 
 
+def ensure_city_for_dataparser(config) -> Path:
+    """The city for a ``BytesplatSceneDataParserConfig`` with ``scene_size="city-<preset>"`` (data None):
+    its ``scene_seed``, ``width`` / ``height`` and ``num_views`` (split 3:1 aerial:street) override the
+    preset; cached like the built-in scene (``scene_cache_dir``)."""
+    kw: Dict[str, object] = dict(preset=config.scene_size[len("city-") :], seed=config.scene_seed)
+    if config.width is not None or config.height is not None:
+        kw.update(width=config.width, height=config.height)
+    if config.num_views is not None:
+        aerial = int(round(0.75 * int(config.num_views)))
+        kw.update(aerial_views=aerial, street_views=int(config.num_views) - aerial)
+    return ensure_city(CitySpec(**kw), cache_dir=config.scene_cache_dir)  # type: ignore[arg-type]
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bytesplat_ns.data.city", description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="small", choices=list(CITY_PRESETS))

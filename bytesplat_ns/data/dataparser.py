@@ -59,9 +59,11 @@ class BytesplatSceneDataParserConfig(NerfstudioDataParserConfig):
     _target: Type = field(default_factory=lambda: BytesplatSceneDataParser)
     data: Optional[Path] = None  # type: ignore[assignment]
     """Directory or transforms.json of a nerfstudio-format dataset. None: the built-in synthetic scene."""
-    scene_size: Literal["small", "medium", "large"] = "small"
+    scene_size: Literal[
+        "small", "medium", "large", "city-tiny", "city-small", "city-medium", "city-large", "city-4k"
+    ] = "small"
     """Built-in scene preset (when data is None): small 128x96 x64 views, medium 256x192 x100,
-    large 800x600 x200."""
+    large 800x600 x200; city-*: the city-scale scene of bytesplat_ns.data.city (see docs/large_scenes.md)."""
     scene_seed: int = 0
     """Built-in scene layout seed (when data is None)."""
     num_views: Optional[int] = None
@@ -106,7 +108,11 @@ class BytesplatSceneDataParser(Nerfstudio):
         The generated scene's path is written back to ``config.data`` so that everything downstream
         (``datamanager.get_datapath()``, the viewer) sees a real directory.
         """
-        if self.config.data is None:
+        if self.config.data is None and self.config.scene_size.startswith("city-"):
+            from bytesplat_ns.data.city import ensure_city_for_dataparser
+
+            self.config.data = ensure_city_for_dataparser(self.config)
+        elif self.config.data is None:
             self.config.data = ensure_scene(self.config.scene_spec(), cache_dir=self.config.scene_cache_dir)
         elif not isinstance(self.config.data, Path):
             self.config.data = Path(self.config.data)
