@@ -241,3 +241,28 @@ def test_dataparser_city_scene_size(tmp_path):
     expected = CitySpec(preset="tiny", aerial_views=6, street_views=2, width=48)
     assert cfg.data == tmp_path / expected.dirname and is_city_complete(cfg.data, expected)
     assert len(outputs.image_filenames) == 7 and int(outputs.cameras.width[0]) == 48
+
+
+def test_lazy_datamanager_trains_with_bytesplat(tmp_path):
+    """A few ns-train iterations (with eval of all images) of the bytesplat method on the tiny city
+    through the lazy datamanager: only a bounded number of decoded images is ever held."""
+    import copy
+
+    from bytesplat_ns.data.dataparser import BytesplatSceneDataParserConfig
+    from bytesplat_ns.data.lazy_images import LazyImageDatamanagerConfig
+    from bytesplat_ns.method_configs.bytesplat import bytesplat_config
+
+    cfg = copy.deepcopy(bytesplat_config)
+    cfg.pipeline.datamanager = LazyImageDatamanagerConfig(
+        dataparser=BytesplatSceneDataParserConfig(scene_size="city-tiny", scene_cache_dir=tmp_path / "cache"),
+        lazy_cache_size=4,
+    )
+    cfg.max_num_iterations, cfg.steps_per_eval_image, cfg.steps_per_eval_all_images, cfg.steps_per_save = 6, 3, 5, 100
+    cfg.vis, cfg.output_dir = "tensorboard", tmp_path / "out"
+    cfg.set_timestamp()
+    trainer = cfg.setup(local_rank=0, world_size=1)
+    trainer.setup()
+    trainer.train()
+    dm = trainer.pipeline.datamanager
+    assert len(dm.cached_train._cache) <= 4 and dm.cached_train.loads >= 4
+    assert (cfg.get_checkpoint_dir()).is_dir()
