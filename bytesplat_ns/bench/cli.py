@@ -3,6 +3,7 @@
     bytesplat-bench raster --num-gaussians 1000000 4000000 --width 1920 --height 1080 \
         --out docs/benchmarks/raster.json
     bytesplat-bench train ...   (forwards to ``python -m bytesplat_ns.bench.train``)
+    bytesplat-bench distributed ...   (multi-GPU side by side: ``bytesplat_ns.bench.distributed``)
 """
 
 from __future__ import annotations
@@ -52,7 +53,12 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         train_main(rest)
         return 0
-    print(f"bytesplat-bench: unknown benchmark '{cmd}' (choose raster or train)", file=sys.stderr)
+    if cmd == "distributed":
+        from bytesplat_ns.bench.distributed import main as distributed_main
+
+        distributed_main(rest)
+        return 0
+    print(f"bytesplat-bench: unknown benchmark '{cmd}' (choose raster, train or distributed)", file=sys.stderr)
     return 2
 
 
