@@ -266,3 +266,17 @@ def test_lazy_datamanager_trains_with_bytesplat(tmp_path):
     dm = trainer.pipeline.datamanager
     assert len(dm.cached_train._cache) <= 4 and dm.cached_train.loads >= 4
     assert (cfg.get_checkpoint_dir()).is_dir()
+
+
+def test_parallel_failure_propagates_and_resumes(tmp_path):
+    """A view that cannot be written ends a parallel generation with its error (queued views are
+    cancelled); after the cause is fixed, a rerun completes the scene."""
+    spec = CitySpec(preset="tiny", aerial_views=20, street_views=4, width=32)
+    out = tmp_path / "p"
+    (out / "images" / "frame_00001.png").mkdir(parents=True)  # the worker's rename onto it fails
+    with pytest.raises(OSError):
+        generate_city(spec, out, progress=False, workers=2)
+    assert not is_city_complete(out)
+    (out / "images" / "frame_00001.png").rmdir()
+    generate_city(spec, out, progress=False, workers=1)
+    assert is_city_complete(out, spec)

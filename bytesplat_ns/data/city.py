@@ -680,9 +680,14 @@ def generate_city(
 
             with ProcessPoolExecutor(n_workers, mp_context=multiprocessing.get_context("spawn")) as ex:
                 futures = [ex.submit(_render_city_and_save, spec, i, str(out / spec.image_name(i))) for i in todo]
-                for fut in as_completed(futures):
-                    record(fut.result())
-                    update()
+                try:
+                    for fut in as_completed(futures):
+                        record(fut.result())
+                        update()
+                except BaseException:  # Ctrl-C or a failed view: do not render the queued rest first
+                    for fut in futures:
+                        fut.cancel()
+                    raise
 
         if progress and todo:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
