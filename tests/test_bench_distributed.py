@@ -23,7 +23,7 @@ def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench_distributed") / "distributed.json"
     argv = ["--spawn", "2", "--device", "cpu", "--num-gaussians", str(N), "--width", str(W), "--height", str(H),
             "--views", str(B), "--warmup", "0", "--repeats", str(REPEATS), "--communicators", "dense", "sparse-grad",
-            "--out", str(out)]
+            "pixel", "--out", str(out)]
     returned = main(argv)
     on_disk = json.loads(out.read_text())
     assert returned == on_disk
@@ -64,6 +64,16 @@ def test_json_has_the_fields(report):
         sparse["bytes_per_step"]["backward_bytes"] / dense["bytes_per_step"]["backward_bytes"])
     assert comp["dense_views_per_second_2_vs_1"] == pytest.approx(dense["views_per_second"] / one["views_per_second"])
     assert comp["targets"]["sparse_vs_dense_backward_bytes_max"] == 0.35
+
+
+def test_pixel_exchange_row(report):
+    """``pixel`` (partial images instead of 2D records) runs through the same driver; its bytes are
+    its own PixelStats (no records)."""
+    r = _row(report, "bytesplat", 2, "pixel")
+    assert r["status"] == "ok" and r["bytes_exact"] is True
+    assert r["bytes_per_step"]["forward_bytes"] > 0 and r["bytes_per_step"]["backward_bytes"] > 0
+    assert r["bytes_per_step"]["forward_records"] == 0
+    assert "pixel_views_per_second_2_vs_1" in report["comparison"][str(N)]
 
 
 def test_gsplat_rows_skipped_on_cpu_with_reason(report):
