@@ -39,6 +39,13 @@ step's first collective (the wait is bounded by the process-group timeout, not b
 watchdog: a barrier before the next step's watchdog is armed). With one process the model itself
 is the full copy.
 
+``--pipeline.communicator pixel`` (docs/pixel_exchange.md, "In the nerfstudio pipeline"): ownership
+by kd cell (one per rank) instead of a contiguous shard; the step exchanges partial images
+(``pixel.pixel_render_loss``); after every iteration the cells are rebalanced and Gaussians that left
+their rank's cell migrate with their Adam state and densification statistics; checkpoints are
+gathered as above (rank order) and re-partitioned on load. ``auto`` picks ``sparse-grad`` or
+``pixel`` at start (``auto.choose``; rank 0 prints the reason).
+
 Not supported yet in sharded mode (a clear error at start): camera pose optimisation, the
 bilateral grid, masks, training views of different resolutions in one batch.
 """
@@ -63,6 +70,7 @@ from nerfstudio.utils.misc import step_check
 from nerfstudio.utils.rich_utils import CONSOLE
 
 from bytesplat_ns.distributed.communicators import COMMUNICATORS, CommStats, make_communicator
+from bytesplat_ns.distributed.pixel import CellState, PixelConfig, pixel_render_loss
 from bytesplat_ns.distributed.exchange import ExchangeStats, all_reduce_, comm_device, rank_and_world, wrap_failure
 from bytesplat_ns.distributed.runtime import StepWatchdog
 from bytesplat_ns.distributed.sharding import ShardLayout, gather_layout, gather_to_rank0, rebalance
@@ -92,8 +100,14 @@ class ShardedPipelineConfig(VanillaPipelineConfig):
     """A pipeline whose Gaussians are sharded over the ranks (no DDP)."""
 
     _target: Type = field(default_factory=lambda: ShardedPipeline)
-    communicator: Literal["dense", "sparse-grad"] = "sparse-grad"
-    """How 2D records and their gradients travel: dense (all gradients back) or sparse-grad (non-zero only)."""
+    communicator: Literal["dense", "sparse-grad", "pixel", "auto"] = "sparse-grad"
+    """How ranks share the work of a view: dense / sparse-grad move 2D Gaussian records (all gradients back /
+    non-zero only); pixel (Splaxel) gives each rank a kd cell of Gaussians and moves partial images; auto picks
+    sparse-grad or pixel at start from a cost model of bytes per step (auto.py; the reason is logged)."""
+    pixel_geometric: bool = True
+    """pixel: send each cell's partial only inside its projected bounding rectangle (exact)."""
+    pixel_transmittance: bool = False
+    """pixel: send colors and gradients only where the transmittance in front of the cell is above 1e-4."""
     views_per_step: int = 0
     """Training views per step (the batch), spread over the ranks; 0 means one per rank."""
     rebalance_threshold: float = 0.1
@@ -141,9 +155,14 @@ class ShardedPipeline(VanillaPipeline):
             _barrier("data prepared on rank 0")
         self.world_size = world
         self.rank = rank
-        self._check_supported()
-        self.communicator = make_communicator(config.communicator)
         self.views_per_step = config.views_per_step or world
+        self.comm_name = config.communicator
+        self.auto_decision = None
+        self.cells: Optional[CellState] = None
+        self._pending_pixel_stats = None
+        self._cells_rebuilt = False
+        self._migration_bytes = 0
+        self._check_supported()
         self.last_stats = CommStats()
         self._pending_stats: Optional[CommStats] = None
         self._checkpoint: Optional[Dict[str, Any]] = None
@@ -156,6 +175,18 @@ class ShardedPipeline(VanillaPipeline):
         self.full_copy_step: Optional[int] = None
         self._eval_ran = False
         self._share_initial_gaussians()
+        self.communicator = make_communicator(self.comm_name) if self.comm_name != "pixel" else None
+        if self.comm_name == "pixel":
+            if not str(self.device).startswith("cpu"):
+                raise BytesplatError(
+                    "--pipeline.communicator pixel runs on the CPU (gloo) only so far: the pixel exchange renders "
+                    "cells with the reference rasterizer on CPU tensors.",
+                    hint="Use --machine.device-type cpu, or --pipeline.communicator sparse-grad on GPUs.",
+                )
+            if self.config.compositor != "reference":
+                raise BytesplatError("--pipeline.communicator pixel renders with the reference rasterizer.",
+                                     hint="Drop --pipeline.compositor fused.")
+            self.partition_cells(None, force=True)
 
     # ---- setup ----
     def _check_supported(self) -> None:
@@ -198,10 +229,73 @@ class ShardedPipeline(VanillaPipeline):
             full.requires_grad_(False)
             self.__dict__["_full_copy"] = full
             self.full_copy_step = -1
+        if self.config.communicator == "auto":
+            self._choose_communicator(params)
         layout = ShardLayout.even(total, self.world_size)
         start, end = layout.range(self.rank)
         for name in list(params.keys()):
             params[name] = torch.nn.Parameter(params[name].detach()[start:end].clone())
+
+    def _choose_communicator(self, params) -> None:
+        """``auto``: the cost model of auto.py on the (identical, just broadcast) initial Gaussians and
+        the first batch's cameras; every rank computes the same answer, rank 0 logs the reason."""
+        from bytesplat_ns.distributed.auto import choose
+
+        views = self._camera_views(self._sample_views(0), self.datamanager.train_dataset.cameras)
+        means = params["means"].detach().cpu()
+        scales = torch.exp(params["scales"].detach().cpu())
+        decision = choose(means, scales, views, self.world_size)
+        self.auto_decision = decision
+        self.comm_name = decision.choice
+        if self.rank == 0:
+            # One plain line (not wrapped by the console's width), so logs can be grepped.
+            print(f"bytesplat: {decision.log_line()}", flush=True)
+
+    # ---- pixel: ownership by kd cells ----
+    def _my_cell(self) -> int:
+        return self.rank  # one cell per rank (cell_ranks(world, world))
+
+    def _strategy_rows(self) -> Dict[str, torch.Tensor]:
+        """Densification statistics with one row per local Gaussian, agreed on by every rank (the
+        migration's wire format needs the same entries everywhere); others are reset to None."""
+        state = self.model.strategy_state
+        n = int(self.model.gauss_params["means"].shape[0])
+        keys = [k for k in STRATEGY_ROW_KEYS if k in state]
+        have = [1.0 if isinstance(state.get(k), torch.Tensor) and state[k].dim() > 0 and state[k].shape[0] == n else 0.0 for k in keys]
+        if self.world_size > 1 and keys:
+            flags = torch.tensor(have, dtype=torch.float64, device=comm_device())
+            all_reduce_(flags, dist.ReduceOp.MIN, phase="agreeing on densification statistics")
+            have = flags.cpu().tolist()
+        rows = {}
+        for k, h in zip(keys, have):
+            if h > 0:
+                rows[k] = state[k]
+            elif isinstance(state.get(k), torch.Tensor):
+                state[k] = None  # the strategy re-creates it (zeros) at its next step
+        return rows
+
+    def partition_cells(self, optimizers, force: bool = False) -> int:
+        """pixel (collective): rebuild the kd cells when the ranks' counts drift more than
+        ``rebalance_threshold`` (or ``force``), and migrate every Gaussian that is not on its cell's
+        rank, with its Adam state (``optimizers``: name -> optimizer, or None before they exist) and
+        densification statistics. Returns the bytes this rank sent."""
+        from bytesplat_ns.distributed.cells import build_global, cell_ranks, rebalance_cells
+
+        params = self.model.gauss_params
+        ex = ExchangeStats()
+        ranks_of_cells = cell_ranks(self.world_size, self.world_size)
+        tree = self.cells.tree if self.cells is not None else None
+        if tree is None:
+            tree = build_global(params["means"], self.world_size, stats=ex)
+            force = False
+        rows = self._strategy_rows()
+        tree, cell_of, rebuilt, sent = rebalance_cells(
+            params, optimizers, tree, ranks_of_cells, self.config.rebalance_threshold, force=force, stats=ex, extra=rows
+        )
+        self.model.strategy_state.update(rows)
+        self.cells = CellState(tree, ranks_of_cells, cell_of)
+        self._cells_rebuilt = bool(rebuilt)
+        return int(ex.payload_bytes + ex.meta_bytes)
 
     # ---- rank 0's full copy (viewer, evaluation) ----
     def full_model(self):
@@ -306,13 +400,11 @@ class ShardedPipeline(VanillaPipeline):
             position += 1
         return out
 
-    def _batch(self, step: int) -> Views:
+    def _camera_views(self, indices: List[int], cams) -> Views:
+        """The batch's cameras as ``Views`` (no images yet)."""
         from bytesplat_ns.model import viewmat_from_camera_to_world
 
         model = self.model
-        indices = self._sample_views(step)
-        cached = self.datamanager.cached_train  # loads (and undistorts) images, sets train_cameras
-        cams = self.datamanager.train_cameras
         cameras = cams[torch.tensor(indices, dtype=torch.long)].to(self.device)
         scale = model._get_downscale_factor()
         cameras.rescale_output_resolution(1 / scale)
@@ -323,9 +415,19 @@ class ShardedPipeline(VanillaPipeline):
         Ks = cameras.get_intrinsics_matrices().to(self.device)
         viewmats = viewmat_from_camera_to_world(cameras.camera_to_worlds.to(self.device))
         B = len(indices)
-        mine = assign_views(B, self.world_size)[self.rank]
-        images: List[Optional[torch.Tensor]] = [None] * B
-        backgrounds = torch.zeros(B, 3, device=self.device)
+        return Views(viewmats, Ks, widths.pop(), heights.pop(), [None] * B, torch.zeros(B, 3, device=self.device))
+
+    def _batch(self, step: int) -> Views:
+        model = self.model
+        indices = self._sample_views(step)
+        cached = self.datamanager.cached_train  # loads (and undistorts) images, sets train_cameras
+        views = self._camera_views(indices, self.datamanager.train_cameras)
+        B = len(indices)
+        # pixel: the view schedule is decided inside the step (from the cells' bounds), so every
+        # rank has every image of the batch at hand.
+        mine = list(range(B)) if self.comm_name == "pixel" else assign_views(B, self.world_size)[self.rank]
+        images: List[Optional[torch.Tensor]] = list(views.images)
+        backgrounds = views.backgrounds
         for v in mine:
             data = cached[indices[v]]
             if "mask" in data:
@@ -334,7 +436,7 @@ class ShardedPipeline(VanillaPipeline):
             backgrounds[v] = background
             gt = model.get_gt_img(data["image"].to(self.device))
             images[v] = model.composite_with_background(gt, background)
-        return Views(viewmats, Ks, widths.pop(), heights.pop(), images, backgrounds)  # type: ignore[arg-type]
+        return Views(views.viewmats, views.Ks, views.width, views.height, images, backgrounds)  # type: ignore[arg-type]
 
     def _sh_degree(self) -> Optional[int]:
         cfg = self.model.config
@@ -349,6 +451,8 @@ class ShardedPipeline(VanillaPipeline):
         model = self.model
         views = self._batch(step)
         lam = model.config.ssim_lambda
+        if self.comm_name == "pixel":
+            return self._pixel_loss_dict(step, views, lam)
         fwd = sharded_render_loss(
             model.gauss_params,
             views,
@@ -382,6 +486,77 @@ class ShardedPipeline(VanillaPipeline):
         metrics = {"gaussian_count": fwd.layout.total, "shard_gaussians": int(fwd.layout.counts[self.rank])}
         return {}, loss_dict, metrics
 
+    def _pixel_loss_dict(self, step: int, views: Views, lam: float):
+        """pixel: render this rank's cell into every view, exchange partial images (pixel.py)."""
+        model = self.model
+        params = model.gauss_params
+        n = int(params["means"].shape[0])
+        absgrad = bool(getattr(model.strategy, "absgrad", False))
+        # Every local Gaussian belongs to this rank's cell until the next migration moves it (also
+        # one that wandered out of the cell: the composite's order is then approximate for it).
+        self.cells.cell_of = torch.full((n,), self._my_cell(), dtype=torch.int64)
+        cfg = PixelConfig(geometric=self.config.pixel_geometric, transmittance=self.config.pixel_transmittance)
+        fwd = pixel_render_loss(
+            params, self.cells, views, self._sh_degree(), cfg, lambda pred, gt: splatfacto_loss(pred, gt, lam), absgrad=absgrad
+        )
+        info = fwd.infos.get(self._my_cell())
+        if info is None or n == 0:
+            B = views.num_views
+            means2d = torch.zeros(B, n, 2, device=params["means"].device, requires_grad=True)
+            means2d.grad = torch.zeros_like(means2d)
+            means2d.absgrad = torch.zeros_like(means2d)  # type: ignore[attr-defined]
+            info = {"means2d": means2d, "radii": torch.zeros(B, n, dtype=torch.int32), "width": views.width,
+                    "height": views.height, "n_cameras": B, "camera_ids": None, "gaussian_ids": None}
+        model.info = info
+        if getattr(model, "optimizers", None) is not None:
+            model.strategy.step_pre_backward(model.gauss_params, model.optimizers, model.strategy_state, step, model.info)
+        local_terms = [fwd.local_loss]
+        meta = ExchangeStats()
+        layout = gather_layout(n, None, meta)
+        use_reg = model.config.use_scale_regularization and step % 10 == 0
+        if use_reg:
+            scale_exp = torch.exp(params["scales"])
+            ratio = torch.maximum(
+                scale_exp.amax(dim=-1) / scale_exp.amin(dim=-1), torch.tensor(model.config.max_gauss_ratio, device=scale_exp.device)
+            )
+            local_terms.append(0.1 * (ratio - model.config.max_gauss_ratio).sum() / max(1, layout.total))
+        totals = torch.stack([t.detach().to(torch.float64) for t in local_terms]).to(comm_device())
+        all_reduce_(totals, stats=meta, phase="summing the batch loss")
+        totals = totals.to(fwd.local_loss.device, fwd.local_loss.dtype)
+        loss_dict = {"main_loss": local_terms[0] + (totals[0] - local_terms[0]).detach()}
+        if use_reg:
+            loss_dict["scale_reg"] = local_terms[1] + (totals[1] - local_terms[1]).detach()
+        st = fwd.stats
+        # Filled in by the backward (bytes sent back, bytes saved): read after the iteration.
+        self._pending_pixel_stats = (st, int(meta.meta_bytes))
+        metrics = {"gaussian_count": layout.total, "shard_gaussians": n}
+        return {}, loss_dict, metrics
+
+    def _pixel_comm_stats(self):
+        """(CommStats, extra scalars per rank) of the last pixel step, with this step's migration."""
+        got = getattr(self, "_pending_pixel_stats", None)
+        self._pending_pixel_stats = None
+        if got is None:
+            return CommStats(meta_bytes=self._migration_bytes), {}
+        st, meta = got
+        stats = CommStats(
+            forward_bytes=int(st.forward_bytes),
+            backward_bytes=int(st.backward_bytes),
+            forward_records=int(st.sent_pixels),  # pixel: remote (view, cell) pixels whose color was sent
+            backward_records=int(st.sent_pixels),
+            meta_bytes=int(st.meta_bytes) + meta,
+        )
+        extra = {
+            "unpruned_bytes": float(st.unpruned_bytes),
+            "saved_geometric_bytes": float(st.saved_geometric_bytes),
+            "saved_transmittance_bytes": float(st.saved_transmittance_bytes),
+            "migration_bytes": float(self._migration_bytes),
+            "leaked_pixels": float(st.leaked_pixels),
+        }
+        for r in range(self.world_size):
+            extra[f"idle_seconds_rank{r}"] = float(st.wait_s) if r == self.rank else 0.0
+        return stats, extra
+
     # ---- callbacks ----
     def get_training_callbacks(self, attrs: TrainingCallbackAttributes) -> List[TrainingCallback]:
         callbacks = super().get_training_callbacks(attrs)
@@ -400,10 +575,19 @@ class ShardedPipeline(VanillaPipeline):
         self._eval_ran = False
 
     def _after_iteration(self, step: int, trainer) -> None:
-        self._log_communication(step)
         model = self.model
         opts = trainer.optimizers
         gaussian_opts = {name: opts.optimizers[name] for name in PARAM_NAMES if name in opts.optimizers}
+        if self.comm_name == "pixel":
+            self._migration_bytes = self.partition_cells(gaussian_opts)
+            for name in gaussian_opts:
+                opts.parameters[name] = [model.gauss_params[name]]
+            if self._cells_rebuilt:
+                CONSOLE.log(f"bytesplat: step {step}: kd cells rebuilt and Gaussians migrated")
+            self._log_communication(step)
+            self._gather_if_due(step, trainer)
+            return
+        self._log_communication(step)
         strategy_rows = {k: model.strategy_state.get(k) for k in STRATEGY_ROW_KEYS if isinstance(model.strategy_state.get(k), torch.Tensor)}
         moved, layout = rebalance(model.gauss_params, gaussian_opts, self.config.rebalance_threshold, extra=strategy_rows)
         if moved:
@@ -411,6 +595,9 @@ class ShardedPipeline(VanillaPipeline):
             for name in gaussian_opts:
                 opts.parameters[name] = [model.gauss_params[name]]
             CONSOLE.log(f"bytesplat: step {step}: shards rebalanced to {layout.counts}")
+        self._gather_if_due(step, trainer)
+
+    def _gather_if_due(self, step: int, trainer) -> None:
         final = trainer._start_step + trainer.config.max_num_iterations - 1
         gathered = step_check(step, trainer.config.steps_per_save) or step == final
         if gathered:
@@ -423,17 +610,21 @@ class ShardedPipeline(VanillaPipeline):
             self._watchdog.disarm()
 
     def _log_communication(self, step: int) -> None:
-        stats = self._pending_stats or CommStats()
+        extra: Dict[str, float] = {}
+        if self.comm_name == "pixel":
+            stats, extra = self._pixel_comm_stats()
+        else:
+            stats = self._pending_stats or CommStats()
         self._pending_stats = None
-        local = stats.as_dict()
+        local = {**stats.as_dict(), **extra}
         keys = list(local)
         vec = torch.tensor([float(local[k]) for k in keys], dtype=torch.float64, device=comm_device())
         all_reduce_(vec, phase="summing communication statistics")
         summed = dict(zip(keys, vec.cpu().tolist()))
-        self.last_stats = CommStats(**{k: int(v) for k, v in summed.items()})
+        self.last_stats = CommStats(**{k: int(v) for k, v in summed.items() if k not in extra})
         writer.put_dict(
             name="communication",
-            scalar_dict={f"{self.communicator.name}/{k}": v for k, v in summed.items()},
+            scalar_dict={f"{self.comm_name}/{k}": v for k, v in summed.items()},
             step=step,
         )
         started = getattr(self, "_step_started", None)
@@ -639,4 +830,11 @@ class ShardedTrainer(ByteSplatTrainer):
         if "schedulers" in state and self.config.load_scheduler:
             self.optimizers.load_schedulers(state["schedulers"])
         self.grad_scaler.load_state_dict(state["scalers"])
+        if self.pipeline.comm_name == "pixel":
+            # Re-partition the loaded Gaussians (any rank count) into this run's kd cells, with their
+            # Adam state: the even slices above are only the starting point of the migration.
+            gaussian_opts = {n: self.optimizers.optimizers[n] for n in PARAM_NAMES if n in self.optimizers.optimizers}
+            self.pipeline.partition_cells(gaussian_opts, force=True)
+            for name in gaussian_opts:
+                self.optimizers.parameters[name] = [self.pipeline.model.gauss_params[name]]
         CONSOLE.print(f"Done loading checkpoint from {path} (rank {self.pipeline.rank}: Gaussians {start}..{end} of {total})")

@@ -539,19 +539,32 @@ class PixelForward:
     schedule: ScheduleReport
     rects: Dict[Tuple[int, int], Tuple[int, int, int, int]]
     masks: Dict[Tuple[int, int], Tensor] = field(default_factory=dict)
+    infos: Dict[int, Dict] = field(default_factory=dict)
+    """Per cell of this rank: the renderer's info of its partial render (``means2d`` [B,n_cell,2]
+    retains its gradient, ``radii`` [B,n_cell]), rows in the cell's order (``rows``): what
+    gsplat's densification strategy reads."""
 
 
-def render_cell(params: Mapping[str, Tensor], rows: Tensor, views: Views, sh_degree: Optional[int]) -> Tuple[Tensor, Tensor]:
-    """Partial render of the Gaussians ``rows`` of ``params``: (C [B,H,W,D] premultiplied, T [B,H,W])."""
+def render_cell(params: Mapping[str, Tensor], rows: Tensor, views: Views, sh_degree: Optional[int],
+                absgrad: bool = False, with_info: bool = False):
+    """Partial render of the Gaussians ``rows`` of ``params``: (C [B,H,W,D] premultiplied, T [B,H,W]),
+    and with ``with_info`` the renderer's info dict (``means2d`` retains its gradient)."""
     from bytesplat_ns.raster import rasterize
 
     B, H, W = views.num_views, views.height, views.width
     sub = {k: v.index_select(0, rows) for k, v in params.items()}
-    render, alpha, _ = rasterize(
+    render, alpha, info = rasterize(
         sub["means"], sub["quats"], torch.exp(sub["scales"]), torch.sigmoid(sub["opacities"]).squeeze(-1),
         gaussian_colors(sub, sh_degree), views.viewmats, views.Ks, W, H, backend="reference", sh_degree=sh_degree,
+        absgrad=absgrad,
     )
-    return render, 1.0 - alpha[..., 0]
+    if not with_info:
+        return render, 1.0 - alpha[..., 0]
+    if info["means2d"].requires_grad:
+        info["means2d"].retain_grad()
+    info["n_cameras"] = B
+    info["rows"] = rows
+    return render, 1.0 - alpha[..., 0], info
 
 
 def pixel_render_loss(
@@ -562,6 +575,7 @@ def pixel_render_loss(
     config: Optional[PixelConfig] = None,
     loss_fn: LossFn = splatfacto_loss,
     group=None,
+    absgrad: bool = False,
 ) -> PixelForward:
     """Forward of one pixel-exchange step (collective); ``.local_loss.backward()`` runs the rest."""
     cfg = config or PixelConfig()
@@ -606,6 +620,7 @@ def pixel_render_loss(
     t0 = time.perf_counter()
     partials: List[Tensor] = []
     rects: Dict[Tuple[int, int], Tuple[int, int, int, int]] = {}
+    infos: Dict[int, Dict] = {}
     D = None
     for c in mine:
         rows = torch.nonzero(cells.cell_of == c).squeeze(1)
@@ -614,7 +629,7 @@ def pixel_render_loss(
             Cc = torch.zeros(B, H, W, D, dtype=dtype)
             Tc = torch.ones(B, H, W, dtype=dtype)
         else:
-            Cc, Tc = render_cell(params, rows, views, sh_degree)
+            Cc, Tc, infos[c] = render_cell(params, rows, views, sh_degree, absgrad=absgrad, with_info=True)
             D = Cc.shape[-1]
         partials += [Cc, Tc]
         for v in range(B):
@@ -635,7 +650,7 @@ def pixel_render_loss(
     # rank's backward takes part in the gradient exchange.
     anchor = torch.zeros((), dtype=dtype, requires_grad=True)
     local_loss = _PixelExchange.apply(runner, anchor, *partials)
-    return PixelForward(local_loss, runner.renders, st, report, rects, runner.masks)
+    return PixelForward(local_loss, runner.renders, st, report, rects, runner.masks, infos)
 
 
 @dataclass
