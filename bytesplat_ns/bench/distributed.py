@@ -26,12 +26,14 @@ distributed views/s).
 
 Launch:
 
-    torchrun --nproc-per-node 2 -m bytesplat_ns.bench.cli distributed --num-gaussians 1000000 \
-        --views 8 --width 1920 --height 1080 --out distributed.json     # NCCL, one GPU per process
+    NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 2 -m bytesplat_ns.bench.cli distributed \
+        --num-gaussians 1000000 4000000 --views 8 --width 1920 --height 1080 --out distributed.json
+        # NCCL, one GPU per process (scripts/gpu_distributed.sh runs this)
     bytesplat-bench distributed --spawn 2 --device cpu --num-gaussians 2000 --width 64 --height 48
         # runs the ranks itself (torch.multiprocessing, gloo): CPU smoke test
 
-Set ``NCCL_NVLS_ENABLE=0`` on the GPU machine.
+Without a launcher (one process) only the 1-rank rows run. ``--communicators ... pixel`` adds the
+pixel exchange (it renders cells with the reference rasterizer: small images only).
 """
 
 from __future__ import annotations
@@ -555,6 +557,9 @@ def compare(results: List[Dict], world: int) -> Dict:
     if dense is not None and sparse is not None and dense["bytes_per_step"]["backward_bytes"] > 0:
         out["sparse_vs_dense_backward_bytes"] = sparse["bytes_per_step"]["backward_bytes"] / dense["bytes_per_step"]["backward_bytes"]
         out["sparse_vs_dense_step_time"] = sparse["median_step_ms"] / dense["median_step_ms"]
+        if sparse["bytes_per_step"]["forward_records"] > 0:
+            # records whose gradient is not all zero (what sparse-grad sends back), of those sent forward
+            out["sparse_nonzero_record_fraction"] = sparse["bytes_per_step"]["backward_records"] / sparse["bytes_per_step"]["forward_records"]
     if gdist is not None and g1 is not None:
         out[f"gsplat_views_per_second_{world}_vs_1"] = gdist["views_per_second"] / g1["views_per_second"]
     if one is not None and g1 is not None:
