@@ -11,12 +11,12 @@
 # Every stage is bounded by `timeout`; the whole script by BUDGET seconds. Writes 7 files to $OUT
 # (the device tool returns 8): build.log tests_gpu.log train.log eval_1gpu.json eval_2gpu.json
 # bench.log distributed_h200.json. Prints a summary at the end.
-#   scripts/gpu_distributed.sh
+#   scripts/gpu_distributed.sh     (device tool: kind nvidia-h200-x2, carry [".whl"], timeout 600)
 #   BENCH_N="1000000" VIEWS=4 ITERS=400 scripts/gpu_distributed.sh      # smaller
 set -o pipefail
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # NVLink multicast stays off
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/ext} BYTESPLAT_CACHE=${BYTESPLAT_CACHE:-/tmp/bytesplat_cache}
 export BYTESPLAT_DIST_TIMEOUT=${BYTESPLAT_DIST_TIMEOUT:-200}
 PY=${PYTHON:-python3}
