@@ -158,7 +158,7 @@ def test_gsplat_step_plumbing_with_a_stand_in_rasterizer(monkeypatch, distribute
     """The gsplat rows cannot run on the CPU; check what the GPU run will hand to gsplat with a
     differentiable stand-in for ``gsplat.rasterization``: this rank's shard and ONLY its cameras,
     SH coefficients [n, K, 3], packed, the distributed flag; the loss over this rank's views; an
-    Adam step on the shard; and the byte estimate from gsplat's (global) Gaussian ids."""
+    Adam step on the shard; and the byte estimate from gsplat's (global) camera ids."""
     import gsplat
 
     from bytesplat_ns.bench import distributed as bd
@@ -173,8 +173,10 @@ def test_gsplat_step_plumbing_with_a_stand_in_rasterizer(monkeypatch, distribute
         v = torch.sigmoid(opacities.mean() + 0.1 * (means.mean() + quats.mean() + scales.mean() + colors.mean()))
         render = (v * 0.5).expand(C, height, width, 3)
         alpha = v.expand(C, height, width, 1)
-        meta = {"gaussian_ids": torch.tensor([0, 5, 9, 12, 15], dtype=torch.int64),
-                "camera_ids": torch.zeros(5, dtype=torch.int64), "radii": torch.ones(5, dtype=torch.int32),
+        # gsplat's meta holds the packed records before its all_to_all: camera ids over ALL ranks'
+        # cameras (2 per rank here), local Gaussian ids
+        meta = {"gaussian_ids": torch.tensor([0, 5, 9, 3, 7], dtype=torch.int64),
+                "camera_ids": torch.tensor([0, 1, 2, 3, 2], dtype=torch.int64), "radii": torch.ones(5, dtype=torch.int32),
                 "means2d": torch.zeros(5, 2)}
         return render, alpha, meta
 
@@ -184,7 +186,7 @@ def test_gsplat_step_plumbing_with_a_stand_in_rasterizer(monkeypatch, distribute
     params = bd._leaves(scene["params"], torch.arange(10), cpu)  # rank 0 of 2
     before = {k: v.detach().clone() for k, v in params.items()}
     views = bd._views(scene, cpu, [0, 1])
-    step = bd._gsplat_step(params, bd._adam(params, 4), views, [0, 1], 3, distributed, (0, 10), 2)
+    step = bd._gsplat_step(params, bd._adam(params, 4), views, [0, 1], 3, distributed, 0, 2)
     out = step()
     (call,) = calls
     assert call["n"] == 10 and call["C"] == 2 and call["packed"] is True and call["distributed"] is distributed
@@ -193,8 +195,8 @@ def test_gsplat_step_plumbing_with_a_stand_in_rasterizer(monkeypatch, distribute
     assert out["loss"] > 0
     assert all(not torch.equal(before[k], params[k].detach()) for k in ("means", "opacities"))
     if distributed:
-        # ids 12 and 15 are outside this rank's [0, 10): 2 records came from the other rank
-        assert out["forward_records"] == 2 and out["backward_records"] == 2
-        assert out["forward_bytes"] == 2 * (4 + 10 * 4 + 8 + 8) and out["backward_bytes"] == 2 * 10 * 4
+        # cameras 2, 3, 2 are rank 1's: 3 records go there
+        assert out["forward_records"] == 3 and out["backward_records"] == 3
+        assert out["forward_bytes"] == 3 * (4 + 10 * 4 + 8 + 8) and out["backward_bytes"] == 3 * 10 * 4
     else:
         assert "forward_bytes" not in out

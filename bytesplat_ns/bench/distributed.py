@@ -261,31 +261,32 @@ def _pixel_step(params, opts, cells, views, sh_degree, group):
     return step
 
 
-def _gsplat_bytes(meta: Dict, my_range, B: int, world: int) -> Dict[str, float]:
+def _gsplat_bytes(meta: Dict, rank: int, cameras_per_rank: int, B: int, world: int) -> Dict[str, float]:
     """Estimate of what gsplat's distributed packed mode put on the wire to OTHER ranks, counted at
-    the receiver: records whose (global) Gaussian id is outside this rank's range came from another
-    rank. Forward per record: radii + the float block (means2d 2, depths 1, conics 3, opacities 1,
-    colors D) + camera and Gaussian ids (gsplat's dtypes); backward: the float block's gradient
-    (its all_to_all's autograd returns every forwarded float). Meta: its all_gather of Gaussian
-    counts and cameras (int32 + 16+9 floats per camera) and its all_to_all of counts."""
-    gids = meta["gaussian_ids"]
-    lo, hi = my_range
-    remote = int(((gids < lo) | (gids >= hi)).sum().item())
-    rows = max(int(gids.shape[0]), 1)
-    radii_b = meta["radii"].element_size() * meta["radii"].numel() // rows if gids.shape[0] else 4
+    the sender from ``meta`` (which holds the projection's packed records BEFORE gsplat's
+    all_to_all: ``camera_ids`` over all ranks' cameras, rank r rendering cameras
+    [r C, (r+1) C)): records whose camera belongs to another rank are sent there. Forward per
+    record: radii + the float block (means2d 2, depths 1, conics 3, opacities 1, colors D) + camera
+    and Gaussian ids (gsplat's dtypes); backward: the float block's gradient (the all_to_all's
+    autograd returns every forwarded float). Meta: its all_gather of Gaussian counts and cameras
+    (16 + 9 floats per camera) and its all_to_all of counts."""
+    cams = meta["camera_ids"]
+    rows = int(cams.shape[0])
+    remote = int((torch.div(cams, cameras_per_rank, rounding_mode="floor") != rank).sum().item()) if rows else 0
+    radii_b = meta["radii"].element_size() * meta["radii"].numel() // rows if rows else 4
     D = 3
     floats = (2 + 1 + 3 + 1 + D) * meta["means2d"].element_size()
-    ids = meta["camera_ids"].element_size() + gids.element_size()
+    ids = cams.element_size() + meta["gaussian_ids"].element_size()
     return {
         "forward_bytes": remote * (radii_b + floats + ids),
         "backward_bytes": remote * floats,
         "forward_records": remote,
         "backward_records": remote,
-        "meta_bytes": 4 * world + (B // world) * (16 + 9) * 4 * world + 4 * world,
+        "meta_bytes": 4 * world + cameras_per_rank * (16 + 9) * 4 * (world - 1) + 4 * world,
     }
 
 
-def _gsplat_step(params, opts, views, mine: List[int], sh_degree, distributed: bool, my_range, world: int):
+def _gsplat_step(params, opts, views, mine: List[int], sh_degree, distributed: bool, rank: int, world: int):
     from gsplat import rasterization
 
     from bytesplat_ns.distributed.exchange import all_reduce_, comm_device
@@ -310,7 +311,7 @@ def _gsplat_step(params, opts, views, mine: List[int], sh_degree, distributed: b
         total = loss.detach().reshape(1).to(comm_device(None), torch.float64)
         if distributed:
             all_reduce_(total, phase="summing the batch loss")
-        out = _gsplat_bytes(meta, my_range, B, world) if distributed else {}
+        out = _gsplat_bytes(meta, rank, len(mine), B, world) if distributed else {}
         out["loss"] = float(total.item())
         return out
 
@@ -510,8 +511,7 @@ def _run_scene(args, N: int, rank: int, world: int, device: torch.device, one, c
         def make_g(R=R):
             params = _leaves(scene["params"], shard_rows(R), device)
             views = _views(scene, device, assign_views(B, R)[rank])
-            return _gsplat_step(params, _adam(params, B), views, assign_views(B, R)[rank], sh, R > 1,
-                                layouts[R].range(rank), R)
+            return _gsplat_step(params, _adam(params, B), views, assign_views(B, R)[rank], sh, R > 1, rank, R)
 
         rec = _run_config(label, R, make_g, rank, device, None if R > 1 else one, args, exact_bytes=False)
         if rank == 0:
