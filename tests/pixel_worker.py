@@ -14,6 +14,8 @@ from typing import Dict
 
 import torch
 
+from tests.distributed_worker import WireCounter  # one byte counter for every distributed worker
+
 SEED = 11
 WIDTH, HEIGHT = 32, 24
 NUM_VIEWS = 4
@@ -38,28 +40,6 @@ def look_at(eye, target=(0.0, 0.0, 0.0), up=(0.0, -1.0, 0.0)) -> torch.Tensor:
     m[:3, :3] = torch.stack([x, y, z])
     m[:3, 3] = -m[:3, :3] @ eye
     return m.float()
-
-
-class WireCounter:
-    """Counts the bytes handed to isend (what actually goes on the wire)."""
-
-    def __init__(self):
-        import torch.distributed as dist
-
-        self.bytes = 0
-        real = dist.batch_isend_irecv
-
-        def counting(ops):
-            for op in ops:
-                if op.op is dist.isend:
-                    self.bytes += op.tensor.numel() * op.tensor.element_size()
-            return real(ops)
-
-        dist.batch_isend_irecv = counting
-
-    def take(self) -> int:
-        out, self.bytes = self.bytes, 0
-        return out
 
 
 def raw_gaussians(n: int, seed: int, small: bool) -> Dict[str, torch.Tensor]:
