@@ -36,12 +36,7 @@ left() { echo $(( BUDGET - $(el) )); }
 cap() { local a=$1 b=$2; (( a < b )) && echo "$a" || echo "$b"; }   # min
 capmin() { local v; v=$(cap "$1" "$2"); (( v < $3 )) && v=$3; echo "$v"; }   # min(a, b), at least c
 
-if [[ -d .whl ]]; then  # device machine: no network, packages travel as wheels
-  stamp "installing wheels"
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  $PY -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target /tmp/site . || exit 1
-  export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
-fi
+source scripts/gpu_packages.sh || exit 1
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count())"

@@ -129,6 +129,10 @@ def main(argv: Optional[List[str]] = None) -> dict:
         default=["splatfacto", "bytesplat:gsplat"],
         help="method[:rasterizer] entries, run in this order",
     )
+    parser.add_argument(
+        "--hw-prune", choices=["auto", "on", "off"], default=None,
+        help="bytesplat methods' hardware-aware pruning (off: compare the rasterizers alone)",
+    )
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/train_builtin.json"))
     parser.add_argument("--work-dir", type=Path, default=Path("outputs/bench"))
     args = parser.parse_args(argv)
@@ -144,6 +148,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
         config = method_config(name, rasterizer or None)
         if args.num_downscales is not None:
             config.pipeline.model.num_downscales = args.num_downscales
+        if args.hw_prune is not None and hasattr(config.pipeline.model, "hw_prune"):
+            config.pipeline.model.hw_prune = args.hw_prune
         label = entry.replace(":", "-")
         report["runs"].append(train_and_evaluate(label, config, data, args.iterations, args.work_dir, args.seed, device))
         args.out.parent.mkdir(parents=True, exist_ok=True)
