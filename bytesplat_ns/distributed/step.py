@@ -145,10 +145,37 @@ def project_shard(
     eps2d: float = 0.3,
     near_plane: float = 0.01,
     far_plane: float = 1e10,
+    projection: Optional[str] = None,
 ) -> ShardProjection:
-    """Project this rank's Gaussians into every view, as ``rasterize(backend="reference")`` does."""
+    """Project this rank's Gaussians into every view, as ``rasterize(backend="reference")`` does.
+
+    ``projection``: ``torch`` (``raster.projection``/``raster.sh``, any device) or ``gsplat``
+    (gsplat's CUDA projection and SH kernels, same math); None picks gsplat for CUDA tensors when
+    its extension is importable (env ``BYTESPLAT_PROJECTION`` overrides), torch otherwise.
+    """
     B = views.num_views
     means = params["means"]
+    if projection is None:
+        from bytesplat_ns.raster.fused import _default_projection
+
+        projection = _default_projection() if means.is_cuda else "torch"
+    if projection == "gsplat":
+        from bytesplat_ns.raster.fused import project
+
+        radii, means2d, depths, conics, cols, _ = project(
+            means, params["quats"], torch.exp(params["scales"]), params["opacities"].squeeze(-1),
+            gaussian_colors(params, sh_degree), views.viewmats, views.Ks, views.width, views.height,
+            sh_degree=sh_degree, near_plane=near_plane, far_plane=far_plane, eps2d=eps2d, projection="gsplat",
+        )
+        # gsplat leaves culled entries uninitialised; this module's contract is zeros there
+        seen = radii > 0
+        means2d = torch.where(seen[..., None], means2d, 0.0)
+        conics = torch.where(seen[..., None], conics, 0.0)
+        depths = torch.where(seen, depths, 0.0)
+        if cols.dim() == 3 and cols.shape[0] == B:
+            cols = torch.where(seen[..., None], cols, 0.0) if sh_degree is not None else cols
+        opacities = torch.sigmoid(params["opacities"]).squeeze(-1).expand(B, -1)
+        return ShardProjection(means2d, conics, cols, opacities, depths, radii.to(torch.int32))
     proj = project_gaussians(
         means,
         params["quats"],
@@ -169,6 +196,31 @@ def project_shard(
         cols = sh_to_color(sh_degree, dirs, colors.expand(B, -1, -1, -1))
     opacities = torch.sigmoid(params["opacities"]).squeeze(-1).expand(B, -1)
     return ShardProjection(proj.means2d, proj.conics, cols, opacities, proj.depths, proj.radii)
+
+
+def _records_in_gid_order(means2d, conics, colors, opacities, depths, radii, gids):
+    """Put records in global-id order (a stable depth sort then breaks ties by global id, exactly
+    as one process holding all Gaussians). Returns the permuted tensors and the order (or None)."""
+    g = gids.to(torch.int64)
+    order = None
+    if g.numel() > 1 and bool((g[1:] < g[:-1]).any()):
+        order = torch.argsort(g, stable=True)
+        means2d, conics, colors = means2d[order], conics[order], colors[order]
+        opacities, depths, radii = opacities[order], depths[order], radii[order]
+    return (means2d, conics, colors, opacities, depths, radii), order
+
+
+def _collect_absgrad(m: Tensor, order: Optional[Tensor], absgrad_sink: List[Tensor]) -> None:
+    """After the backward has published ``m.absgrad`` ([1,M,2], gid order), append it to the sink
+    in the caller's record order."""
+
+    def _collect(grad: Tensor) -> None:
+        a = m.absgrad[0]
+        if order is not None:
+            a = torch.empty_like(a).index_copy_(0, order, a)
+        absgrad_sink.append(a)
+
+    m.register_hook(_collect)
 
 
 def composite_records(
@@ -192,18 +244,12 @@ def composite_records(
     RGB float32 on the GPU; the same front-to-back order: tiles sorted by depth, ties in record
     order, i.e. by global id).
 
-    Records are put in global-id order first, so the reference rasterizer's depth sort (stable,
-    ties by position) breaks ties by global id, exactly as one process holding all Gaussians.
     Returns (render [H,W,D], alpha [H,W,1]) without background. With ``absgrad_sink`` (a list),
     the backward appends the per-record sum over pixels of |d loss / d mean2d| ([M,2], in the
     order of the inputs) to it.
     """
-    g = gids.to(torch.int64)
-    order = None
-    if g.numel() > 1 and bool((g[1:] < g[:-1]).any()):
-        order = torch.argsort(g, stable=True)
-        means2d, conics, colors = means2d[order], conics[order], colors[order]
-        opacities, depths, radii = opacities[order], depths[order], radii[order]
+    (means2d, conics, colors, opacities, depths, radii), order = _records_in_gid_order(
+        means2d, conics, colors, opacities, depths, radii, gids)
     m = means2d[None]
     absgrad = absgrad_sink is not None and m.requires_grad
     if compositor == "fused" and means2d.shape[0] > 0:
@@ -223,16 +269,48 @@ def composite_records(
         raise ValueError(f"Unknown compositor '{compositor}' (reference or fused)")
     if absgrad:
         assert absgrad_sink is not None
-
-        def _collect(grad: Tensor, m: Tensor = m, order: Optional[Tensor] = order) -> None:
-            # Runs after the reference rasterizer's own hook has published m.absgrad.
-            a = m.absgrad[0]
-            if order is not None:
-                a = torch.empty_like(a).index_copy_(0, order, a)
-            absgrad_sink.append(a)
-
-        m.register_hook(_collect)
+        _collect_absgrad(m, order, absgrad_sink)  # runs after the rasterizer's own hook set m.absgrad
     return render[0], alpha[0]
+
+
+def composite_records_fused_loss(
+    means2d: Tensor,
+    conics: Tensor,
+    colors: Tensor,
+    opacities: Tensor,
+    depths: Tensor,
+    radii: Tensor,
+    gids: Tensor,
+    width: int,
+    height: int,
+    gt: Tensor,
+    background: Tensor,
+    ssim_lambda: float = 0.2,
+    tile_size: int = 16,
+    absgrad_sink: Optional[List[Tensor]] = None,
+) -> Tuple[Tensor, Tensor]:
+    """ONE view's records composited AND scored by the fused kernel (``raster.fused._FusedLoss``):
+    splatfacto's loss ``(1-l) L1 + l (1 - SSIM)`` of ``clamp(render + T bg, 0, 1)`` against ``gt``
+    [H,W,3], with its 2D gradients computed in the same kernel. Returns (loss, rgb [H,W,3]
+    detached); the loss is differentiable wrt the records. Same order and ``absgrad_sink`` contract
+    as :func:`composite_records`; what ``splatfacto_loss`` of ``composite_records`` gives."""
+    from bytesplat_ns.raster.fused import _check, _FusedLoss, bin_tiles, uses_two_launches
+
+    _check(width, height, tile_size, means2d.device)
+    (means2d, conics, colors, opacities, depths, radii), order = _records_in_gid_order(
+        means2d, conics, colors, opacities, depths, radii, gids)
+    m = means2d[None]
+    absgrad = absgrad_sink is not None and m.requires_grad
+    offsets, flatten_ids = bin_tiles(m, radii[None], depths[None], width, height, tile_size)
+    loss, rgb, _, _ = _FusedLoss.apply(
+        m, conics[None], colors[None], opacities[None], background.reshape(1, 3).detach().float(),
+        gt[None].detach().float().contiguous(), offsets, flatten_ids, width, height, ssim_lambda, absgrad,
+        None, 2, uses_two_launches(),
+    )
+    if absgrad:
+        assert absgrad_sink is not None
+        _collect_absgrad(m, order, absgrad_sink)
+    return loss, rgb[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -382,19 +460,20 @@ class _ShardedRenderLoss(torch.autograd.Function):
                     spans = [(s, starts[s] - p.shape[0], p.shape[0]) for s, p in enumerate(parts)]
                     sink = []
                     runner.absgrad_slots.append((spans, sink))
+                fields = (rec[:, 0:2], rec[:, 2:5], rec[:, 5 : 5 + D], rec[:, 5 + D], rec[:, 6 + D].detach(),
+                          torch.cat(radii_v), torch.cat(gids_v), views.width, views.height)
+                if runner.compositor == "fused" and runner.loss_fn is splatfacto_loss and D == 3 and rec.shape[0] > 0:
+                    # splatfacto's loss and its gradients inside the fused kernel (no image-sized
+                    # intermediates, no pytorch_msssim graph)
+                    loss_v, rgb = composite_records_fused_loss(
+                        *fields, views.images[v].to(rec), views.backgrounds[v].to(rec),
+                        tile_size=runner.tile_size, absgrad_sink=sink,
+                    )
+                    runner.renders[v] = rgb
+                    loss = loss + loss_v / B
+                    continue
                 render, alpha = composite_records(
-                    rec[:, 0:2],
-                    rec[:, 2:5],
-                    rec[:, 5 : 5 + D],
-                    rec[:, 5 + D],
-                    rec[:, 6 + D].detach(),
-                    torch.cat(radii_v),
-                    torch.cat(gids_v),
-                    views.width,
-                    views.height,
-                    runner.tile_size,
-                    absgrad_sink=sink,
-                    compositor=runner.compositor,
+                    *fields, runner.tile_size, absgrad_sink=sink, compositor=runner.compositor
                 )
                 rgb = rgb_with_background(render, alpha, views.backgrounds[v].to(render))
                 runner.renders[v] = rgb.detach()

@@ -279,6 +279,15 @@ _FusedLoss.last_kernel_info = {}
 # ----------------------------------------------------------------------------------------------
 
 
+def uses_two_launches(mode: Optional[str] = None) -> bool:
+    """Whether the fused loss runs as two launches: ``mode``, else env ``BYTESPLAT_FUSED_MODE``,
+    else :data:`DEFAULT_MODE`."""
+    mode = mode or os.environ.get("BYTESPLAT_FUSED_MODE") or DEFAULT_MODE
+    if mode not in ("one_launch", "two_launch"):
+        raise ValueError(f"mode must be 'one_launch' or 'two_launch', got {mode!r}")
+    return mode == "two_launch"
+
+
 def _check(width: int, height: int, tile_size: int, device: torch.device):
     if tile_size != TILE_SIZE:
         raise ValueError(f"The fused rasterizer works on {TILE_SIZE}x{TILE_SIZE} tiles, got tile_size={tile_size}")
@@ -394,10 +403,7 @@ def fused_render_loss(
     the backward; same result), or None for :data:`DEFAULT_MODE` (env ``BYTESPLAT_FUSED_MODE``).
     ``force_two_phase=True`` is ``mode="two_launch"``.
     """
-    mode = mode or os.environ.get("BYTESPLAT_FUSED_MODE") or DEFAULT_MODE
-    if mode not in ("one_launch", "two_launch"):
-        raise ValueError(f"mode must be 'one_launch' or 'two_launch', got {mode!r}")
-    force_two_phase = force_two_phase or mode == "two_launch"
+    force_two_phase = force_two_phase or uses_two_launches(mode)
     _check(width, height, tile_size, means.device)
     C = viewmats.shape[0]
     if gt_images.shape != (C, height, width, 3):
