@@ -52,6 +52,9 @@ class ByteSplatModelConfig(SplatfactoModelConfig):
     """Gaussians per tile; 0: read from the device (the fused kernel's shared-memory capacity)."""
     hw_prune_stop_iter: int = -1
     """No pruning from this step on (-1: when gsplat stops refining, stop_split_at)."""
+    tile_stats_every: int = 0
+    """Every this many steps, log how many tiles hold more Gaussians than the fused kernel keeps on chip
+    (tensorboard tiles/*, model.tile_occupancy_log; 0: off). Any backend; capacity as for hw-prune."""
 
 
 def viewmat_from_camera_to_world(camera_to_world: torch.Tensor) -> torch.Tensor:

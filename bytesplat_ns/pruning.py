@@ -614,6 +614,9 @@ def model_step_post_backward(model: Any, step: int, strategy_step) -> None:
     """The model's densification step with hardware-aware pruning around gsplat's own step.
 
     ``strategy_step(step)`` is splatfacto's ``step_post_backward`` (gsplat's refine)."""
+    from bytesplat_ns.tile_occupancy import record_tile_occupancy
+
+    record_tile_occupancy(model, step)  # this step's render, before gsplat changes the Gaussians
     pruner = getattr(model, "hw_pruner", None)
     if pruner is None:
         pruner = HardwarePruner.from_model(model)

@@ -520,7 +520,8 @@ def test_model_hook_and_config():
 
     assert ByteSplatModelConfig().hw_prune == "auto"
     model = make(hw_prune="auto", hw_prune_every=8, hw_prune_window=2, hw_prune_tile_views=2,
-                 hw_prune_capacity=6, hw_prune_max_fraction=0.25, hw_prune_min_contribution=0.0)
+                 hw_prune_capacity=6, hw_prune_max_fraction=0.25, hw_prune_min_contribution=0.0,
+                 tile_stats_every=4)
     assert not HardwarePruner.from_model(model).enabled  # auto: off with the reference backend (CPU)
     model.config.hw_prune = "on"
     optimizers = {k: torch.optim.Adam([{"params": [p], "lr": 1e-3, "name": k}], eps=1e-15)
@@ -551,6 +552,38 @@ def test_model_hook_and_config():
             assert model.num_points == n_before - model.hw_pruner.last_stats["removed"] < n_before
     assert model.hw_pruner.enabled and model.hw_pruner.capacity == 6
     assert pruned_at == [10]
+    log = model.tile_occupancy_log  # tile_stats_every=4: the render of steps 4, 8, 12
+    assert [e["step"] for e in log] == [4.0, 8.0, 12.0] and all(e["capacity"] == 6 for e in log)
+    assert all(0.0 <= e["over_capacity_share"] <= 1.0 and e["max"] >= e["p99"] >= 0 for e in log)
+
+
+def test_tile_occupancy_counts_like_an_explicit_walk():
+    """Share of tiles over capacity, mean and max per tile, against counting each Gaussian's tile
+    box by hand (gsplat's reach rule, the one the fused backend bins with)."""
+    from bytesplat_ns.tile_occupancy import tile_occupancy
+
+    sc = _scene(N=300, W=61, H=45, C=2)
+    pr, _ = _project(sc, torch.float32)
+    W, H, tile = sc["W"], sc["H"], 16
+    tw, th = math.ceil(W / tile), math.ceil(H / tile)
+    counts = torch.zeros(pr.radii.shape[0], th, tw)
+    for c in range(pr.radii.shape[0]):
+        for g in range(pr.radii.shape[1]):
+            r = float(pr.radii[c, g])
+            if r <= 0:
+                continue
+            mx, my = pr.means2d[c, g].tolist()
+            x0, x1 = max(0, math.floor((mx - r) / tile)), min(tw, math.ceil((mx + r) / tile))
+            y0, y1 = max(0, math.floor((my - r) / tile)), min(th, math.ceil((my + r) / tile))
+            if x1 > x0 and y1 > y0:
+                counts[c, y0:y1, x0:x1] += 1
+    info = dict(radii=pr.radii, means2d=pr.means2d, depths=pr.depths, width=W, height=H)
+    cap = int(counts.flatten().median())
+    got = tile_occupancy(info, cap)
+    assert got["tiles"] == counts.numel() and got["capacity"] == cap
+    assert got["over_capacity_share"] == pytest.approx(float((counts > cap).float().mean()))
+    assert 0 < got["over_capacity_share"] < 1
+    assert got["max"] == float(counts.max()) and got["mean"] == pytest.approx(float(counts.mean()))
 
 
 # ----------------------------------------------------------------------------------------------

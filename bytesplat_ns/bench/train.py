@@ -58,6 +58,22 @@ def method_config(name: str, rasterizer: Optional[str]):
     return config
 
 
+def set_model_option(model_config, item: str) -> None:
+    """``field=value`` on a model config, the value parsed to the field's current type."""
+    key, sep, value = item.partition("=")
+    key = key.strip().replace("-", "_")
+    if not sep or not hasattr(model_config, key):
+        raise SystemExit(f"bytesplat-bench train: unknown model option {item!r} (use field=value)")
+    current = getattr(model_config, key)
+    if isinstance(current, bool):
+        parsed = value.lower() in ("1", "true", "yes", "on")
+    elif isinstance(current, (int, float)):
+        parsed = type(current)(value)
+    else:
+        parsed = value
+    setattr(model_config, key, parsed)
+
+
 def train_and_evaluate(label: str, config, data: Path, iterations: int, out_dir: Path, seed: int, device: str) -> dict:
     from nerfstudio.utils.rich_utils import CONSOLE
 
@@ -105,6 +121,8 @@ def train_and_evaluate(label: str, config, data: Path, iterations: int, out_dir:
         "num_gaussians": int(pipeline.model.num_points),
         "eval": {k: float(v) for k, v in metrics.items()},
         "peak_gpu_memory_mb": torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else None,
+        "tile_occupancy": getattr(pipeline.model, "tile_occupancy_log", []),
+        "hw_prune_steps": [dict(s) for s in getattr(getattr(pipeline.model, "hw_pruner", None), "history", [])],
     }
     CONSOLE.print(result)
     del trainer, pipeline
@@ -127,8 +145,11 @@ def main(argv: Optional[List[str]] = None) -> dict:
         "--methods",
         nargs="+",
         default=["splatfacto", "bytesplat:gsplat"],
-        help="method[:rasterizer] entries, run in this order",
+        help="method[:rasterizer][@field=value,...] entries, run in this order; the fields set "
+        "pipeline.model options, e.g. bytesplat:fused@hw_prune=off",
     )
+    parser.add_argument("--tile-stats-every", type=int, default=0,
+                        help="bytesplat methods: log tile occupancy vs the fused capacity every N steps (into the JSON)")
     parser.add_argument(
         "--hw-prune", choices=["auto", "on", "off"], default=None,
         help="bytesplat methods' hardware-aware pruning (off: compare the rasterizers alone)",
@@ -144,13 +165,18 @@ def main(argv: Optional[List[str]] = None) -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     report = {"environment": environment(), "scene": str(data), "runs": []}
     for entry in args.methods:
-        name, _, rasterizer = entry.partition(":")
+        spec, _, overrides = entry.partition("@")
+        name, _, rasterizer = spec.partition(":")
         config = method_config(name, rasterizer or None)
+        if args.tile_stats_every and hasattr(config.pipeline.model, "tile_stats_every"):
+            config.pipeline.model.tile_stats_every = args.tile_stats_every
         if args.num_downscales is not None:
             config.pipeline.model.num_downscales = args.num_downscales
         if args.hw_prune is not None and hasattr(config.pipeline.model, "hw_prune"):
             config.pipeline.model.hw_prune = args.hw_prune
-        label = entry.replace(":", "-")
+        for item in filter(None, overrides.split(",")):  # per method, after the global options
+            set_model_option(config.pipeline.model, item)
+        label = entry.replace(":", "-").replace("@", "-").replace(",", "-").replace("=", "-")
         report["runs"].append(train_and_evaluate(label, config, data, args.iterations, args.work_dir, args.seed, device))
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2))  # after every run: a cut-short job keeps its results

@@ -1,0 +1,36 @@
+"""bytesplat-bench's side-by-side training benchmark on CPU: per-method model options and the
+JSON it writes (the GPU runs in docs/benchmarks.md use the same code)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bytesplat_ns.bench.train import main, set_model_option
+from bytesplat_ns.model import ByteSplatModelConfig
+
+
+def test_model_options_parse_to_the_field_type():
+    cfg = ByteSplatModelConfig()
+    for item in ("hw_prune=off", "tile-stats-every=50", "hw_prune_max_fraction=0.1", "use_scale_regularization=true"):
+        set_model_option(cfg, item)
+    assert (cfg.hw_prune, cfg.tile_stats_every, cfg.hw_prune_max_fraction, cfg.use_scale_regularization) == (
+        "off", 50, 0.1, True)
+    with pytest.raises(SystemExit, match="unknown model option"):
+        set_model_option(cfg, "no_such_field=1")
+    with pytest.raises(SystemExit, match="unknown model option"):
+        set_model_option(cfg, "hw_prune")
+
+
+def test_cpu_run_writes_per_method_results(tmp_path):
+    out = tmp_path / "train.json"
+    main(["--scene", "small", "--iterations", "4", "--num-downscales", "0", "--work-dir", str(tmp_path / "w"),
+          "--methods", "bytesplat:reference@hw_prune=off,hw_prune_capacity=8,tile_stats_every=2", "--out", str(out)])
+    report = json.loads(out.read_text())
+    (run,) = report["runs"]
+    assert run["label"] == "bytesplat-reference-hw_prune-off-hw_prune_capacity-8-tile_stats_every-2"
+    assert run["iterations"] == 4 and run["eval"]["psnr"] > 0 and run["num_gaussians"] > 0
+    assert [e["step"] for e in run["tile_occupancy"]] == [0.0, 2.0]
+    assert all(e["capacity"] == 8 for e in run["tile_occupancy"]) and run["hw_prune_steps"] == []
+    assert "command" in report["environment"]
