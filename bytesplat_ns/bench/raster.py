@@ -15,8 +15,10 @@ The loss values of both paths are reported so the comparison is visibly like for
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import platform
 import statistics
 import sys
@@ -63,6 +65,19 @@ def synthetic_scene(n: int, width: int, height: int, sh_degree: int = 3, seed: i
                 backgrounds=torch.zeros(1, 3, device=device), width=width, height=height, sh_degree=sh_degree)
 
 
+@contextlib.contextmanager
+def _env(name: str, value: str):
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
 def time_ms(fn: Callable[[], None], warmup: int, repeats: int) -> Dict[str, float]:
     for _ in range(warmup):
         fn()
@@ -87,66 +102,107 @@ def _safe(out: Dict, key: str, fn: Callable[[], object]) -> None:
         print(f"[bench] {key} failed: {out[key]['error']}", file=sys.stderr, flush=True)
 
 
+def gsplat_extension_error(skip_gsplat: bool = False) -> Optional[str]:
+    """None when gsplat's CUDA extension is usable, else why not."""
+    if skip_gsplat:
+        return "skipped (--skip-gsplat)"
+    try:
+        import gsplat.cuda._backend as _gb
+
+        return None if _gb._C is not None else "gsplat's CUDA extension did not build"
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"[:300]
+
+
+class StageInputs:
+    """One synthetic scene, projected once (``projection``) and binned once: the identical 2D inputs
+    both raster+loss stages start from."""
+
+    def __init__(self, n: int, width: int, height: int, sh_degree: int, projection: str = "gsplat"):
+        self.scene = synthetic_scene(n, width, height, sh_degree)
+        self.W, self.H, self.sh_degree = width, height, sh_degree
+        s = self.scene
+        self.params = {k: s[k].clone().requires_grad_(True) for k in ("means", "quats", "scales", "opacities", "colors")}
+        with torch.no_grad():
+            self.radii, m2, self.depths, con, col, op = project(
+                *self.args3d(), sh_degree=sh_degree, near_plane=0.01, far_plane=1e10, eps2d=0.3, projection=projection)
+        self.m2, self.con, self.col, self.op = (t.contiguous() for t in (m2, con, col, op))
+        self.offsets, self.fids = bin_tiles(self.m2, self.radii, self.depths, width, height)
+
+    def args3d(self):
+        p, s = self.params, self.scene
+        return (p["means"], p["quats"], p["scales"], p["opacities"], p["colors"], s["viewmats"], s["Ks"], self.W, self.H)
+
+    def leaves(self):
+        return [t.detach().clone().requires_grad_(True) for t in (self.m2, self.con, self.col, self.op)]
+
+    def fused_raster_loss(self, blocks_per_sm: int = 2, two_launch: bool = False):
+        """The fused kernel: render + splatfacto loss + 2D gradients, then autograd's hand-over."""
+        s = self.scene
+        loss, _, _, _ = _FusedLoss.apply(*self.leaves(), s["backgrounds"], s["gt"], self.offsets, self.fids,
+                                         self.W, self.H, 0.2, False, None, blocks_per_sm, two_launch)
+        loss.backward()
+        return loss
+
+    def gsplat_binning(self):
+        from gsplat.cuda._wrapper import isect_offset_encode, isect_tiles
+
+        tw, th = math.ceil(self.W / 16), math.ceil(self.H / 16)
+        _, isect_ids, g_fids = isect_tiles(self.m2, self.radii, self.depths, 16, tw, th)
+        return isect_offset_encode(isect_ids, 1, tw, th), g_fids
+
+    def gsplat_raster_loss(self, binned=None):
+        """gsplat's rasterize_to_pixels forward + clamp + L1 + pytorch_msssim SSIM + backward."""
+        from gsplat.cuda._wrapper import rasterize_to_pixels
+
+        g_off, g_fids = binned if binned is not None else self.gsplat_binning()
+        s = self.scene
+        render, alpha = rasterize_to_pixels(*self.leaves(), self.W, self.H, 16, g_off, g_fids,
+                                            backgrounds=s["backgrounds"])
+        loss = splatfacto_loss_torch(render, alpha, s["gt"], s["backgrounds"])
+        loss.backward()
+        return loss
+
+
 def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repeats: int,
               skip_gsplat: bool = False, projection: str = "gsplat", raster_only: bool = False) -> Dict:
-    s = synthetic_scene(n, width, height, sh_degree)
-    W, H = width, height
-    params = {k: s[k].clone().requires_grad_(True) for k in ("means", "quats", "scales", "opacities", "colors")}
-    args3d = lambda: (params["means"], params["quats"], params["scales"], params["opacities"],  # noqa: E731
-                      params["colors"], s["viewmats"], s["Ks"], W, H)
+    inp = StageInputs(n, width, height, sh_degree, projection)
+    s, W, H, params, args3d = inp.scene, width, height, inp.params, inp.args3d
+    m2, con, col, op, radii, depths = inp.m2, inp.con, inp.col, inp.op, inp.radii, inp.depths
+    offsets, fids = inp.offsets, inp.fids
     out: Dict = {"num_gaussians": n}
-
-    # Projected inputs shared by both raster+loss paths (gsplat projection: the baseline's own).
-    with torch.no_grad():
-        radii, m2, depths, con, col, op = project(
-            *args3d()[:9], sh_degree=sh_degree, near_plane=0.01, far_plane=1e10, eps2d=0.3, projection=projection)
-    m2, con, col, op = (t.contiguous() for t in (m2, con, col, op))
-    offsets, fids = bin_tiles(m2, radii, depths, W, H)
     counts = (offsets[1:] - offsets[:-1]).float()
     out["visible"] = int((radii > 0).sum())
     out["intersections"] = int(fids.numel())
     _safe(out, "per_tile_mean", lambda: float(counts.mean()))
     _safe(out, "per_tile_p99", lambda: float(counts.quantile(0.99)))
     _safe(out, "per_tile_max", lambda: float(counts.max()))
-    leaf = lambda: [t.detach().clone().requires_grad_(True) for t in (m2, con, col, op)]  # noqa: E731
 
-    def fused_raster_loss():
-        a, b, c, d = leaf()
-        loss, _, _, _ = _FusedLoss.apply(a, b, c, d, s["backgrounds"], s["gt"], offsets, fids, W, H,
-                                         0.2, False, None, 2, False)
-        loss.backward()
-        return loss
-
-    _safe(out, "fused_loss_value", lambda: fused_raster_loss().item())
+    _safe(out, "fused_loss_value", lambda: inp.fused_raster_loss().item())
     _safe(out, "fused_kernel", lambda: dict(_FusedLoss.last_kernel_info))
-    _safe(out, "raster_loss_fused", lambda: time_ms(fused_raster_loss, warmup, repeats))
+    _safe(out, "raster_loss_fused", lambda: time_ms(inp.fused_raster_loss, warmup, repeats))
     _safe(out, "raster_loss_fused_two_phase", lambda: time_ms(
-        lambda: _FusedLoss.apply(*leaf(), s["backgrounds"], s["gt"], offsets, fids, W, H, 0.2, False, None, 2,
-                                 True)[0].backward(), warmup, repeats))
+        lambda: inp.fused_raster_loss(two_launch=True), warmup, repeats))
+    for bps in (1, 3, 4):  # on-chip capacity vs occupancy: fewer, larger blocks or more, smaller ones
+        _safe(out, f"raster_loss_fused_two_phase_bps{bps}", lambda bps=bps: time_ms(
+            lambda: inp.fused_raster_loss(blocks_per_sm=bps, two_launch=True), warmup, repeats))
+        _safe(out, f"fused_kernel_bps{bps}", lambda: dict(_FusedLoss.last_kernel_info))
+    with _env("BYTESPLAT_BWD_REDUCE", "shuffle"):  # A/B of the backward's per-Gaussian warp reduction
+        _safe(out, "raster_loss_fused_two_phase_shuffle_reduce", lambda: time_ms(
+            lambda: inp.fused_raster_loss(two_launch=True), warmup, repeats))
 
-    gsplat_ok = not skip_gsplat
+    gsplat_error = gsplat_extension_error(skip_gsplat)
+    gsplat_ok = gsplat_error is None
+    if not gsplat_ok and not skip_gsplat:
+        out["gsplat_error"] = gsplat_error
     if gsplat_ok:
-        try:
-            import gsplat.cuda._backend as _gb
-
-            gsplat_ok = _gb._C is not None
-        except Exception as e:  # noqa: BLE001
-            gsplat_ok = False
-            out["gsplat_error"] = f"{type(e).__name__}: {e}"[:300]
-    if gsplat_ok:
-        from gsplat.cuda._wrapper import isect_offset_encode, isect_tiles, rasterize_to_pixels
+        from gsplat.cuda._wrapper import rasterize_to_pixels
         from gsplat.rendering import rasterization
 
-        tw, th = math.ceil(W / 16), math.ceil(H / 16)
-        _, isect_ids, g_fids = isect_tiles(m2, radii, depths, 16, tw, th)
-        g_off = isect_offset_encode(isect_ids, 1, tw, th)
+        g_off, g_fids = inp.gsplat_binning()
 
         def gsplat_raster_loss():
-            a, b, c, d = leaf()
-            render, alpha = rasterize_to_pixels(a, b, c, d, W, H, 16, g_off, g_fids, backgrounds=s["backgrounds"])
-            loss = splatfacto_loss_torch(render, alpha, s["gt"], s["backgrounds"])
-            loss.backward()
-            return loss
+            return inp.gsplat_raster_loss((g_off, g_fids))
 
         def gsplat_raster_fwd():
             with torch.no_grad():
@@ -184,8 +240,16 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
         _safe(out, "full_fused", lambda: time_ms(fused_full, warmup, repeats))
         _safe(out, "full_fused_raster_torch_loss", lambda: time_ms(fused_raster_torch_loss_full, warmup, repeats))
     _safe(out, "raster_fwd_fused", lambda: time_ms(fused_raster_fwd, warmup, repeats))
-    _safe(out, "binning_torch", lambda: time_ms(lambda: bin_tiles(m2, radii, depths, W, H), warmup, repeats))
-    del s, params
+    _safe(out, "binning", lambda: time_ms(lambda: bin_tiles(m2, radii, depths, W, H), warmup, repeats))
+    try:
+        from bytesplat_ns.raster.fused import bin_tiles_torch
+    except ImportError:  # before the CUDA binning existed, bin_tiles was the torch code
+        bin_tiles_torch = None
+    if bin_tiles_torch is not None:
+        _safe(out, "binning_torch", lambda: time_ms(lambda: bin_tiles_torch(m2, radii, depths, W, H), warmup, repeats))
+    if gsplat_ok:
+        _safe(out, "binning_gsplat", lambda: time_ms(inp.gsplat_binning, warmup, repeats))
+    del s, params, inp
     torch.cuda.empty_cache()
     return out
 

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# The session's GPU measurements in one call on two H200s (nvidia-h200-x2), each stage bounded:
+#   GPU 0: the GPU tests (fused kernels incl. CUDA binning and both backward reductions, sharded
+#          step's fused loss compositor, sparse-grad kernels, pruning), then `bytesplat-bench raster`
+#          (1M and 4M Gaussians, 1920x1080, SH 3), then Nsight Compute DRAM bytes of the
+#          raster+loss stage, fused vs gsplat (when ncu is installed);
+#   GPU 1: hardware-aware pruning side by side (fused backend, hw-prune off vs on, tile occupancy
+#          every 100 steps) on the built-in medium scene, then on the large one while time remains;
+#   both:  `bytesplat-bench distributed` under torchrun (1 vs 2 ranks, dense / sparse-grad, gsplat).
+# Writes at most 8 files to $OUT: tests.log raster.json dram.json prune_medium.json
+# prune_large.json distributed.json log.txt (+ gsplat_cuda.so when none was carried).
+#   device tool: kind nvidia-h200-x2, carry [".whl", ".ext"], timeout_s 540
+set -o pipefail
+OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
+export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 BYTESPLAT_DIST_TIMEOUT=${BYTESPLAT_DIST_TIMEOUT:-200}
+BUDGET=${BUDGET:-420}
+ITERS=${ITERS:-3000}
+exec > >(tee -a "$OUT/log.txt") 2>&1
+source scripts/gpu_setup.sh || exit 1
+left() { echo $(( BUDGET - $(date +%s) + T0 )); }
+so=$(ls $TORCH_EXTENSIONS_DIR/gsplat_cuda/gsplat_cuda.so 2>/dev/null) && [[ ! -f .ext/gsplat_cuda.so ]] && cp "$so" "$OUT/"
+
+gpu0() {
+  export CUDA_VISIBLE_DEVICES=0
+  timeout 200 $PY -c "from bytesplat_ns.distributed.sparse_kernels import load_extension; load_extension(); print('sparse-grad ext ok')" 2>&1 | tail -n 1
+  stamp "GPU 0: tests"
+  BYTESPLAT_TEST_GSPLAT_PROJECTION=1 timeout 200 $PY -m pytest -q -p no:cacheprovider -o addopts="" \
+    tests/test_fused_gpu.py tests/test_distributed_gpu.py tests/test_sparse_kernels_gpu.py tests/test_pruning.py \
+    -m gpu -k "not training_run_cross_checked" -rfE --tb=short --durations=5 > "$OUT/tests.log" 2>&1
+  stamp "GPU 0: tests rc=$? $(tail -n 1 "$OUT/tests.log")"
+  stamp "GPU 0: raster benchmark"
+  timeout 150 $PY -m bytesplat_ns.bench.cli raster --num-gaussians 1000000 4000000 --width 1920 --height 1080 \
+    --warmup 3 --repeats 10 --out "$OUT/raster.json" > /tmp/raster.log 2>&1
+  stamp "GPU 0: raster rc=$?"; tail -n 3 /tmp/raster.log | cut -c1-3000
+  if command -v ncu >/dev/null || [[ -x /usr/local/cuda/bin/ncu ]]; then
+    NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    echo "{" > "$OUT/dram.json"
+    for n in 1000000 4000000; do for st in fused gsplat; do
+      (( $(left) < 120 )) && break 2
+      timeout 60 $NCU --profile-from-start off --metrics dram__bytes_read.sum,dram__bytes_write.sum --csv \
+        --print-units base $PY -m bytesplat_ns.bench.dram --stage $st --num-gaussians $n > /tmp/ncu_${st}_$n.csv 2>/tmp/ncu_err.log
+      r=$($PY -m bytesplat_ns.bench.dram --parse /tmp/ncu_${st}_$n.csv 2>&1 | tail -1)
+      stamp "ncu $st N=$n: $r"; tail -n 2 /tmp/ncu_err.log
+      echo "\"${st}_$n\": $( [[ "$r" == \{* ]] && echo "$r" || echo '{"error": "see log.txt"}'  )," >> "$OUT/dram.json"
+    done; done
+    echo "\"command\": \"ncu --profile-from-start off --metrics dram__bytes_read.sum,dram__bytes_write.sum --csv --print-units base python -m bytesplat_ns.bench.dram --stage STAGE --num-gaussians N\"}" >> "$OUT/dram.json"
+  else
+    stamp "no ncu on this machine: DRAM bytes not measured"
+  fi
+}
+
+gpu1() {
+  export CUDA_VISIBLE_DEVICES=1
+  for scene in medium large; do
+    t=$(( $(left) - 110 )); (( t < 60 )) && { stamp "GPU 1: no time left for the $scene scene"; break; }
+    stamp "GPU 1: pruning off vs on, $scene scene, $ITERS iterations (timeout ${t}s)"
+    timeout $t $PY -m bytesplat_ns.bench.train --scene $scene --iterations $ITERS --num-downscales 0 --tile-stats-every 100 \
+      --methods bytesplat:fused@hw_prune=off bytesplat:fused@hw_prune=on --work-dir /tmp/prune_runs \
+      --out "$OUT/prune_$scene.json" > /tmp/prune_$scene.log 2>&1
+    stamp "GPU 1: $scene rc=$?"; grep -E "hardware-aware|Error" /tmp/prune_$scene.log | head -5
+  done
+}
+
+gpu0 > /tmp/gpu0.log 2>&1 &
+P0=$!
+gpu1 > /tmp/gpu1.log 2>&1 &
+P1=$!
+wait $P0 $P1
+cat /tmp/gpu0.log /tmp/gpu1.log
+
+TB=$(( $(left) - 10 )); (( TB > 150 )) && TB=150
+if (( TB > 40 )); then
+  stamp "both GPUs: distributed benchmark (timeout ${TB}s)"
+  timeout $TB $PY -m torch.distributed.run --standalone --nproc-per-node 2 -m bytesplat_ns.bench.cli distributed \
+    --num-gaussians 1000000 4000000 --views 8 --width 1920 --height 1080 --warmup 3 --repeats 10 \
+    --out "$OUT/distributed.json" > /tmp/dist.log 2>&1
+  stamp "distributed rc=$?"; grep -vE "^\s*$" /tmp/dist.log | tail -n 16 | cut -c1-400
+fi
+$PY - "$OUT" <<'EOF'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+for f in sorted(out.glob("prune_*.json")):
+    for r in json.loads(f.read_text())["runs"]:
+        occ = r.get("tile_occupancy", [])
+        late = [e["over_capacity_share"] for e in occ if e["step"] >= 600]
+        print(f.name, r["label"], "ms/it %.2f" % r["ms_per_iteration"], "psnr %.3f ssim %.4f" % (r["eval"]["psnr"], r["eval"]["ssim"]),
+              "N", r["num_gaussians"], "over-capacity after warm-up: max %.4f last %.4f" % (max(late, default=0), late[-1] if late else 0))
+f = out / "raster.json"
+if f.exists():
+    for r in json.loads(f.read_text())["runs"]:
+        print({k: (v.get("median_ms") if isinstance(v, dict) and "median_ms" in v else v) for k, v in r.items() if not k.startswith("fused_kernel")})
+EOF
+stamp "done"
