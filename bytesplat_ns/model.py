@@ -34,7 +34,7 @@ class ByteSplatModelConfig(SplatfactoModelConfig):
 
     _target: Type = field(default_factory=lambda: ByteSplatModel)
     rasterizer: Literal["auto", "reference", "gsplat", "fused"] = "auto"
-    """Rasterizer backend. auto: fused on GPU once available (gsplat until then), reference on CPU."""
+    """Rasterizer backend. auto: fused on GPU (gsplat, with the cause logged, if its kernels cannot be built), reference on CPU."""
     # Hardware-aware pruning (bytesplat_ns/pruning.py, docs/pruning.md).
     hw_prune: Literal["auto", "on", "off"] = "auto"
     """Prune so each tile's Gaussians fit the fused kernel's shared memory. auto: on with the fused backend."""

@@ -41,3 +41,22 @@ def test_gpu_backend_on_cpu_is_a_clear_error():
         resolve_backend("gsplat", torch.device("cpu"))
     with pytest.raises(BytesplatError, match="Unknown rasterizer"):
         resolve_backend("magic", torch.device("cpu"))
+
+
+def test_auto_backend_on_cuda_is_fused_or_gsplat_with_the_cause(monkeypatch):
+    """auto on a CUDA device: the fused kernels when they build, else gsplat with the build error
+    named in a warning (resolution only; no GPU needed)."""
+    import pytest
+
+    from bytesplat_ns.raster import _build, resolve_backend
+
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(_build, "load_extension", lambda verbose=False: object())
+    assert resolve_backend("auto", cuda) == "fused"
+
+    def broken(verbose=False):
+        raise _build.CudaBuildError("nvcc was not found (set CUDA_HOME)")
+
+    monkeypatch.setattr(_build, "load_extension", broken)
+    with pytest.warns(UserWarning, match="nvcc was not found.*rasterizing with gsplat"):
+        assert resolve_backend("auto", cuda) == "gsplat"

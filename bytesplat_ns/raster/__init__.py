@@ -15,6 +15,7 @@ Backends:
 
 from __future__ import annotations
 
+import warnings
 from typing import Dict, Literal, Optional, Tuple
 
 import torch
@@ -24,14 +25,29 @@ Backend = Literal["reference", "gsplat", "fused"]
 BACKENDS: Tuple[str, ...] = ("reference", "gsplat", "fused")
 
 
+def _auto_backend(device: torch.device) -> str:
+    """``auto``: the fused kernels on CUDA (built on first use), gsplat when they cannot be built
+    here (the cause is logged once), the reference rasterizer elsewhere."""
+    if device.type != "cuda":
+        return "reference"
+    from bytesplat_ns.raster._build import CudaBuildError, load_extension
+
+    try:
+        load_extension()
+        return "fused"
+    except CudaBuildError as e:
+        warnings.warn(f"bytesplat: the fused CUDA kernels are unavailable here ({e}); rasterizing with gsplat. "
+                      "Fix the cause or pass --pipeline.model.rasterizer gsplat to silence this.")
+        return "gsplat"
+
+
 def resolve_backend(name: str, device: torch.device) -> str:
     """Map ``auto`` to the backend for ``device`` and check the choice can run there (a clear
     ``BytesplatError`` otherwise: e.g. a GPU-trained config opened in ns-viewer on a CPU machine)."""
     from bytesplat_ns.errors import BytesplatError
 
     if name == "auto":
-        # The fused kernel becomes the GPU default once it lands (see fused.py); until then gsplat.
-        return "gsplat" if device.type == "cuda" else "reference"
+        return _auto_backend(device)
     if name not in BACKENDS:
         raise BytesplatError(f"Unknown rasterizer '{name}'; choose one of auto, {', '.join(BACKENDS)}.")
     if name in ("gsplat", "fused") and device.type != "cuda":
