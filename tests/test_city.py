@@ -244,21 +244,27 @@ def test_dataparser_city_scene_size(tmp_path):
 
 
 def test_lazy_datamanager_trains_with_bytesplat(tmp_path):
-    """A few ns-train iterations (with eval of all images) of the bytesplat method on the tiny city
-    through the lazy datamanager: only a bounded number of decoded images is ever held."""
+    """A few ns-train iterations (with eval of all images) of the `bytesplat-large` method entry (the
+    lazy datamanager) on the tiny city: only a bounded number of decoded images is ever held. Its
+    sharded twin `bytesplat-distributed-large` carries the same datamanager."""
     import copy
 
-    from bytesplat_ns.data.dataparser import BytesplatSceneDataParserConfig
-    from bytesplat_ns.data.lazy_images import LazyImageDatamanagerConfig
-    from bytesplat_ns.method_configs.bytesplat import bytesplat_config
+    from nerfstudio.configs.method_configs import all_methods
 
-    cfg = copy.deepcopy(bytesplat_config)
-    cfg.pipeline.datamanager = LazyImageDatamanagerConfig(
-        dataparser=BytesplatSceneDataParserConfig(scene_size="city-tiny", scene_cache_dir=tmp_path / "cache"),
-        lazy_cache_size=4,
-    )
+    from bytesplat_ns.data.lazy_images import LazyImageDatamanagerConfig
+    from bytesplat_ns.distributed.pipeline import ShardedPipelineConfig
+
+    sharded = all_methods["bytesplat-distributed-large"]
+    assert isinstance(sharded.pipeline, ShardedPipelineConfig)
+    assert isinstance(sharded.pipeline.datamanager, LazyImageDatamanagerConfig)
+    cfg = copy.deepcopy(all_methods["bytesplat-large"])  # registered through the entry point
+    assert cfg.method_name == "bytesplat-large" and isinstance(cfg.pipeline.datamanager, LazyImageDatamanagerConfig)
+    cfg.pipeline.datamanager.lazy_cache_size = 4
+    cfg.pipeline.datamanager.dataparser.scene_size = "city-tiny"
+    cfg.pipeline.datamanager.dataparser.scene_cache_dir = tmp_path / "cache"
     cfg.max_num_iterations, cfg.steps_per_eval_image, cfg.steps_per_eval_all_images, cfg.steps_per_save = 6, 3, 5, 100
     cfg.vis, cfg.output_dir = "tensorboard", tmp_path / "out"
+    cfg.machine.device_type = "cpu"
     cfg.set_timestamp()
     trainer = cfg.setup(local_rank=0, world_size=1)
     trainer.setup()

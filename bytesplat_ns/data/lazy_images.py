@@ -18,7 +18,8 @@ the device only for the step that uses them. Use ``cache_images_type="uint8"`` (
 Limitation: cameras with non-zero distortion are refused (nerfstudio undistorts while caching and
 rewrites the intrinsics then; do that once offline, or use ``FullImageDatamanagerConfig``).
 
-Use it from Python (a method config)::
+The ``bytesplat-large`` and ``bytesplat-distributed-large`` methods use it
+(``method_configs/bytesplat_large.py``); from Python, on any config::
 
     config.pipeline.datamanager = LazyImageDatamanagerConfig(
         dataparser=BytesplatSceneDataParserConfig(data=Path("/data/city")), lazy_cache_size=64)
