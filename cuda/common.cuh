@@ -16,6 +16,7 @@ constexpr int kBlock = kTile * kTile;     // threads per block, one per pixel
 constexpr int kWarps = kBlock / 32;
 constexpr int kChunk = 32;                // Gaussians per block-level gradient reduction
 constexpr int kGradComps = 11;            // xy(2) conic(3) rgb(3) opacity(1) |xy|(2)
+constexpr int kGradPad = 16;              // components padded to 16 for the butterfly reduction
 constexpr float kAlphaMin = 1.f / 255.f;
 constexpr float kAlphaMax = 0.999f;
 constexpr float kTMin = 1e-4f;
@@ -107,20 +108,74 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
+// ---- Per-Gaussian warp reduction, butterfly ("reduce-scatter / transpose") variant ----
+//
+// Every lane holds v[0..15] (component c of its pixel's gradient, zero for c >= K). Instead of
+// K independent 5-shuffle warp_sums (55 shuffles for K = 11), each of the 4 steps s = 0..3 halves
+// the number of values a lane holds: with offset 1 << s and b = bit s of the lane, the lane keeps
+// the half whose component has bit s equal to b, sends the other half to its partner (lane ^ (1<<s)),
+// and adds what it receives (the partner's copy of the half it keeps).
+//
+// Invariant (checked by tests/test_butterfly_reduce.py, which mirrors this code line by line):
+// after step s (values a[j], j < 16 >> (s+1)), a[j] holds component
+//     c = j * 2^(s+1) + (lane & (2^(s+1) - 1))
+// summed over the 2^(s+1) lanes that agree with this lane in every bit above s.
+// After the 4 steps each lane holds ONE value, component c = lane & 15, summed over the 16 lanes
+// that share bit 4; a last shuffle with offset 16 completes the warp total. Result: the warp total
+// of component c sits in lanes c and c + 16 (c < 16), so lanes 0..K-1 each do one atomicAdd.
+// Values whose component range starts at or above K are zero in every lane (compile-time known
+// after unrolling) and are neither shuffled nor added: K = 11 costs 6+3+2+1+1 = 13 shuffles,
+// K = 9 costs 5+3+2+1+1 = 12 (instead of 55 / 45).
+// All indices are compile-time constants after unrolling (selects, not dynamic indexing), so the
+// arrays stay in registers.
+template <int N, int S, int K>
+__device__ __forceinline__ void butterfly_step(const float (&in)[N], float (&out)[N / 2], int lane) {
+    const bool bit = (lane >> S) & 1;
+#pragma unroll
+    for (int j = 0; j < N / 2; ++j) {
+        if ((j << (S + 1)) >= K) {  // every component this value could hold is >= K: zero
+            out[j] = 0.f;
+            continue;
+        }
+        const float lo = in[2 * j], hi = in[2 * j + 1];  // components with bit S = 0 / = 1
+        const float keep = bit ? hi : lo;
+        const float send = bit ? lo : hi;
+        out[j] = keep + __shfl_xor_sync(0xffffffffu, send, 1 << S);
+    }
+}
+
+// Warp total of component (lane & 15) of v (v[c] must be 0 in every lane for c >= K).
+template <int K>
+__device__ __forceinline__ float warp_reduce_scatter16(const float (&v)[kGradPad], int lane) {
+    static_assert(K >= 1 && K <= kGradPad, "butterfly reduction handles up to 16 components");
+    float a8[8], a4[4], a2[2], a1[1];
+    butterfly_step<16, 0, K>(v, a8, lane);
+    butterfly_step<8, 1, K>(a8, a4, lane);
+    butterfly_step<4, 2, K>(a4, a2, lane);
+    butterfly_step<2, 3, K>(a2, a1, lane);
+    return a1[0] + __shfl_xor_sync(0xffffffffu, a1[0], 16);
+}
+
 // Back-to-front over the shared slots [lo, hi) (slot + base = index in the tile list), in chunks of
 // kChunk Gaussians: per-pixel gradients are summed over the warp by shuffles, over the block in
 // shared memory (s_acc, kChunk*kGradComps floats, zero on entry and on exit), and written to global
 // memory once per Gaussian per tile. All threads of the block must call this with the same lo/hi.
-template <bool ABS>
+// BUTTERFLY selects the warp reduction: true = warp_reduce_scatter16 (13/12 shuffles per Gaussian,
+// lanes 0..K-1 each add one component to s_acc), false = the original one warp_sum per component
+// (55/45 shuffles, lane 0 adds all K). Both give the same sums up to fp32 reassociation.
+template <bool ABS, bool BUTTERFLY>
 __device__ __forceinline__ void backward_slots(
     const SmemGaussians &s, int lo, int hi, int base, PixelBwd &p, float *s_acc,
     float *__restrict__ v_means2d, float *__restrict__ v_conics, float *__restrict__ v_colors,
     float *__restrict__ v_opacities, float *__restrict__ v_means2d_abs) {
+    constexpr int K = ABS ? kGradComps : 9;  // components actually reduced
     const int lane = threadIdx.x & 31;
     for (int chunk_hi = hi; chunk_hi > lo; chunk_hi -= kChunk) {
         const int chunk_lo = max(lo, chunk_hi - kChunk);
         for (int k = chunk_hi - 1; k >= chunk_lo; --k) {
-            float g[kGradComps];
+            float g[kGradPad];
+#pragma unroll
+            for (int c = kGradComps; c < kGradPad; ++c) g[c] = 0.f;  // butterfly padding
             bool valid = false;
             if (base + k < p.last) {
                 const float4 a = s.g0[k];
@@ -165,17 +220,17 @@ __device__ __forceinline__ void backward_slots(
 #pragma unroll
                 for (int c = 0; c < kGradComps; ++c) g[c] = 0.f;
             }
+            if (BUTTERFLY) {
+                if (!ABS) g[9] = g[10] = 0.f;  // components >= K must be zero in every lane
+                const float total = warp_reduce_scatter16<K>(g, lane);
+                if (lane < K) atomicAdd(s_acc + (k - chunk_lo) * kGradComps + lane, total);
+            } else {
 #pragma unroll
-            for (int c = 0; c < kGradComps; ++c) {
-                if (!ABS && c >= 9) break;
-                g[c] = warp_sum(g[c]);
-            }
-            if (lane == 0) {
-                float *dst = s_acc + (k - chunk_lo) * kGradComps;
+                for (int c = 0; c < K; ++c) g[c] = warp_sum(g[c]);
+                if (lane == 0) {
+                    float *dst = s_acc + (k - chunk_lo) * kGradComps;
 #pragma unroll
-                for (int c = 0; c < kGradComps; ++c) {
-                    if (!ABS && c >= 9) break;
-                    atomicAdd(dst + c, g[c]);
+                    for (int c = 0; c < K; ++c) atomicAdd(dst + c, g[c]);
                 }
             }
         }

@@ -156,7 +156,7 @@ __device__ __forceinline__ void loss_grad_tile(const Params &P, int cam, int tx,
     ssim_sum = block_sum(ssum, s_red);
 }
 
-template <bool ABS>
+template <bool ABS, bool BUTTERFLY>
 __global__ void __launch_bounds__(kBlock, 2) fused_loss_kernel(const Params P) {
     extern __shared__ float4 smem4[];
     SmemGaussians s;
@@ -282,7 +282,7 @@ __global__ void __launch_bounds__(kBlock, 2) fused_loss_kernel(const Params P) {
             __syncthreads();
         }
         const int hi = min(cnt, max_last - b * P.cap);
-        backward_slots<ABS>(s, 0, hi, b * P.cap, p, s_acc, P.v_means2d, P.v_conics, P.v_colors,
+        backward_slots<ABS, BUTTERFLY>(s, 0, hi, b * P.cap, p, s_acc, P.v_means2d, P.v_conics, P.v_colors,
                             P.v_opacities, P.v_abs);
     }
 }
@@ -320,7 +320,7 @@ std::vector<at::Tensor> fused_loss(const at::Tensor &means2d, const at::Tensor &
                                    int64_t C, int64_t W, int64_t H, double ssim_lambda,
                                    const at::Tensor &window, int64_t cap_override,
                                    int64_t blocks_per_sm, bool absgrad, bool force_two_phase,
-                                   bool clamp_inclusive) {
+                                   bool clamp_inclusive, bool butterfly) {
     for (const at::Tensor *t : {&means2d, &conics, &colors, &opacities, &backgrounds, &gt}) {
         TORCH_CHECK(t->is_cuda() && t->scalar_type() == at::kFloat && t->is_contiguous(),
                     "bytesplat: fused_loss inputs must be contiguous float32 CUDA tensors");
@@ -381,7 +381,10 @@ std::vector<at::Tensor> fused_loss(const at::Tensor &means2d, const at::Tensor &
     at::Tensor win = window.to(at::kFloat).contiguous();
     for (int k = 0; k < kWin; ++k) P.win[k] = win.data_ptr<float>()[k];
 
-    auto kernel = absgrad ? fused_loss_kernel<true> : fused_loss_kernel<false>;
+    // butterfly: the warp reduction of backward_slots (common.cuh); false = one warp_sum per
+    // component, kept for A/B runs (BYTESPLAT_BWD_REDUCE=shuffle).
+    auto kernel = absgrad ? (butterfly ? fused_loss_kernel<true, true> : fused_loss_kernel<true, false>)
+                          : (butterfly ? fused_loss_kernel<false, true> : fused_loss_kernel<false, false>);
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     int per_sm = 0, sms = 0;
     C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kBlock, smem));

@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(kBlock) render_fwd_kernel(
     out_last[pix] = last;
 }
 
-template <bool ABS>
+template <bool ABS, bool BUTTERFLY>
 __global__ void __launch_bounds__(kBlock) render_bwd_kernel(
     int W, int H, int tw, int th, const float *__restrict__ means2d,
     const float *__restrict__ conics, const float *__restrict__ colors,
@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(kBlock) render_bwd_kernel(
         load_gaussians(s, flatten_ids, start + b * kBatch, cnt, means2d, conics, colors, opacities);
         __syncthreads();
         const int hi = min(cnt, max_last - b * kBatch);
-        backward_slots<ABS>(s, 0, hi, b * kBatch, p, s_acc, v_means2d, v_conics, v_colors,
+        backward_slots<ABS, BUTTERFLY>(s, 0, hi, b * kBatch, p, s_acc, v_means2d, v_conics, v_colors,
                             v_opacities, v_means2d_abs);
     }
 }
@@ -160,7 +160,8 @@ std::vector<at::Tensor> render_bwd(const at::Tensor &means2d, const at::Tensor &
                                    const at::Tensor &offsets, const at::Tensor &flatten_ids,
                                    int64_t C, int64_t W, int64_t H, const at::Tensor &T_final,
                                    const at::Tensor &last, const at::Tensor &v_render,
-                                   const c10::optional<at::Tensor> &v_alpha, bool absgrad) {
+                                   const c10::optional<at::Tensor> &v_alpha, bool absgrad,
+                                   bool butterfly) {
     check_inputs(means2d, conics, colors, opacities, offsets, flatten_ids);
     const at::cuda::CUDAGuard guard(means2d.device());
     const int tw = (W + kTile - 1) / kTile, th = (H + kTile - 1) / kTile;
@@ -187,8 +188,15 @@ std::vector<at::Tensor> render_bwd(const at::Tensor &means2d, const at::Tensor &
             v_colors.data_ptr<float>(), v_opacities.data_ptr<float>(),
             absgrad ? v_abs.data_ptr<float>() : nullptr);
     };
-    if (absgrad) launch(render_bwd_kernel<true>);
-    else launch(render_bwd_kernel<false>);
+    // butterfly: the warp reduction of backward_slots (common.cuh); false = one warp_sum per
+    // component, kept for A/B runs (BYTESPLAT_BWD_REDUCE=shuffle).
+    if (absgrad) {
+        if (butterfly) launch(render_bwd_kernel<true, true>);
+        else launch(render_bwd_kernel<true, false>);
+    } else {
+        if (butterfly) launch(render_bwd_kernel<false, true>);
+        else launch(render_bwd_kernel<false, false>);
+    }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return {v_means2d, v_conics, v_colors, v_opacities, v_abs};
 }

@@ -92,14 +92,18 @@ class TorchOps:
 
     def __init__(self):
         self.calls = {"render_fwd": 0, "render_bwd": 0, "fused_loss": 0}
+        self.butterfly = []  # (entry point, butterfly flag) per backward launch
 
     def render_fwd(self, m, c, col, o, bg, offsets, fids, C, W, H):
         self.calls["render_fwd"] += 1
         rgb, alpha, T = twin_composite(m, c, col, o, bg, offsets, fids, C, W, H)
         return rgb, alpha, T, torch.zeros(C, H, W, dtype=torch.int32)
 
-    def render_bwd(self, m, c, col, o, bg, offsets, fids, C, W, H, T, last, v_rgb, v_alpha, absgrad):
+    def render_bwd(self, m, c, col, o, bg, offsets, fids, C, W, H, T, last, v_rgb, v_alpha, absgrad,
+                   butterfly):
         self.calls["render_bwd"] += 1
+        assert isinstance(butterfly, bool)
+        self.butterfly.append(("render_bwd", butterfly))
         ins = [t.detach().clone().requires_grad_(True) for t in (m, c, col, o)]
         absbuf = torch.zeros_like(m) if absgrad else None
         with torch.enable_grad():
@@ -110,10 +114,12 @@ class TorchOps:
         return (*grads, absbuf if absgrad else torch.empty(0))
 
     def fused_loss(self, m, c, col, o, bg, gt, offsets, fids, C, W, H, ssim_lambda, window, cap,
-                   blocks_per_sm, absgrad, force_two_phase, clamp_inclusive):
+                   blocks_per_sm, absgrad, force_two_phase, clamp_inclusive, butterfly):
         from pytorch_msssim import SSIM
 
         self.calls["fused_loss"] += 1
+        assert isinstance(butterfly, bool)
+        self.butterfly.append(("fused_loss", butterfly))
         assert window.device.type == "cpu" and window.numel() == F.SSIM_WIN_SIZE
         ins = [t.detach().clone().requires_grad_(True) for t in (m, c, col, o)]
         absbuf = torch.zeros_like(m) if absgrad else None
@@ -142,6 +148,7 @@ def torch_ops(monkeypatch):
     monkeypatch.setattr(F, "_ops", lambda: ops)
     monkeypatch.setattr(F, "_check", lambda *a, **k: None)
     monkeypatch.setenv("BYTESPLAT_PROJECTION", "torch")
+    monkeypatch.delenv("BYTESPLAT_BWD_REDUCE", raising=False)  # the default unless a test sets it
     return ops
 
 
@@ -234,6 +241,36 @@ def test_rasterize_fused_eval_under_no_grad(torch_ops):
         rf3, af3, _ = F.rasterize_fused(*_args(scene, scene), sh_degree=2, render_mode="RGB")
     assert rel_err(rf[..., :3], rr[..., :3]) <= TOL and rel_err(af, ar) <= TOL
     assert torch.equal(rf[..., :3], rf3) and torch.equal(af, af3)  # depth never changes the RGB part
+
+
+@pytest.mark.parametrize("env,expect", [(None, True), ("butterfly", True), ("shuffle", False), (" Shuffle ", False)])
+def test_bwd_reduce_flag_reaches_both_kernels(torch_ops, monkeypatch, env, expect):
+    """BYTESPLAT_BWD_REDUCE (default butterfly) picks the backward warp reduction of both entry
+    points: render_bwd (rasterize_fused's backward) and fused_loss get butterfly=True/False."""
+    if env is not None:
+        monkeypatch.setenv("BYTESPLAT_BWD_REDUCE", env)
+    scene = make_scene(N=40, seed=7)
+    H, W = scene["height"], scene["width"]
+    p = _params(scene)
+    render, alpha, _ = F.rasterize_fused(*_args(p, scene), sh_degree=2)
+    (render.sum() + alpha.sum()).backward()
+    gt = torch.rand(1, H, W, 3, generator=torch.Generator().manual_seed(8))
+    loss, _, _, info = F.fused_render_loss(*_args(_params(scene), scene), gt, sh_degree=2)
+    loss.backward()
+    assert torch_ops.butterfly == [("render_bwd", expect), ("fused_loss", expect)]
+    assert info["kernel"]["bwd_reduce"] == ("butterfly" if expect else "shuffle")
+
+
+def test_bwd_reduce_rejects_unknown_values(torch_ops, monkeypatch):
+    monkeypatch.setenv("BYTESPLAT_BWD_REDUCE", "transpose")
+    scene = make_scene(N=20, seed=9)
+    H, W = scene["height"], scene["width"]
+    gt = torch.rand(1, H, W, 3)
+    with pytest.raises(ValueError, match="BYTESPLAT_BWD_REDUCE"):
+        F.fused_render_loss(*_args(_params(scene), scene), gt, sh_degree=2)
+    with pytest.raises(ValueError, match="BYTESPLAT_BWD_REDUCE"):
+        F.rasterize_fused(*_args(_params(scene), scene), sh_degree=2)
+    assert torch_ops.butterfly == []
 
 
 @pytest.mark.parametrize("absgrad", [False, True])

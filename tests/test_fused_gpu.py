@@ -286,6 +286,80 @@ def test_fused_loss_capacity_from_device():
 
 
 # ---------------------------------------------------------------------------------------------
+# Backward warp reduction: butterfly (default) vs the original per-component shuffles
+# ---------------------------------------------------------------------------------------------
+
+REDUCE_AB_TOL = 5e-5  # same sums in another fp32 order (and the block atomics are unordered anyway); a
+# lane/component mix-up shows as O(1e-2..1)
+
+
+def _reduce_run(monkeypatch, reduce, fn):
+    monkeypatch.setenv("BYTESPLAT_BWD_REDUCE", reduce)
+    return fn()
+
+
+@pytest.mark.parametrize("absgrad", [True, False])
+def test_bwd_reduce_butterfly_matches_shuffle(absgrad, monkeypatch):
+    """BYTESPLAT_BWD_REDUCE=butterfly|shuffle: both backward kernels (render_bwd behind
+    rasterize_fused, and fused_loss one-launch with a small capacity so tiles stream) give the same
+    2D and parameter gradients up to summation order, on a scene with > kChunk Gaussians per tile
+    (several chunks) and partially valid warps. The butterfly run is also held against the
+    reference (the shuffle path is covered by the existing tests' history)."""
+    from bytesplat_ns.raster.fused import fused_render_loss, rasterize_fused
+    from bytesplat_ns.raster.reference import rasterize_reference
+
+    C, W, H, sh = 2, 70, 50, 2
+    scene = make_scene(900, C, W, H, seed=321, sh_degree=sh, cluster=(35.0, 25.0, 0.03), opacity=0.03)
+    g = torch.Generator(device="cuda").manual_seed(13)
+    bg = torch.rand(C, 3, device="cuda", generator=g)
+    wr = torch.randn(C, H, W, 3, device="cuda", generator=g)
+    wa = torch.randn(C, H, W, 1, device="cuda", generator=g)
+    gt = torch.rand(C, H, W, 3, device="cuda", generator=g)
+
+    def raster(fn=None):
+        p = _params(scene)
+        kw = dict(sh_degree=sh, backgrounds=bg, absgrad=absgrad)
+        if fn is None:
+            render, alpha, info = rasterize_fused(*_args(p, scene), projection="torch", **kw)
+        else:
+            render, alpha, info = fn(*_args(p, scene), **kw)
+        info["means2d"].retain_grad()
+        ((render * wr).sum() + (alpha * wa).sum()).backward()
+        return p, info
+
+    def loss():
+        p = _params(scene)
+        l, _, _, info = fused_render_loss(*_args(p, scene), gt, bg, sh_degree=sh, absgrad=absgrad,
+                                          capacity=64, mode="one_launch", projection="torch")
+        info["means2d"].retain_grad()
+        l.backward()
+        return p, info
+
+    for fn in (raster, loss):
+        pb, ib = _reduce_run(monkeypatch, "butterfly", fn)
+        ps, is_ = _reduce_run(monkeypatch, "shuffle", fn)
+        if fn is loss:
+            assert ib["kernel"]["bwd_reduce"] == "butterfly" and is_["kernel"]["bwd_reduce"] == "shuffle"
+            assert _max_tile_count(ib) > ib["kernel"]["capacity"]
+        assert _max_tile_count(ib) > 32  # several kChunk chunks per tile
+        pairs = [("means2d.grad", ib["means2d"].grad, is_["means2d"].grad)]
+        if absgrad:
+            pairs.append(("means2d.absgrad", ib["means2d"].absgrad, is_["means2d"].absgrad))
+        pairs += [(k, pb[k].grad, ps[k].grad) for k in pb]
+        for name, a, b in pairs:
+            assert b.abs().max() > 0, name
+            e = rel_err(a, b)
+            assert e <= REDUCE_AB_TOL, f"{fn.__name__} {name}: butterfly vs shuffle rel err {e:.3g}"
+    monkeypatch.setenv("BYTESPLAT_BWD_REDUCE", "butterfly")
+    pb, ib = raster()
+    pr, ir = raster(rasterize_reference)
+    extra = [("means2d.grad", ib["means2d"].grad, ir["means2d"].grad)]
+    if absgrad:
+        extra.append(("means2d.absgrad", ib["means2d"].absgrad, ir["means2d"].absgrad))
+    _compare_grads(pb, pr, extra)
+
+
+# ---------------------------------------------------------------------------------------------
 # RGB+ED (eval / viewer path) and the trained-scene regime
 # ---------------------------------------------------------------------------------------------
 

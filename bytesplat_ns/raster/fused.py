@@ -40,8 +40,26 @@ DEFAULT_MODE = "two_launch"
 SSIM_WIN_SIZE = 11
 SSIM_WIN_SIGMA = 1.5
 
+# Warp reduction of the backward kernels (cuda/common.cuh backward_slots): "butterfly" (a
+# reduce-scatter over the warp, 13 shuffles per Gaussian with absgrad) or "shuffle" (the original one
+# 5-shuffle warp sum per gradient component, 55 shuffles). Same gradients up to fp32 summation
+# order; "shuffle" is kept for A/B runs. Env BYTESPLAT_BWD_REDUCE overrides.
+DEFAULT_BWD_REDUCE = "butterfly"
+BWD_REDUCE_CHOICES = ("butterfly", "shuffle")
+
 _two_phase_logged = False
 _clamp_inclusive: Optional[bool] = None
+
+
+def bwd_reduce() -> str:
+    """The backward kernels' warp reduction: ``BYTESPLAT_BWD_REDUCE`` (butterfly|shuffle) or
+    :data:`DEFAULT_BWD_REDUCE`. Read at every launch, so tests and benchmarks can switch it."""
+    value = (os.environ.get("BYTESPLAT_BWD_REDUCE") or DEFAULT_BWD_REDUCE).strip().lower()
+    if value not in BWD_REDUCE_CHOICES:
+        raise ValueError(
+            f"BYTESPLAT_BWD_REDUCE must be one of {', '.join(BWD_REDUCE_CHOICES)}, got {value!r}"
+        )
+    return value
 
 
 def _torch_clamp_inclusive() -> bool:
@@ -201,6 +219,7 @@ class _RasterizeFused(torch.autograd.Function):
         rgb, alpha, T, last = ops.render_fwd(m, c, col, o, bg, offsets, flatten_ids, C, W, H)
         ctx.save_for_backward(means2d, m, c, col, o, bg, offsets, flatten_ids, T, last)
         ctx.dims = (C, W, H, absgrad, backgrounds is not None and backgrounds.requires_grad)
+        ctx.butterfly = bwd_reduce() == "butterfly"  # validated here, where errors are easy to place
         return rgb, alpha
 
     @staticmethod
@@ -211,7 +230,8 @@ class _RasterizeFused(torch.autograd.Function):
             v_rgb = torch.zeros(C, H, W, 3, device=m.device)
         va = v_alpha.contiguous().float() if v_alpha is not None else None
         vm, vc, vcol, vo, vabs = _ops().render_bwd(
-            m, c, col, o, bg, offsets, flatten_ids, C, W, H, T, last, v_rgb.contiguous().float(), va, absgrad
+            m, c, col, o, bg, offsets, flatten_ids, C, W, H, T, last, v_rgb.contiguous().float(), va, absgrad,
+            ctx.butterfly,
         )
         N = means2d.shape[1]
         if absgrad:
@@ -230,11 +250,12 @@ class _FusedLoss(torch.autograd.Function):
                 ssim_lambda, absgrad, capacity, blocks_per_sm, force_two_phase):
         global _two_phase_logged
         C, N = means2d.shape[0], means2d.shape[1]
+        reduce = bwd_reduce()
         out = _ops().fused_loss(
             _flat(means2d, 2), _flat(conics, 3), _flat(colors, 3), _flat(opacities, 1),
             backgrounds.contiguous().float(), gt.contiguous().float(), offsets, flatten_ids,
             C, W, H, float(ssim_lambda), ssim_window(), int(capacity or 0), int(blocks_per_sm),
-            bool(absgrad), bool(force_two_phase), _torch_clamp_inclusive(),
+            bool(absgrad), bool(force_two_phase), _torch_clamp_inclusive(), reduce == "butterfly",
         )
         rgb, alpha, partials, vm, vc, vcol, vo, vabs, kinfo = out
         two_phase, cap, resident, smem = (int(v) for v in kinfo.tolist())
@@ -255,7 +276,8 @@ class _FusedLoss(torch.autograd.Function):
         ctx.meta = (C, N, absgrad)
         stats = torch.stack([l1, ssim]).float()
         ctx.mark_non_differentiable(rgb, alpha, stats)
-        ctx.kinfo = dict(two_phase=bool(two_phase), capacity=cap, resident_blocks=resident, smem_bytes=smem)
+        ctx.kinfo = dict(two_phase=bool(two_phase), capacity=cap, resident_blocks=resident, smem_bytes=smem,
+                         bwd_reduce=reduce)
         _FusedLoss.last_kernel_info = ctx.kinfo
         return loss, rgb, alpha, stats
 

@@ -1,0 +1,195 @@
+"""CPU emulation of the backward kernels' butterfly warp reduction (cuda/common.cuh).
+
+``butterfly_step`` / ``warp_reduce_scatter16`` below mirror the CUDA functions of the same names
+line by line, over all 32 lanes of a warp at once (``__shfl_xor_sync(v, o)`` read by lane l is lane
+l ^ o's v). The tests check the documented lane <-> component mapping (the warp total of component
+c ends in lanes c and c + 16), the invariant after every step, the shuffle counts, and that the
+kernel's atomicAdd pattern (lanes 0..K-1, one add each) fills s_acc like the per-component warp
+sums of the original path. ``test_cuda_source_matches_emulation`` pins the CUDA lines the
+emulation copies, so an edit of one without the other fails on CPU.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+COMMON = Path(__file__).resolve().parent.parent / "cuda" / "common.cuh"
+LANES = np.arange(32)
+K_GRAD_COMPS = 11  # kGradComps
+K_GRAD_PAD = 16  # kGradPad
+
+
+class Warp:
+    """Counts shuffles; shfl_xor is __shfl_xor_sync(0xffffffff, x, off) for all lanes at once."""
+
+    def __init__(self):
+        self.shuffles = 0
+
+    def shfl_xor(self, x: np.ndarray, off: int) -> np.ndarray:
+        self.shuffles += 1
+        return x[LANES ^ off]
+
+
+# ---- mirror of cuda/common.cuh (lane-vectorized: axis 0 is the lane) ----
+
+
+def butterfly_step(warp: Warp, inp: np.ndarray, N: int, S: int, K: int) -> np.ndarray:
+    assert inp.shape == (32, N)
+    lane = LANES
+    out = np.empty((32, N // 2), dtype=inp.dtype)
+    bit = ((lane >> S) & 1).astype(bool)  # const bool bit = (lane >> S) & 1;
+    for j in range(N // 2):  # for (int j = 0; j < N / 2; ++j) {
+        if (j << (S + 1)) >= K:  # if ((j << (S + 1)) >= K) {
+            out[:, j] = 0.0  # out[j] = 0.f;
+            continue  # continue; }
+        lo, hi = inp[:, 2 * j], inp[:, 2 * j + 1]  # const float lo = in[2 * j], hi = in[2 * j + 1];
+        keep = np.where(bit, hi, lo)  # const float keep = bit ? hi : lo;
+        send = np.where(bit, lo, hi)  # const float send = bit ? lo : hi;
+        out[:, j] = keep + warp.shfl_xor(send, 1 << S)  # out[j] = keep + __shfl_xor_sync(.., send, 1 << S);
+    return out
+
+
+def warp_reduce_scatter16(warp: Warp, v: np.ndarray, K: int, trace=None) -> np.ndarray:
+    assert 1 <= K <= K_GRAD_PAD and v.shape == (32, K_GRAD_PAD)
+    a8 = butterfly_step(warp, v, 16, 0, K)  # butterfly_step<16, 0, K>(v, a8, lane);
+    a4 = butterfly_step(warp, a8, 8, 1, K)  # butterfly_step<8, 1, K>(a8, a4, lane);
+    a2 = butterfly_step(warp, a4, 4, 2, K)  # butterfly_step<4, 2, K>(a4, a2, lane);
+    a1 = butterfly_step(warp, a2, 2, 3, K)  # butterfly_step<2, 3, K>(a2, a1, lane);
+    if trace is not None:
+        trace.extend([a8, a4, a2, a1])
+    return a1[:, 0] + warp.shfl_xor(a1[:, 0], 16)  # return a1[0] + __shfl_xor_sync(.., a1[0], 16);
+
+
+# ---- the documented mapping ----
+
+
+def component_of_lane(lane: int) -> int:
+    """After the reduction, lane holds the warp total of component lane & 15."""
+    return lane & 15
+
+
+def expected_after_step(v: np.ndarray, S: int) -> np.ndarray:
+    """Invariant after step S: a[lane, j] = component j * 2^(S+1) + (lane & (2^(S+1)-1)), summed
+    over the lanes that agree with `lane` in every bit above S."""
+    span = 1 << (S + 1)
+    n = K_GRAD_PAD // span
+    out = np.zeros((32, n), dtype=v.dtype)
+    for lane in range(32):
+        group = [m for m in range(32) if (m >> (S + 1)) == (lane >> (S + 1))]
+        for j in range(n):
+            c = j * span + (lane & (span - 1))
+            out[lane, j] = v[group, c].sum()
+    return out
+
+
+def _inputs(rng, K, integer=True, garbage_padding=False):
+    """Per-lane gradient vectors as the kernel builds them: g[c] for c < K, zero above (or junk,
+    to check that padding never reaches lanes < K)."""
+    if integer:  # exact in fp64 whatever the summation order
+        v = rng.integers(-1000, 1000, size=(32, K_GRAD_PAD)).astype(np.float64)
+    else:
+        v = rng.standard_normal((32, K_GRAD_PAD)).astype(np.float32)
+    if not garbage_padding:
+        v[:, K:] = 0
+    return v
+
+
+@pytest.mark.parametrize("K,shuffles", [(11, 13), (9, 12), (16, 16), (1, 5), (8, 9)])
+def test_component_totals_land_in_documented_lanes(K, shuffles):
+    rng = np.random.default_rng(K)
+    for _ in range(20):
+        v = _inputs(rng, K)
+        warp = Warp()
+        trace = []
+        total = warp_reduce_scatter16(warp, v, K, trace)
+        assert warp.shuffles == shuffles
+        want = v.sum(0)  # warp total per component
+        for lane in range(32):
+            c = component_of_lane(lane)
+            if c < K:
+                assert total[lane] == want[c], (lane, c)
+        # every component has a home lane < 16 and its mirror lane + 16
+        for c in range(K):
+            assert total[c] == want[c] and total[c + 16] == want[c]
+        # the per-step invariant documented in common.cuh (entries >= K are skipped -> zero)
+        for S, a in enumerate(trace):
+            exp = expected_after_step(v, S)
+            span = 1 << (S + 1)
+            for j in range(a.shape[1]):
+                if j * span >= K:
+                    assert np.all(a[:, j] == 0)
+                else:
+                    assert np.array_equal(a[:, j], exp[:, j]), (S, j)
+
+
+@pytest.mark.parametrize("K", [9, 11])
+def test_padding_never_leaks_into_real_components(K):
+    """Even with junk in components >= K, lanes c < K get exactly the totals of components < K."""
+    rng = np.random.default_rng(100 + K)
+    v = _inputs(rng, K, garbage_padding=True)
+    total = warp_reduce_scatter16(Warp(), v, K)
+    want = v.sum(0)
+    assert np.array_equal(total[:K], want[:K]) and np.array_equal(total[16:16 + K], want[:K])
+
+
+@pytest.mark.parametrize("abs_grad", [True, False])
+def test_block_accumulation_matches_shuffle_path(abs_grad):
+    """One chunk of Gaussians over 8 warps: s_acc filled by the butterfly path (lanes < K, one
+    atomicAdd each at s_acc[slot*kGradComps + lane]) equals the shuffle path (lane 0 adds the K
+    warp_sums) up to fp32 reassociation; components K..10 stay zero without absgrad."""
+    K = K_GRAD_COMPS if abs_grad else 9
+    rng = np.random.default_rng(7)
+    chunk, warps = 32, 8
+    acc_b = np.zeros(chunk * K_GRAD_COMPS, dtype=np.float32)
+    acc_s = np.zeros(chunk * K_GRAD_COMPS, dtype=np.float32)
+    for slot in range(chunk):
+        for _w in range(warps):
+            g = _inputs(rng, K_GRAD_COMPS, integer=False)  # the kernel fills g[0..10] ...
+            valid = rng.random(32) < 0.6
+            g[~valid] = 0  # if (!valid) g[c] = 0
+            if not abs_grad:
+                g[:, 9] = g[:, 10] = 0  # if (!ABS) g[9] = g[10] = 0.f;
+            total = warp_reduce_scatter16(Warp(), g, K)
+            for lane in range(32):  # if (lane < K) atomicAdd(s_acc + slot * kGradComps + lane, total)
+                if lane < K:
+                    acc_b[slot * K_GRAD_COMPS + lane] += total[lane]
+            sums = g[:, :K].astype(np.float64).sum(0).astype(np.float32)  # warp_sum per component
+            acc_s[slot * K_GRAD_COMPS: slot * K_GRAD_COMPS + K] += sums
+    np.testing.assert_allclose(acc_b, acc_s, rtol=1e-5, atol=1e-5)
+    if not abs_grad:
+        s = acc_b.reshape(chunk, K_GRAD_COMPS)
+        assert np.all(s[:, 9:] == 0)
+
+
+def test_cuda_source_matches_emulation():
+    """The lines the emulation mirrors are in cuda/common.cuh verbatim (whitespace-normalised)."""
+    src = re.sub(r"\s+", " ", COMMON.read_text())
+    for line in (
+        "template <int N, int S, int K> __device__ __forceinline__ void butterfly_step("
+        "const float (&in)[N], float (&out)[N / 2], int lane) {",
+        "const bool bit = (lane >> S) & 1;",
+        "for (int j = 0; j < N / 2; ++j) {",
+        "if ((j << (S + 1)) >= K) {",
+        "out[j] = 0.f; continue;",
+        "const float lo = in[2 * j], hi = in[2 * j + 1];",
+        "const float keep = bit ? hi : lo;",
+        "const float send = bit ? lo : hi;",
+        "out[j] = keep + __shfl_xor_sync(0xffffffffu, send, 1 << S);",
+        "float a8[8], a4[4], a2[2], a1[1];",
+        "butterfly_step<16, 0, K>(v, a8, lane);",
+        "butterfly_step<8, 1, K>(a8, a4, lane);",
+        "butterfly_step<4, 2, K>(a4, a2, lane);",
+        "butterfly_step<2, 3, K>(a2, a1, lane);",
+        "return a1[0] + __shfl_xor_sync(0xffffffffu, a1[0], 16);",
+        "constexpr int K = ABS ? kGradComps : 9;",
+        "if (!ABS) g[9] = g[10] = 0.f;",
+        "const float total = warp_reduce_scatter16<K>(g, lane);",
+        "if (lane < K) atomicAdd(s_acc + (k - chunk_lo) * kGradComps + lane, total);",
+        "constexpr int kGradComps = 11;",
+        "constexpr int kGradPad = 16;",
+    ):
+        assert line in src, f"cuda/common.cuh no longer contains: {line}"
