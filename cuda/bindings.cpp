@@ -26,6 +26,9 @@ std::vector<at::Tensor> fused_loss(const at::Tensor &means2d, const at::Tensor &
                                    const at::Tensor &window, int64_t cap_override,
                                    int64_t blocks_per_sm, bool absgrad, bool force_two_phase,
                                    bool clamp_inclusive, bool butterfly);
+std::vector<at::Tensor> bin_tiles(const at::Tensor &means2d, const at::Tensor &radii,
+                                  const at::Tensor &depths, int64_t width, int64_t height,
+                                  int64_t tile_size);
 }  // namespace bytesplat
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -36,4 +39,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "Gaussians per tile kept on chip by the fused kernel");
     m.def("fused_loss", &bytesplat::fused_loss,
           "one-launch render + splatfacto loss gradient + backward");
+    m.def("bin_tiles", &bytesplat::bin_tiles,
+          "per-tile Gaussian lists sorted by depth (offsets, flatten_ids)");
 }

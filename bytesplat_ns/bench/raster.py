@@ -30,6 +30,7 @@ import torch
 from bytesplat_ns.raster.fused import (
     _FusedLoss,
     bin_tiles,
+    bin_tiles_torch,
     fused_render_loss,
     project,
     rasterize_fused,
@@ -240,13 +241,8 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
         _safe(out, "full_fused", lambda: time_ms(fused_full, warmup, repeats))
         _safe(out, "full_fused_raster_torch_loss", lambda: time_ms(fused_raster_torch_loss_full, warmup, repeats))
     _safe(out, "raster_fwd_fused", lambda: time_ms(fused_raster_fwd, warmup, repeats))
-    _safe(out, "binning", lambda: time_ms(lambda: bin_tiles(m2, radii, depths, W, H), warmup, repeats))
-    try:
-        from bytesplat_ns.raster.fused import bin_tiles_torch
-    except ImportError:  # before the CUDA binning existed, bin_tiles was the torch code
-        bin_tiles_torch = None
-    if bin_tiles_torch is not None:
-        _safe(out, "binning_torch", lambda: time_ms(lambda: bin_tiles_torch(m2, radii, depths, W, H), warmup, repeats))
+    _safe(out, "binning_cuda", lambda: time_ms(lambda: bin_tiles(m2, radii, depths, W, H), warmup, repeats))
+    _safe(out, "binning_torch", lambda: time_ms(lambda: bin_tiles_torch(m2, radii, depths, W, H), warmup, repeats))
     if gsplat_ok:
         _safe(out, "binning_gsplat", lambda: time_ms(inp.gsplat_binning, warmup, repeats))
     del s, params, inp

@@ -165,7 +165,48 @@ def bin_tiles(
 
     Returns ``offsets`` int32 [C*tiles_y*tiles_x + 1] (tile t's list is
     ``flatten_ids[offsets[t]:offsets[t+1]]``) and ``flatten_ids`` int32 (indices into [C*N]).
+
+    CUDA tensors use our kernel (``cuda/binning.cu``, identical result, several times faster);
+    ``BYTESPLAT_BINNING=torch`` forces :func:`bin_tiles_torch`, the pure-PyTorch twin.
     """
+    if (
+        means2d.is_cuda
+        and os.environ.get("BYTESPLAT_BINNING", "cuda") != "torch"
+        and not radii.is_floating_point()
+        and radii.dim() == 2
+    ):
+        ops = _binning_ops()
+        if ops is not None:
+            offsets, flatten_ids = ops.bin_tiles(
+                means2d.detach().float().contiguous(),
+                radii.to(torch.int32).contiguous(),
+                depths.detach().float().contiguous(),
+                int(width), int(height), int(tile_size),
+            )
+            return offsets, flatten_ids
+    return bin_tiles_torch(means2d, radii, depths, width, height, tile_size)
+
+
+_binning_warned = False
+
+
+def _binning_ops():
+    """The extension for binning, or None (with one warning) when it cannot be built here: callers
+    such as pruning with the gsplat backend must keep working on the torch twin."""
+    global _binning_warned
+    try:
+        return _ops()
+    except CudaBuildError as e:
+        if not _binning_warned:
+            warnings.warn(f"bytesplat: CUDA tile binning unavailable, using the torch version ({e})")
+            _binning_warned = True
+        return None
+
+
+def bin_tiles_torch(
+    means2d: Tensor, radii: Tensor, depths: Tensor, width: int, height: int, tile_size: int = TILE_SIZE
+) -> Tuple[Tensor, Tensor]:
+    """Pure-PyTorch :func:`bin_tiles` (CPU tensors, ``BYTESPLAT_BINNING=torch``, the kernel's oracle)."""
     C, N = radii.shape
     dev = means2d.device
     tw, th = math.ceil(width / tile_size), math.ceil(height / tile_size)
