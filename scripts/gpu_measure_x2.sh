@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The session's GPU measurements in one call on two H200s (nvidia-h200-x2), each stage bounded:
+# The session's GPU measurements in one call on two H200s (nvidia-h200-x2) or, one stage after
+# the other and without the multi-GPU benchmark, on one (nvidia-h200); each stage bounded:
 #   GPU 0: the GPU tests (fused kernels incl. CUDA binning and both backward reductions, sharded
 #          step's fused loss compositor, sparse-grad kernels, pruning), then `bytesplat-bench raster`
 #          (1M and 4M Gaussians, 1920x1080, SH 3), then Nsight Compute DRAM bytes of the
@@ -9,7 +10,7 @@
 #   both:  `bytesplat-bench distributed` under torchrun (1 vs 2 ranks, dense / sparse-grad, gsplat).
 # Writes at most 8 files to $OUT: tests.log raster.json dram.json prune_medium.json
 # prune_large.json distributed.json log.txt (+ gsplat_cuda.so when none was carried).
-#   device tool: kind nvidia-h200-x2, carry [".whl", ".ext"], timeout_s 540
+#   device tool: kind nvidia-h200-x2 (or nvidia-h200), carry [".whl", ".ext"], timeout_s 540
 set -o pipefail
 OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
 export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 BYTESPLAT_DIST_TIMEOUT=${BYTESPLAT_DIST_TIMEOUT:-200}
@@ -32,11 +33,14 @@ gpu0() {
   timeout 150 $PY -m bytesplat_ns.bench.cli raster --num-gaussians 1000000 4000000 --width 1920 --height 1080 \
     --warmup 3 --repeats 10 --out "$OUT/raster.json" > /tmp/raster.log 2>&1
   stamp "GPU 0: raster rc=$?"; tail -n 3 /tmp/raster.log | cut -c1-3000
+}
+
+dram() {
   if command -v ncu >/dev/null || [[ -x /usr/local/cuda/bin/ncu ]]; then
     NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
     echo "{" > "$OUT/dram.json"
     for n in 1000000 4000000; do for st in fused gsplat; do
-      (( $(left) < 120 )) && break 2
+      (( $(left) < 45 )) && break 2
       timeout 60 $NCU --profile-from-start off --metrics dram__bytes_read.sum,dram__bytes_write.sum --csv \
         --print-units base $PY -m bytesplat_ns.bench.dram --stage $st --num-gaussians $n > /tmp/ncu_${st}_$n.csv 2>/tmp/ncu_err.log
       r=$($PY -m bytesplat_ns.bench.dram --parse /tmp/ncu_${st}_$n.csv 2>&1 | tail -1)
@@ -49,27 +53,31 @@ gpu0() {
   fi
 }
 
-gpu1() {
-  export CUDA_VISIBLE_DEVICES=1
-  for scene in medium large; do
-    t=$(( $(left) - 110 )); (( t < 60 )) && { stamp "GPU 1: no time left for the $scene scene"; break; }
-    stamp "GPU 1: pruning off vs on, $scene scene, $ITERS iterations (timeout ${t}s)"
+prune() {  # prune SCENES...
+  for scene in "$@"; do
+    t=$(( $(left) - ${PRUNE_RESERVE:-110} )); (( t < 60 )) && { stamp "no time left for the $scene scene"; break; }
+    stamp "pruning off vs on, $scene scene, $ITERS iterations (timeout ${t}s)"
     timeout $t $PY -m bytesplat_ns.bench.train --scene $scene --iterations $ITERS --num-downscales 0 --tile-stats-every 100 \
       --methods bytesplat:fused@hw_prune=off bytesplat:fused@hw_prune=on --work-dir /tmp/prune_runs \
       --out "$OUT/prune_$scene.json" > /tmp/prune_$scene.log 2>&1
-    stamp "GPU 1: $scene rc=$?"; grep -E "hardware-aware|Error" /tmp/prune_$scene.log | head -5
+    stamp "pruning $scene rc=$?"; grep -E "hardware-aware|Error" /tmp/prune_$scene.log | head -5
   done
 }
 
-gpu0 > /tmp/gpu0.log 2>&1 &
-P0=$!
-gpu1 > /tmp/gpu1.log 2>&1 &
-P1=$!
-wait $P0 $P1
-cat /tmp/gpu0.log /tmp/gpu1.log
+NGPU=$(nvidia-smi -L | wc -l)
+if (( NGPU >= 2 )); then
+  ( gpu0; dram ) > /tmp/gpu0.log 2>&1 &
+  P0=$!
+  ( export CUDA_VISIBLE_DEVICES=1; prune medium large ) > /tmp/gpu1.log 2>&1 &
+  P1=$!
+  wait $P0 $P1
+  cat /tmp/gpu0.log /tmp/gpu1.log
+else  # one GPU: one stage at a time (the timings must not share the GPU), most needed first
+  gpu0; prune medium; dram; prune large
+fi
 
 TB=$(( $(left) - 10 )); (( TB > 150 )) && TB=150
-if (( TB > 40 )); then
+if (( NGPU >= 2 && TB > 40 )); then
   stamp "both GPUs: distributed benchmark (timeout ${TB}s)"
   timeout $TB $PY -m torch.distributed.run --standalone --nproc-per-node 2 -m bytesplat_ns.bench.cli distributed \
     --num-gaussians 1000000 4000000 --views 8 --width 1920 --height 1080 --warmup 3 --repeats 10 \
