@@ -4,6 +4,13 @@
         --out docs/benchmarks/raster.json
     bytesplat-bench train ...   (forwards to ``python -m bytesplat_ns.bench.train``)
     bytesplat-bench distributed ...   (multi-GPU side by side: ``bytesplat_ns.bench.distributed``)
+    bytesplat-bench matrix --out-dir outputs/bench_matrix ...
+        (all of the above over backends x strategies x GPU counts x scene sizes, each piece in its
+        own process, then the plots: ``bytesplat_ns.bench.matrix``)
+    bytesplat-bench plots --inputs docs/benchmarks --out-dir plots
+        (PNG figures from any of the JSON files above: ``bytesplat_ns.bench.plots``)
+
+Each subcommand's ``--help`` lists its options.
 """
 
 from __future__ import annotations
@@ -58,7 +65,16 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         distributed_main(rest)
         return 0
-    print(f"bytesplat-bench: unknown benchmark '{cmd}' (choose raster, train or distributed)", file=sys.stderr)
+    if cmd == "matrix":
+        from bytesplat_ns.bench.matrix import main as matrix_main
+
+        return matrix_main(rest)
+    if cmd == "plots":
+        from bytesplat_ns.bench.plots import main as plots_main
+
+        return plots_main(rest)
+    print(f"bytesplat-bench: unknown benchmark '{cmd}' (choose raster, train, distributed, matrix or plots)",
+          file=sys.stderr)
     return 2
 
 
