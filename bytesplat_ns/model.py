@@ -37,7 +37,8 @@ class ByteSplatModelConfig(SplatfactoModelConfig):
     """Rasterizer backend. auto: fused on GPU (gsplat, with the cause logged, if its kernels cannot be built), reference on CPU."""
     # Hardware-aware pruning (bytesplat_ns/pruning.py, docs/pruning.md).
     hw_prune: Literal["auto", "on", "off"] = "auto"
-    """Prune so each tile's Gaussians fit the fused kernel's shared memory. auto: on with the fused backend."""
+    """Prune so each tile's Gaussians fit the fused kernel's shared memory. auto: off for now (not yet faster;
+    docs/pruning.md has the H200 measurements); on: prune with any backend."""
     hw_prune_every: int = 500
     """Steps between hardware-aware pruning steps (each runs refine_every/2 steps after a gsplat refine)."""
     hw_prune_max_fraction: float = 0.05

@@ -522,7 +522,10 @@ def test_model_hook_and_config():
     model = make(hw_prune="auto", hw_prune_every=8, hw_prune_window=2, hw_prune_tile_views=2,
                  hw_prune_capacity=6, hw_prune_max_fraction=0.25, hw_prune_min_contribution=0.0,
                  tile_stats_every=4)
-    assert not HardwarePruner.from_model(model).enabled  # auto: off with the reference backend (CPU)
+    assert not HardwarePruner.from_model(model).enabled  # auto: off (reference backend, CPU)
+    model._backend = "fused"
+    assert not HardwarePruner.from_model(model).enabled  # auto: off with the fused backend too, for now
+    model._backend = None
     model.config.hw_prune = "on"
     optimizers = {k: torch.optim.Adam([{"params": [p], "lr": 1e-3, "name": k}], eps=1e-15)
                   for k, p in model.gauss_params.items()}

@@ -217,8 +217,8 @@ def _bars(ax, groups: Sequence[str], series: Dict[str, List[Optional[float]]], e
 # (a) raster: time per stage
 
 RASTER_PANELS = (
-    ("rasterization + loss, forward + backward", (("gsplat", "raster_loss_gsplat"), ("fused", "raster_loss_fused"),
-                                                  ("fused, two-phase backward", "raster_loss_fused_two_phase"))),
+    ("rasterization + loss, forward + backward", (("gsplat", "raster_loss_gsplat"), ("fused, one launch", "raster_loss_fused"),
+                                                  ("fused, two launches", "raster_loss_fused_two_phase"))),
     ("full step (projection included)", (("gsplat", "full_gsplat"), ("fused", "full_fused"),
                                          ("fused raster, torch loss", "full_fused_raster_torch_loss"))),
     ("rasterization forward only", (("gsplat", "raster_fwd_gsplat"), ("fused", "raster_fwd_fused"))),
