@@ -568,13 +568,20 @@ def test_sharded_step_fused_loss_glue_matches_reference(torch_ops):
     compositing + splatfacto loss, sparse-grad backward, absgrad routed back): the fused compositor
     (records in gid order -> bin_tiles -> _FusedLoss, here on the stand-in) gives the reference
     compositor's loss, parameter gradients and densification statistic."""
+    import functools
+
     from bytesplat_ns.distributed import make_communicator, sharded_render_loss
+    from bytesplat_ns.distributed.step import splatfacto_lambda, splatfacto_loss
     from tests import distributed_worker as W
 
+    # what the pipeline passes (its model's ssim_lambda): recognised; any other loss is not
+    loss_fn = functools.partial(splatfacto_loss, ssim_lambda=0.3)
+    assert splatfacto_lambda(loss_fn) == 0.3 and splatfacto_lambda(splatfacto_loss) == 0.2
+    assert splatfacto_lambda(lambda p, g: splatfacto_loss(p, g, 0.3)) is None
     out = {}
     for compositor in ("reference", "fused"):
         params = {k: torch.nn.Parameter(v.clone()) for k, v in W.make_gaussians(W.N_GAUSSIANS, W.SEED).items()}
-        fwd = sharded_render_loss(params, W.make_views(), make_communicator("sparse-grad"), W.SH_DEGREE,
+        fwd = sharded_render_loss(params, W.make_views(), make_communicator("sparse-grad"), W.SH_DEGREE, loss_fn,
                                   absgrad=True, compositor=compositor)
         fwd.local_loss.backward()
         out[compositor] = (fwd.local_loss.item(), {k: p.grad.clone() for k, p in params.items()},

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -114,9 +115,10 @@ class ShardedPipelineConfig(VanillaPipelineConfig):
     """Re-cut the shards evenly when a shard's size differs from the mean by more than this fraction."""
     step_timeout: float = 0.0
     """Seconds after which a rank stuck in one training step ends itself with a clear error (0: off)."""
-    compositor: Literal["reference", "fused"] = "reference"
-    """How a rank composites the gathered 2D records of its views: reference (PyTorch, any device) or
-    fused (bytesplat's CUDA tile rasterizer kernels, GPU and RGB only)."""
+    compositor: Literal["auto", "reference", "fused"] = "auto"
+    """How a rank composites (and scores) the gathered 2D records of its views: reference (PyTorch, any
+    device) or fused (bytesplat's CUDA kernels: the fused loss kernel per view, GPU and RGB only);
+    auto: fused on CUDA, reference otherwise."""
     full_copy_steps: int = 100
     """While a viewer runs, gather every rank's Gaussians into rank 0's full copy (what the viewer renders)
     every this many steps (0: never for the viewer). The copy is always refreshed before an evaluation
@@ -183,7 +185,7 @@ class ShardedPipeline(VanillaPipeline):
                     "cells with the reference rasterizer on CPU tensors.",
                     hint="Use --machine.device-type cpu, or --pipeline.communicator sparse-grad on GPUs.",
                 )
-            if self.config.compositor != "reference":
+            if self.config.compositor == "fused":
                 raise BytesplatError("--pipeline.communicator pixel renders with the reference rasterizer.",
                                      hint="Drop --pipeline.compositor fused.")
             self.partition_cells(None, force=True)
@@ -202,10 +204,20 @@ class ShardedPipeline(VanillaPipeline):
             )
         if getattr(model.config, "use_bilateral_grid", False):
             raise BytesplatError("The bilateral grid is not supported with sharded Gaussians yet.")
-        if self.config.compositor == "fused" and not str(self.device).startswith("cuda"):
+        if self.config.compositor == "fused" and not self._on_cuda():
             raise BytesplatError(
                 "--pipeline.compositor fused needs CUDA GPUs.", hint="Use --pipeline.compositor reference on the CPU."
             )
+
+    def _on_cuda(self) -> bool:
+        return str(self.device).startswith("cuda")
+
+    @property
+    def compositor(self) -> str:
+        """The compositor in use: ``auto`` resolved against this rank's device."""
+        if self.config.compositor == "auto":
+            return "fused" if self._on_cuda() else "reference"
+        return self.config.compositor
 
     def _share_initial_gaussians(self) -> None:
         """Broadcast rank 0's Gaussians (ranks seed their RNGs differently), keep this rank's shard."""
@@ -458,9 +470,9 @@ class ShardedPipeline(VanillaPipeline):
             views,
             self.communicator,
             self._sh_degree(),
-            lambda pred, gt: splatfacto_loss(pred, gt, lam),
+            functools.partial(splatfacto_loss, ssim_lambda=lam),  # recognised by the fused compositor
             absgrad=bool(getattr(model.strategy, "absgrad", False)),
-            compositor=self.config.compositor,
+            compositor=self.compositor,
         )
         model.info = fwd.info
         if getattr(model, "optimizers", None) is not None:

@@ -33,6 +33,7 @@ Splatting Training", Zhao et al. 2024; our own implementation.)
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -123,6 +124,17 @@ def splatfacto_loss(pred: Tensor, gt: Tensor, ssim_lambda: float = 0.2) -> Tenso
     l1 = torch.abs(gt - pred).mean()
     s = ssim(gt.permute(2, 0, 1)[None], pred.permute(2, 0, 1)[None], data_range=1.0, size_average=True)
     return (1.0 - ssim_lambda) * l1 + ssim_lambda * (1.0 - s)
+
+
+def splatfacto_lambda(loss_fn: LossFn) -> Optional[float]:
+    """The SSIM weight when ``loss_fn`` is splatfacto's loss (``splatfacto_loss`` itself or a
+    ``functools.partial`` of it), else None: only then may the fused kernel compute the loss."""
+    if loss_fn is splatfacto_loss:
+        return 0.2
+    if isinstance(loss_fn, functools.partial) and loss_fn.func is splatfacto_loss and not loss_fn.args:
+        if set(loss_fn.keywords) <= {"ssim_lambda"}:
+            return float(loss_fn.keywords.get("ssim_lambda", 0.2))
+    return None
 
 
 @dataclass
@@ -462,11 +474,12 @@ class _ShardedRenderLoss(torch.autograd.Function):
                     runner.absgrad_slots.append((spans, sink))
                 fields = (rec[:, 0:2], rec[:, 2:5], rec[:, 5 : 5 + D], rec[:, 5 + D], rec[:, 6 + D].detach(),
                           torch.cat(radii_v), torch.cat(gids_v), views.width, views.height)
-                if runner.compositor == "fused" and runner.loss_fn is splatfacto_loss and D == 3 and rec.shape[0] > 0:
+                lam = splatfacto_lambda(runner.loss_fn)
+                if runner.compositor == "fused" and lam is not None and D == 3 and rec.shape[0] > 0:
                     # splatfacto's loss and its gradients inside the fused kernel (no image-sized
                     # intermediates, no pytorch_msssim graph)
                     loss_v, rgb = composite_records_fused_loss(
-                        *fields, views.images[v].to(rec), views.backgrounds[v].to(rec),
+                        *fields, views.images[v].to(rec), views.backgrounds[v].to(rec), ssim_lambda=lam,
                         tile_size=runner.tile_size, absgrad_sink=sink,
                     )
                     runner.renders[v] = rgb
