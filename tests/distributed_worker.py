@@ -6,7 +6,6 @@ writes its results (torch.save) into the output directory given on the command l
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import time

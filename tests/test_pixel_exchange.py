@@ -321,7 +321,6 @@ def test_bytes_per_step_flat_when_gaussians_grow(world, runs):
 @pytest.mark.parametrize("world", [2, 4])
 def test_migration_moves_gaussians_and_adam_state_to_their_cells(world, runs):
     ranks = runs("migrate", world)
-    from bytesplat_ns.distributed.cells import KdCells
 
     g, tree = P.make_scene(240, P.CELLS_PER_RANK * world, crossing=True)
     all_gids = torch.cat([r["migrate"]["gids"] for r in ranks])

@@ -207,7 +207,7 @@ def test_multi_view_backgrounds_and_depth():
     bgs = torch.tensor([[0.2, 0.5, 0.9], [1.0, 0.0, 0.3], [0.0, 0.0, 0.0]], dtype=torch.float64)
     out = compare(scene, backgrounds=bgs, render_mode="RGB+ED", depth_channel=True,
                   grad_keys=PARAMS + ("viewmats",))
-    r_img, r_alp = out["r_img"], out["r_alpha"]
+    r_img = out["r_img"]
     assert r_img.shape == (3, 27, 35, 4)
     # background shows where alpha is 0, and the depth channel is sum(w d)/alpha
     empty = out["o_alpha"][..., 0] == 0
@@ -268,7 +268,7 @@ def test_blank_and_empty_tiles():
 def test_culling():
     """Behind the camera, beyond the far plane, off screen: radius 0, no effect on the image."""
     scene = make_scene(50, N=60, W=40, H=30, scale_range=(0.05, 0.3))
-    vm, K = scene["viewmats"][0], scene["Ks"][0]
+    vm = scene["viewmats"][0]
     c2w = torch.linalg.inv(vm)
     g = scene["gen"]
 

@@ -60,3 +60,30 @@ def test_auto_backend_on_cuda_is_fused_or_gsplat_with_the_cause(monkeypatch):
     monkeypatch.setattr(_build, "load_extension", broken)
     with pytest.warns(UserWarning, match="nvcc was not found.*rasterizing with gsplat"):
         assert resolve_backend("auto", cuda) == "gsplat"
+
+
+def test_cuda_extensions_name_their_cause_without_a_gpu(monkeypatch, tmp_path):
+    """Both JIT extensions (rasterizer, sparse-grad) refuse with one message naming the cause on a
+    machine without a usable GPU, and a build's name follows its sources (no stale cache reuse)."""
+    import shutil
+
+    import pytest
+
+    from bytesplat_ns.distributed import sparse_kernels
+    from bytesplat_ns.raster import _build
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for load in (_build.load_extension, sparse_kernels.load_extension):
+        with pytest.raises(_build.CudaBuildError, match="needs a CUDA GPU, but torch sees none"):
+            load()
+    copy = tmp_path / "cuda"
+    shutil.copytree(_build.cuda_source_dir(), copy)
+    monkeypatch.setattr(_build, "cuda_source_dir", lambda: copy)
+    before = (_build.extension_name("90", False), sparse_kernels.EXTENSION.name("90"))
+    assert before[0].startswith("bytesplat_cuda_90_") and before[1].startswith("bytesplat_sparse_grad_90_")
+    assert _build.extension_name("90", True) != before[0]  # flags are part of the name
+    (copy / "common.cuh").write_text((copy / "common.cuh").read_text() + "\n// edited\n")
+    assert _build.extension_name("90", False) != before[0]  # a header edit rebuilds the rasterizer
+    assert sparse_kernels.EXTENSION.name("90") == before[1]  # ... not the independent sparse-grad kernels
+    (copy / "sparse_grad.cu").write_text((copy / "sparse_grad.cu").read_text() + "\n// edited\n")
+    assert sparse_kernels.EXTENSION.name("90") != before[1]

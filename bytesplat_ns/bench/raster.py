@@ -168,7 +168,7 @@ class StageInputs:
 def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repeats: int,
               skip_gsplat: bool = False, projection: str = "gsplat", raster_only: bool = False) -> Dict:
     inp = StageInputs(n, width, height, sh_degree, projection)
-    s, W, H, params, args3d = inp.scene, width, height, inp.params, inp.args3d
+    s, W, H, args3d = inp.scene, width, height, inp.args3d
     m2, con, col, op, radii, depths = inp.m2, inp.con, inp.col, inp.op, inp.radii, inp.depths
     offsets, fids = inp.offsets, inp.fids
     out: Dict = {"num_gaussians": n}
@@ -245,7 +245,7 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
     _safe(out, "binning_torch", lambda: time_ms(lambda: bin_tiles_torch(m2, radii, depths, W, H), warmup, repeats))
     if gsplat_ok:
         _safe(out, "binning_gsplat", lambda: time_ms(inp.gsplat_binning, warmup, repeats))
-    del s, params, inp
+    inp = s = None  # free the scene before empty_cache (the closures above hold these cells)
     torch.cuda.empty_cache()
     return out
 

@@ -70,7 +70,7 @@ from nerfstudio.utils.decorators import check_main_thread
 from nerfstudio.utils.misc import step_check
 from nerfstudio.utils.rich_utils import CONSOLE
 
-from bytesplat_ns.distributed.communicators import COMMUNICATORS, CommStats, make_communicator
+from bytesplat_ns.distributed.communicators import CommStats, make_communicator
 from bytesplat_ns.distributed.pixel import CellState, PixelConfig, pixel_render_loss
 from bytesplat_ns.distributed.exchange import ExchangeStats, all_reduce_, comm_device, rank_and_world, wrap_failure
 from bytesplat_ns.distributed.runtime import StepWatchdog

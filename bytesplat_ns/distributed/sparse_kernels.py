@@ -4,19 +4,15 @@
 ``SparseGradCommunicator.encode``/``decode``'s torch code does (same rows, same order, same bytes;
 the decoder adds with atomicAdd straight into the owner's gradient buffer). ``usable(tensor)``
 says whether the kernels serve a tensor: a CUDA float32/float64 tensor, the extension builds, and
-``BYTESPLAT_SPARSE_KERNELS`` is not ``0``. The build uses the rasterizer's helpers
-(``bytesplat_ns.raster._build``: device check, nvcc, flags) but is a separate, small extension
-(``sparse_grad.cu`` + ``sparse_grad_bindings.cpp``) so it builds in seconds and independently of
-the rasterizer's kernels. If it cannot be built, the communicator warns once and keeps the torch
-implementation (same results, more memory traffic).
+``BYTESPLAT_SPARSE_KERNELS`` is not ``0``. It is built like the rasterizer's kernels
+(``bytesplat_ns.raster._build.JitExtension``) but as its own small extension (``sparse_grad.cu`` +
+``sparse_grad_bindings.cpp``). If it cannot be built, the communicator warns once and keeps the
+torch implementation (same results, more memory traffic).
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-import sys
-import threading
 import warnings
 from pathlib import Path
 from typing import List, Optional, Tuple
@@ -24,77 +20,23 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from bytesplat_ns.raster._build import JitExtension
+
 SOURCES = ("sparse_grad.cu", "sparse_grad_bindings.cpp")
 ENV_SWITCH = "BYTESPLAT_SPARSE_KERNELS"
 
-_lock = threading.Lock()
-_module = None
 _failed: Optional[str] = None
+# A separate, small extension: builds in seconds and independently of the rasterizer's kernels.
+EXTENSION = JitExtension("bytesplat_sparse_grad", "the bytesplat sparse-grad CUDA kernels", SOURCES)
 
 
 def source_paths() -> List[Path]:
-    from bytesplat_ns.raster._build import cuda_source_dir
-
-    d = cuda_source_dir()
-    return [d / s for s in SOURCES]
-
-
-def _extension_name(arch: str) -> str:
-    from bytesplat_ns.raster._build import nvcc_flags
-
-    h = hashlib.sha1()
-    for p in source_paths():
-        h.update(p.name.encode())
-        h.update(p.read_bytes())
-    h.update(" ".join(nvcc_flags(arch)).encode())
-    return f"bytesplat_sparse_grad_{arch}_{h.hexdigest()[:10]}"
+    return EXTENSION.source_paths()
 
 
 def load_extension(verbose: bool = False):
     """Build (first use) or load the cached extension; raises ``CudaBuildError`` with the reason."""
-    global _module
-    if _module is not None:
-        return _module
-    with _lock:
-        if _module is not None:
-            return _module
-        from torch.utils import cpp_extension
-
-        from bytesplat_ns.raster._build import CudaBuildError, _check_device, _nvcc_path, cxx_std, nvcc_flags
-
-        cc = _check_device()
-        if _nvcc_path() is None:
-            raise CudaBuildError("Building the sparse-grad kernels needs the CUDA toolkit's nvcc (set CUDA_HOME or put nvcc on PATH).")
-        for p in source_paths():
-            if not p.exists():
-                raise CudaBuildError(f"CUDA source {p} is missing from the installation (reinstall bytesplat-ns).")
-        arch = f"{cc[0]}{cc[1]}"
-        name = _extension_name(arch)
-        build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
-        old_arch = os.environ.get("TORCH_CUDA_ARCH_LIST")
-        os.environ["TORCH_CUDA_ARCH_LIST"] = f"{cc[0]}.{cc[1]}"
-        try:
-            if not any(build_dir.glob(f"{name}*.so")):
-                print(f"Building bytesplat sparse-grad kernels for sm_{arch} in {build_dir} ...", file=sys.stderr, flush=True)
-            _module = cpp_extension.load(
-                name=name,
-                sources=[str(p) for p in source_paths()],
-                extra_cflags=["-O3", f"-std={cxx_std()}"],
-                extra_cuda_cflags=nvcc_flags(arch),
-                build_directory=str(build_dir),
-                verbose=verbose,
-            )
-        except Exception as error:  # compiler / linker errors
-            raise CudaBuildError(
-                f"Building the sparse-grad CUDA kernels failed ({type(error).__name__}: {str(error).strip()[-1500:]}). "
-                f"Build directory: {build_dir}."
-            ) from error
-        finally:
-            if old_arch is None:
-                os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
-            else:
-                os.environ["TORCH_CUDA_ARCH_LIST"] = old_arch
-        return _module
+    return EXTENSION.load(verbose)
 
 
 def usable(tensor: Tensor) -> bool:

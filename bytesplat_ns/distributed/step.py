@@ -45,7 +45,6 @@ from bytesplat_ns.distributed.communicators import (
     CommStats,
     Communicator,
     Records,
-    float_columns,
     grad_columns,
 )
 from bytesplat_ns.distributed.exchange import DistributedError, ExchangeStats, all_reduce_, rank_and_world

@@ -27,9 +27,6 @@ MIN_COMPUTE_CAPABILITY = (7, 0)
 SOURCES = ("bindings.cpp", "render.cu", "fused_loss.cu", "binning.cu")
 HEADERS = ("common.cuh",)
 
-_lock = threading.Lock()
-_module = None
-
 
 class CudaBuildError(_ErrorBase):  # type: ignore[misc,valid-type]
     """The fused CUDA kernels cannot be built or loaded here (the message says why)."""
@@ -107,56 +104,72 @@ def _check_device():
     return cc
 
 
-def extension_name(arch: str, fast_math: bool) -> str:
-    """Unique per source contents and flags, so an edit or another GPU never reuses a stale build."""
-    h = hashlib.sha1()
-    d = cuda_source_dir()
-    for name in SOURCES + HEADERS:
-        h.update(name.encode())
-        h.update((d / name).read_bytes())
-    h.update(" ".join(nvcc_flags(arch, fast_math)).encode())
-    return f"bytesplat_cuda_{arch}_{h.hexdigest()[:10]}"
+class JitExtension:
+    """One extension JIT-built from bundled sources in ``cuda/`` for the current GPU.
 
+    The build is named after a hash of its sources, headers and flags (an edit or another GPU never
+    reuses a stale build), cached by torch, and loaded once per process. Every reason it cannot be
+    built raises :class:`CudaBuildError` naming the cause; a message is printed while building."""
 
-def load_extension(verbose: bool = False):
-    """Build (first use) or load the cached CUDA extension and return it."""
-    global _module
-    if _module is not None:
-        return _module
-    with _lock:
-        if _module is not None:
-            return _module
+    def __init__(self, prefix: str, what: str, sources, headers=(), fast_math_env: Optional[str] = None):
+        self.prefix, self.what = prefix, what
+        self.sources, self.headers = tuple(sources), tuple(headers)
+        self.fast_math_env = fast_math_env
+        self._lock = threading.Lock()
+        self._module = None
+
+    def source_paths(self) -> List[Path]:
+        d = cuda_source_dir()
+        return [d / s for s in self.sources]
+
+    def fast_math(self) -> bool:
+        return bool(self.fast_math_env) and os.environ.get(self.fast_math_env, "0") == "1"
+
+    def name(self, arch: str, fast_math: bool = False) -> str:
+        h = hashlib.sha1()
+        d = cuda_source_dir()
+        for name in self.sources + self.headers:
+            h.update(name.encode())
+            h.update((d / name).read_bytes())
+        h.update(" ".join(nvcc_flags(arch, fast_math)).encode())
+        return f"{self.prefix}_{arch}_{h.hexdigest()[:10]}"
+
+    def load(self, verbose: bool = False):
+        """Build (first use) or load the cached extension and return it."""
+        if self._module is not None:
+            return self._module
+        with self._lock:
+            if self._module is None:
+                self._module = self._build(verbose)
+            return self._module
+
+    def _build(self, verbose: bool):
         cc = _check_device()
-        nvcc = _nvcc_path()
-        if nvcc is None:
+        if _nvcc_path() is None:
             raise CudaBuildError(
-                "Building the fused rasterizer needs the CUDA toolkit's nvcc, which was not found "
+                f"Building {self.what} needs the CUDA toolkit's nvcc, which was not found "
                 "(set CUDA_HOME or put nvcc on PATH)."
             )
-        for p in source_paths():
+        for p in self.source_paths():
             if not p.exists():
                 raise CudaBuildError(f"CUDA source {p} is missing from the installation (reinstall bytesplat-ns).")
         from torch.utils import cpp_extension
 
         arch = f"{cc[0]}{cc[1]}"
-        fast_math = os.environ.get("BYTESPLAT_FAST_MATH", "0") == "1"
-        name = extension_name(arch, fast_math)
+        fast_math = self.fast_math()
+        name = self.name(arch, fast_math)
         build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
         cached = any(build_dir.glob(f"{name}*.so")) or any(build_dir.glob(f"{name}*.pyd"))
         if not cached:
-            print(
-                f"Building bytesplat CUDA kernels for sm_{arch} (first use, ~1 min) in {build_dir} ...",
-                file=sys.stderr,
-                flush=True,
-            )
+            print(f"Building {self.what} for sm_{arch} (first use, ~1 min) in {build_dir} ...", file=sys.stderr, flush=True)
         # torch adds -gencode flags from TORCH_CUDA_ARCH_LIST (else from every visible GPU);
         # pin it to this device so exactly one architecture is compiled.
         old_arch = os.environ.get("TORCH_CUDA_ARCH_LIST")
         os.environ["TORCH_CUDA_ARCH_LIST"] = f"{cc[0]}.{cc[1]}"
         try:
-            _module = cpp_extension.load(
+            module = cpp_extension.load(
                 name=name,
-                sources=[str(p) for p in source_paths()],
+                sources=[str(p) for p in self.source_paths()],
                 extra_cflags=["-O3", f"-std={cxx_std()}"],
                 extra_cuda_cflags=nvcc_flags(arch, fast_math),
                 extra_include_paths=[str(cuda_source_dir())],
@@ -165,7 +178,7 @@ def load_extension(verbose: bool = False):
             )
         except Exception as e:  # compiler / linker errors
             raise CudaBuildError(
-                f"Building the fused CUDA kernels failed ({type(e).__name__}: {str(e).strip()[-2000:]}). "
+                f"Building {self.what} failed ({type(e).__name__}: {str(e).strip()[-2000:]}). "
                 f"Build directory: {build_dir}; rerun with verbose=True for the compiler output."
             ) from e
         finally:
@@ -174,5 +187,20 @@ def load_extension(verbose: bool = False):
             else:
                 os.environ["TORCH_CUDA_ARCH_LIST"] = old_arch
         if not cached:
-            print("bytesplat CUDA kernels built.", file=sys.stderr, flush=True)
-        return _module
+            print(f"Built {self.what}.", file=sys.stderr, flush=True)
+        return module
+
+
+# The rasterizer's kernels (render, fused loss, binning).
+RASTER_KERNELS = JitExtension("bytesplat_cuda", "the bytesplat CUDA kernels", SOURCES, HEADERS,
+                              fast_math_env="BYTESPLAT_FAST_MATH")
+
+
+def extension_name(arch: str, fast_math: bool) -> str:
+    """Unique per source contents and flags, so an edit or another GPU never reuses a stale build."""
+    return RASTER_KERNELS.name(arch, fast_math)
+
+
+def load_extension(verbose: bool = False):
+    """Build (first use) or load the rasterizer's cached CUDA extension and return it."""
+    return RASTER_KERNELS.load(verbose)
