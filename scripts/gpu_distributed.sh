@@ -4,7 +4,7 @@
 #   2. in the background while gsplat builds, side by side: the 2-GPU run `ns-train bytesplat
 #      --machine.num-devices 2` (sharded, B = 2 views per step, sparse-grad) and the 1-GPU run with the
 #      same batch (`ns-train bytesplat-distributed --pipeline.views-per-step 2`), each then ns-eval:
-#      the PSNR comparison (reference compositor and rasterizer: they need no JIT build);
+#      the PSNR comparison (same compositor on both sides: auto, the fused loss kernel on CUDA);
 #   3. as soon as our kernels are built: tests/test_sparse_kernels_gpu.py tests/test_distributed_gpu.py;
 #   4. alone on the machine afterwards: `bytesplat-bench distributed` under torchrun (2 processes,
 #      NCCL): bytesplat 1 rank vs 2 ranks (dense, sparse-grad) vs gsplat (1 rank, distributed=True).
@@ -72,7 +72,7 @@ train2() {
 train1() {
   stamp "train 1 GPU: ns-train bytesplat-distributed --pipeline.views-per-step 2 ($ITERS steps, timeout ${TTRAIN}s)"
   CUDA_VISIBLE_DEVICES=1 timeout "$TTRAIN" $PY -m nerfstudio.scripts.train bytesplat-distributed --experiment-name gpu1 \
-    --pipeline.views-per-step 2 --pipeline.compositor reference --pipeline.communicator sparse-grad $COMMON $DATA
+    --pipeline.views-per-step 2 --pipeline.communicator sparse-grad $COMMON $DATA
   stamp "train 1 GPU rc=$?"
   local cfg; cfg=$(find /tmp/dist_train/gpu1 -name config.yml | head -1)
   [[ -n "$cfg" ]] && CUDA_VISIBLE_DEVICES=1 timeout 40 $PY -m nerfstudio.scripts.eval --load-config "$cfg" --output-path "$OUT/eval_1gpu.json"
