@@ -725,6 +725,7 @@ def pixel_render_loss(
                     st.leaked_pixels += leak
                     r = _union(r, _nonzero_rect(Cc[v].detach(), Tc[v].detach()))
             rects[(v, c)] = r
+    _sync(dev)  # render_s is the render's time, not its launch time
     st.render_s += time.perf_counter() - t0
     if D is None:  # a rank without cells still takes part in the exchange
         D = 3 if sh_degree is not None else params["features_dc"].shape[-1]
