@@ -90,8 +90,8 @@ def make_views():
     return Views(viewmats, Ks, WIDTH, HEIGHT, images, backgrounds)
 
 
-def local_part(g: Dict[str, torch.Tensor], tree, rank: int, world: int):
-    """This rank's Gaussians (params), their global ids, and the CellState."""
+def local_part(g: Dict[str, torch.Tensor], tree, rank: int, world: int, device="cpu"):
+    """This rank's Gaussians (params, on ``device``), their global ids, and the CellState."""
     from bytesplat_ns.distributed.cells import cell_ranks
     from bytesplat_ns.distributed.pixel import CellState
 
@@ -99,8 +99,8 @@ def local_part(g: Dict[str, torch.Tensor], tree, rank: int, world: int):
     cell = tree.locate(g["means"])
     rk = torch.tensor(ranks)[cell]
     gids = torch.nonzero(rk == rank).squeeze(1)
-    params = {k: torch.nn.Parameter(v[gids].clone()) for k, v in g.items()}
-    return params, gids, CellState(tree, ranks, cell[gids])
+    params = {k: torch.nn.Parameter(v[gids].clone().to(device)) for k, v in g.items()}
+    return params, gids, CellState(tree, ranks, cell[gids].to(device))
 
 
 def only_rank0_cells(g, tree, world):
@@ -110,18 +110,26 @@ def only_rank0_cells(g, tree, world):
     return {k: v[rk == 0] for k, v in g.items()}
 
 
-def run_once(g, tree, rank, world, views, config, wire=None) -> Dict:
+def views_on(views, device):
+    """``views`` with every tensor on ``device``."""
+    from bytesplat_ns.distributed import Views
+
+    return Views(views.viewmats.to(device), views.Ks.to(device), views.width, views.height,
+                 torch.stack(list(views.images)).to(device), views.backgrounds.to(device))
+
+
+def run_once(g, tree, rank, world, views, config, wire=None, device="cpu", renderer="auto") -> Dict:
     from bytesplat_ns.distributed.pixel import pixel_render_loss
 
-    params, gids, cells = local_part(g, tree, rank, world)
+    params, gids, cells = local_part(g, tree, rank, world, device)
     if wire is not None:
         wire.take()
-    fwd = pixel_render_loss(params, cells, views, SH_DEGREE, config)
+    fwd = pixel_render_loss(params, cells, views, SH_DEGREE, config, renderer=renderer)
     fwd.local_loss.backward()
     out = {
         "gids": gids,
-        "grads": {k: (p.grad.clone() if p.grad is not None else torch.zeros_like(p)) for k, p in params.items()},
-        "renders": fwd.renders,
+        "grads": {k: (p.grad.detach().cpu().clone() if p.grad is not None else torch.zeros(p.shape)) for k, p in params.items()},
+        "renders": {v: img.cpu() for v, img in fwd.renders.items()},
         "stats": fwd.stats.as_dict(),
         "views_of_rank": fwd.schedule.views_of_rank,
         "schedule_line": fwd.schedule.log_line(),
@@ -139,7 +147,8 @@ def main() -> None:
     from bytesplat_ns.distributed import DistributedError, init_distributed
     from bytesplat_ns.distributed.pixel import PixelConfig
 
-    init_distributed(timeout_s=float(os.environ.get("TEST_PG_TIMEOUT", "30")))
+    # gloo unless told otherwise (PIXEL_TEST_BACKEND=nccl: tests/test_pixel_gpu.py), also on a GPU host.
+    device = init_distributed(os.environ.get("PIXEL_TEST_BACKEND", "gloo"), timeout_s=float(os.environ.get("TEST_PG_TIMEOUT", "30")))
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -222,6 +231,35 @@ def main() -> None:
                                 "in_opt": all(opts[k].param_groups[0]["params"][0] is params[k] for k in params)}
             cells.tree, cells.cell_of = tree2, cell_of2
             rec["rebalance"]["loss_after"] = pixel_step(params, opts, cells, views, SH_DEGREE).loss
+        elif scenario == "nccl":
+            # tests/test_pixel_gpu.py: every rank on its GPU, NCCL; both cell renderers, the pruning
+            # modes, training steps and a migration, all with the tensors on the GPU.
+            from bytesplat_ns.distributed import make_adam_optimizers
+            from bytesplat_ns.distributed.cells import migrate
+            from bytesplat_ns.distributed.pixel import pixel_step
+
+            assert device.type == "cuda", device
+            dv = views_on(views, device)
+            g, tree = make_scene(400, n_cells, crossing=False)
+            for renderer in ("reference", "fused"):
+                rec[renderer] = run_once(g, tree, rank, world, dv, PixelConfig(), wire, device, renderer)
+                rec[f"{renderer}_nogeo"] = run_once(g, tree, rank, world, dv, PixelConfig(geometric=False), wire, device, renderer)
+                rec[f"{renderer}_t"] = run_once(g, tree, rank, world, dv, PixelConfig(transmittance=True), wire, device, renderer)
+            ge = only_rank0_cells(g, tree, world)
+            rec["empty_rank"] = run_once(ge, tree, rank, world, dv, PixelConfig(transmittance=True), wire, device, "fused")
+            params, gids, cells = local_part(g, tree, rank, world, device)
+            opts = make_adam_optimizers(params, TRAIN_LRS, NUM_VIEWS)
+            losses = [pixel_step(params, opts, cells, dv, SH_DEGREE, renderer="fused").loss for _ in range(TRAIN_STEPS)]
+            with torch.no_grad():
+                params["means"][:, 0] += 0.25
+            extra = {"gids": gids.to(torch.float64).to(device)}
+            cell_of, sent = migrate(params, opts, tree, cells.ranks_of_cells, extra=extra)
+            cells.cell_of = cell_of
+            losses.append(pixel_step(params, opts, cells, dv, SH_DEGREE, renderer="fused").loss)
+            rec["train"] = {"losses": losses, "sent": sent, "n": int(params["means"].shape[0]),
+                            "device": str(params["means"].device), "cells": cell_of.cpu(),
+                            "ranks": cells.ranks_of_cells, "gids": extra["gids"].cpu().to(torch.int64),
+                            "finite": all(bool(torch.isfinite(p).all()) for p in params.values())}
         else:
             raise SystemExit(f"unknown scenario {scenario}")
     except DistributedError as error:

@@ -201,6 +201,48 @@ def test_auto_flips_between_pixel_and_sparse_grad():
     assert d2.visible_per_view > 1000 * d1.visible_per_view / 200 * 0.5  # the visible count scales with N
 
 
+def test_fused_cell_renderer_wiring_on_cpu_with_the_kernels_torch_twin(monkeypatch):
+    """The ``fused`` branch of ``render_cell`` (projection, tile binning, the kernel's autograd
+    Function without background, 1 - alpha as T) with the CUDA kernel replaced by its pure-PyTorch
+    twin (``fused.render_2d_torch``, what tests/test_fused_gpu.py holds the kernel against): the
+    partials and the whole one-process pixel step equal the reference renderer's. The kernel itself
+    is compared on a GPU in tests/test_pixel_gpu.py."""
+    from bytesplat_ns.distributed import pixel
+    from bytesplat_ns.distributed.pixel import PixelConfig, render_cell
+    from bytesplat_ns.raster import fused
+
+    class TorchTwin:
+        @staticmethod
+        def apply(means2d, conics, colors, opacities, backgrounds, offsets, flatten_ids, W, H, absgrad):
+            return fused.render_2d_torch(means2d, conics, colors, opacities, backgrounds, offsets, flatten_ids, W, H)
+
+    monkeypatch.setattr(fused, "_RasterizeFused", TorchTwin)
+    monkeypatch.setattr(pixel, "resolve_renderer", lambda name, device: "fused" if name == "auto" else name)
+    monkeypatch.setenv("BYTESPLAT_PROJECTION", "torch")
+    monkeypatch.setenv("BYTESPLAT_BINNING", "torch")
+    torch.set_num_threads(1)
+    g, tree = P.make_scene(400, 2, crossing=False)
+    views = P.make_views()
+    rows = torch.nonzero(tree.locate(g["means"]) == 0).squeeze(1)
+    out = {}
+    for renderer in ("reference", "fused"):
+        params = {k: torch.nn.Parameter(v.clone()) for k, v in g.items()}
+        C, T, info = render_cell(params, rows, views, P.SH_DEGREE, with_info=True, renderer=renderer)
+        ((C * 0.7).sum() + (T * T).sum()).backward()
+        out[renderer] = (C.detach(), T.detach(), info["radii"], {k: p.grad for k, p in params.items()})
+    (C0, T0, r0, g0), (C1, T1, r1, g1) = out["reference"], out["fused"]
+    assert (C0 - C1).abs().max().item() <= 1e-5 and (T0 - T1).abs().max().item() <= 1e-5
+    assert torch.equal(r0.int(), r1.int())
+    for k in g0:
+        assert rel(g1[k], g0[k]) <= 1e-4, k
+    want_img, want_loss, want_grads = oracle(g)
+    run = P.run_once(g, tree, 0, 1, views, PixelConfig(transmittance=True), renderer="fused")
+    img, loss, grads = gathered([{"k": run}], "k")
+    assert (img - want_img).abs().max().item() <= 1e-5 and loss == pytest.approx(want_loss, rel=1e-5)
+    for k in want_grads:
+        assert rel(grads[k], want_grads[k]) <= 1e-4, k
+
+
 # ---------------------------------------------------------------------------------------------
 # Multi-process
 

@@ -34,13 +34,15 @@ NAMES = ("means", "scales", "quats", "features_dc", "features_rest", "opacities"
 WALL_S = 55
 
 
-def train(tmp: Path, name: str, nprocs: int, iterations: int, extra=()):
+def train(tmp: Path, name: str, nprocs: int, iterations: int, extra=(), device: str = "cpu", rasterizer: str = "reference",
+          expect_ok: bool = True, wall_s: float = WALL_S):
+    """``python -m bytesplat_ns.train`` on ``nprocs`` ranks (gloo on the CPU, NCCL with ``device="cuda"``)."""
     args = [
         sys.executable, "-m", "bytesplat_ns.train", "bytesplat",
         "--output-dir", str(tmp / "out"), "--experiment-name", name, "--timestamp", "run",
         "--vis", "tensorboard", "--max-num-iterations", str(iterations), "--logging.steps-per-log", "1",
         "--steps-per-eval-image", "100000", "--steps-per-eval-all-images", "100000", "--steps-per-eval-batch", "0",
-        "--machine.device-type", "cpu", "--pipeline.model.rasterizer", "reference",
+        "--machine.device-type", device, "--pipeline.model.rasterizer", rasterizer,
         "--pipeline.model.background-color", "black", "--pipeline.model.num-downscales", "0",
         "--pipeline.views-per-step", "2",
         *extra,
@@ -48,9 +50,11 @@ def train(tmp: Path, name: str, nprocs: int, iterations: int, extra=()):
     ]
     env = dict(os.environ, BYTESPLAT_CACHE=str(tmp / "cache"), WANDB_MODE="disabled", OMP_NUM_THREADS="1",
                PYTHONUNBUFFERED="1", MPLBACKEND="Agg", PYTHONPATH=os.pathsep.join(p for p in [str(REPO), os.environ.get("PYTHONPATH", "")] if p))
-    results = launch_local(args, nprocs, timeout_s=WALL_S, env=env, cwd=tmp)
+    results = launch_local(args, nprocs, timeout_s=wall_s, env=env, cwd=tmp)
     detail = "\n".join(f"--- rank {r.rank} exit {r.returncode} after {r.seconds:.1f}s\n"
                        f"{r.stdout[-2000:]}\n{r.stderr[-4000:]}" for r in results)
+    if not expect_ok:
+        return None, results
     assert all(r.returncode == 0 for r in results), detail
     run_dir = tmp / "out" / name / "bytesplat" / "run"
     return run_dir, results
@@ -180,3 +184,14 @@ def test_auto_logs_its_choice(tmp_path):
     assert "MiB/step" in line[0] and "Gaussians visible per view" in line[0] and "cell pixels per view" in line[0]
     # The run used the chosen communicator (its bytes are logged under its name).
     assert scalars(run_dir, f"communication/{chosen}/forward_bytes") is not None
+
+
+def test_pixel_with_the_fused_compositor_on_cpu_is_a_clear_error(tmp_path):
+    """The fused cell renderer needs CUDA: ``--pipeline.compositor fused`` on the CPU stops at start."""
+    _, results = train(tmp_path, "f", 1, 1, ["--pipeline.communicator", "pixel", "--pipeline.compositor", "fused"],
+                       expect_ok=False)
+    err = results[0].stderr
+    assert results[0].returncode not in (0, None), err[-3000:]
+    assert "bytesplat: error:" in err and "--pipeline.compositor fused needs CUDA GPUs" in err, err[-3000:]
+    assert "--pipeline.compositor reference" in err, err[-3000:]  # the hint
+    assert "Traceback" not in err, err[-3000:]

@@ -33,7 +33,8 @@ Launch:
         # runs the ranks itself (torch.multiprocessing, gloo): CPU smoke test
 
 Without a launcher (one process) only the 1-rank rows run. ``--communicators ... pixel`` adds the
-pixel exchange (it renders cells with the reference rasterizer: small images only).
+pixel exchange (each rank renders its cell with ``--compositor``'s renderer: fused on CUDA, the
+reference rasterizer on the CPU, where only small images are practical).
 """
 
 from __future__ import annotations
@@ -244,12 +245,12 @@ def _bytesplat_step(params, opts, views, communicator, sh_degree, absgrad, compo
     return step
 
 
-def _pixel_step(params, opts, cells, views, sh_degree, group):
+def _pixel_step(params, opts, cells, views, sh_degree, group, renderer="auto"):
     from bytesplat_ns.distributed.pixel import pixel_render_loss
     from bytesplat_ns.distributed.exchange import all_reduce_, comm_device
 
     def step() -> Dict[str, float]:
-        fwd = pixel_render_loss(params, cells, views, sh_degree, group=group)
+        fwd = pixel_render_loss(params, cells, views, sh_degree, group=group, renderer=renderer)
         fwd.local_loss.backward()
         _opt_step(params, opts)
         total = fwd.local_loss.detach().reshape(1).to(comm_device(group), torch.float64)
@@ -478,10 +479,10 @@ def _run_scene(args, N: int, rank: int, world: int, device: torch.device, one, c
         for name in comms:
             label = {"num_gaussians": N, "impl": "bytesplat", "communicator": name if R > 1 else "none (1 rank)", "compositor": compositor}
             if name == "pixel":
-                label["compositor"] = "reference (pixel exchange renders cells with the reference rasterizer)"
+                label["compositor"] = f"{compositor} (cell renderer; partials composited in PyTorch)"
 
                 def make(R=R, group=group):
-                    return _make_pixel(scene, rank, R, device, sh, B, group)
+                    return _make_pixel(scene, rank, R, device, sh, B, group, compositor)
             else:
 
                 def make(R=R, group=group, name=name):
@@ -519,7 +520,7 @@ def _run_scene(args, N: int, rank: int, world: int, device: torch.device, one, c
     return results  # the scene's tensors go with this frame
 
 
-def _make_pixel(scene, rank, R, device, sh, B, group):
+def _make_pixel(scene, rank, R, device, sh, B, group, compositor="auto"):
     from bytesplat_ns.distributed.cells import KdCells, cell_ranks
     from bytesplat_ns.distributed.pixel import CellState
 
@@ -531,7 +532,7 @@ def _make_pixel(scene, rank, R, device, sh, B, group):
     params = _leaves(scene["params"], rows, device)
     cells = CellState(tree, ranks, cell[rows].to(device))
     views = _views(scene, device)  # the schedule decides which rank composites which view
-    return _pixel_step(params, _adam(params, B), cells, views, sh, group)
+    return _pixel_step(params, _adam(params, B), cells, views, sh, group, compositor)
 
 
 def _find(results: List[Dict], impl: str, ranks: int, comm_prefix: str) -> Optional[Dict]:

@@ -73,12 +73,12 @@ def pixel_bytes(cell_pixels_per_view: float, cells_per_view: float, num_views: i
 
 def visible_counts(means: Tensor, views: Views, slack: float = 0.1, near_plane: float = 0.01) -> Tensor:
     """[B] Gaussians whose mean is in front of the camera and projects inside the (widened) image."""
-    m = means.detach().to(torch.float64)
-    R = views.viewmats[:, :3, :3].to(torch.float64)
-    t = views.viewmats[:, :3, 3].to(torch.float64)
+    m = means.detach().to(torch.float64).cpu()  # means and cameras may live on different devices
+    R = views.viewmats[:, :3, :3].detach().to(torch.float64).cpu()
+    t = views.viewmats[:, :3, 3].detach().to(torch.float64).cpu()
     cam = torch.einsum("bij,nj->bni", R, m) + t[:, None, :]
     z = cam[..., 2]
-    K = views.Ks.to(torch.float64)
+    K = views.Ks.detach().to(torch.float64).cpu()
     zs = z.clamp_min(near_plane)
     u = K[:, 0, 0, None] * cam[..., 0] / zs + K[:, 0, 2, None]
     v = K[:, 1, 1, None] * cam[..., 1] / zs + K[:, 1, 2, None]

@@ -44,7 +44,9 @@ by kd cell (one per rank) instead of a contiguous shard; the step exchanges part
 (``pixel.pixel_render_loss``); after every iteration the cells are rebalanced and Gaussians that left
 their rank's cell migrate with their Adam state and densification statistics; checkpoints are
 gathered as above (rank order) and re-partitioned on load. ``auto`` picks ``sparse-grad`` or
-``pixel`` at start (``auto.choose``; rank 0 prints the reason).
+``pixel`` at start (``auto.choose``; rank 0 prints the reason). With ``pixel`` the compositor
+(``--pipeline.compositor``, auto: fused on CUDA, reference elsewhere) picks the renderer of each
+rank's cell (``pixel.render_cell``); it runs on CPU with gloo and on GPUs with NCCL.
 
 Not supported yet in sharded mode (a clear error at start): camera pose optimisation, the
 bilateral grid, masks, training views of different resolutions in one batch.
@@ -118,7 +120,9 @@ class ShardedPipelineConfig(VanillaPipelineConfig):
     compositor: Literal["auto", "reference", "fused"] = "auto"
     """How a rank composites (and scores) the gathered 2D records of its views: reference (PyTorch, any
     device) or fused (bytesplat's CUDA kernels: the fused loss kernel per view, GPU and RGB only);
-    auto: fused on CUDA, reference otherwise."""
+    auto: fused on CUDA, reference otherwise. With --pipeline.communicator pixel it picks how each rank
+    renders its cell into partial color and transmittance: reference (PyTorch, any device) or fused
+    (bytesplat's CUDA tile rasterizer, GPU and RGB only); the partials are composited in PyTorch."""
     full_copy_steps: int = 100
     """While a viewer runs, gather every rank's Gaussians into rank 0's full copy (what the viewer renders)
     every this many steps (0: never for the viewer). The copy is always refreshed before an evaluation
@@ -179,15 +183,8 @@ class ShardedPipeline(VanillaPipeline):
         self._share_initial_gaussians()
         self.communicator = make_communicator(self.comm_name) if self.comm_name != "pixel" else None
         if self.comm_name == "pixel":
-            if not str(self.device).startswith("cpu"):
-                raise BytesplatError(
-                    "--pipeline.communicator pixel runs on the CPU (gloo) only so far: the pixel exchange renders "
-                    "cells with the reference rasterizer on CPU tensors.",
-                    hint="Use --machine.device-type cpu, or --pipeline.communicator sparse-grad on GPUs.",
-                )
-            if self.config.compositor == "fused":
-                raise BytesplatError("--pipeline.communicator pixel renders with the reference rasterizer.",
-                                     hint="Drop --pipeline.compositor fused.")
+            # The cells are rendered by the compositor's renderer (pixel.render_cell): fused on CUDA
+            # (the fused-on-CPU case was refused in _check_supported), reference elsewhere.
             self.partition_cells(None, force=True)
 
     # ---- setup ----
@@ -506,10 +503,11 @@ class ShardedPipeline(VanillaPipeline):
         absgrad = bool(getattr(model.strategy, "absgrad", False))
         # Every local Gaussian belongs to this rank's cell until the next migration moves it (also
         # one that wandered out of the cell: the composite's order is then approximate for it).
-        self.cells.cell_of = torch.full((n,), self._my_cell(), dtype=torch.int64)
+        self.cells.cell_of = torch.full((n,), self._my_cell(), dtype=torch.int64, device=params["means"].device)
         cfg = PixelConfig(geometric=self.config.pixel_geometric, transmittance=self.config.pixel_transmittance)
         fwd = pixel_render_loss(
-            params, self.cells, views, self._sh_degree(), cfg, lambda pred, gt: splatfacto_loss(pred, gt, lam), absgrad=absgrad
+            params, self.cells, views, self._sh_degree(), cfg, lambda pred, gt: splatfacto_loss(pred, gt, lam), absgrad=absgrad,
+            renderer=self.compositor,
         )
         info = fwd.infos.get(self._my_cell())
         if info is None or n == 0:
@@ -517,7 +515,7 @@ class ShardedPipeline(VanillaPipeline):
             means2d = torch.zeros(B, n, 2, device=params["means"].device, requires_grad=True)
             means2d.grad = torch.zeros_like(means2d)
             means2d.absgrad = torch.zeros_like(means2d)  # type: ignore[attr-defined]
-            info = {"means2d": means2d, "radii": torch.zeros(B, n, dtype=torch.int32), "width": views.width,
+            info = {"means2d": means2d, "radii": torch.zeros(B, n, dtype=torch.int32, device=means2d.device), "width": views.width,
                     "height": views.height, "n_cameras": B, "camera_ids": None, "gaussian_ids": None}
         model.info = info
         if getattr(model, "optimizers", None) is not None:

@@ -4,7 +4,11 @@ Each rank holds the Gaussians of its spatial cells (``cells.KdCells``, one or mo
 step, for a batch of B views:
 
 1. every rank renders each of its cells into a partial, premultiplied color ``C_k`` [B,H,W,D] and
-   transmittance ``T_k = 1 - alpha_k`` [B,H,W] (reference backend, autograd; no background);
+   transmittance ``T_k = 1 - alpha_k`` [B,H,W] (no background), with the ``renderer``: ``reference``
+   (PyTorch, autograd, any device) or ``fused`` (bytesplat's CUDA tile rasterizer: projection, tile
+   binning, ``_RasterizeFused``, whose render without background IS the partial color and whose
+   alpha is ``1 - T_k``; its backward takes ``dL/dC_k`` and ``dL/dalpha = -dL/dT_k``; CUDA, RGB only);
+   ``auto``: fused on CUDA, reference elsewhere;
 2. the partials go to the view's compositing rank (``schedule.schedule_views``), which composites
    them in the cells' visibility order for that camera (``KdCells.visibility_order``)::
 
@@ -46,6 +50,12 @@ Exchange pruning (``PixelConfig``), each switchable:
   pixels with ``T_front`` in (1e-4, threshold], changing each by at most ``threshold`` times the
   color behind.
 
+Devices: every tensor of the step stays on the device of the rank's Gaussians (the CPU with gloo,
+``cuda:LOCAL_RANK`` with NCCL); the messages of the exchange are moved to the process group's
+device (``exchange.comm_device``: the GPU for NCCL, the CPU for gloo) and back. The collectives
+used are NCCL-safe: ``all_reduce`` (cell bounds, batch loss), ``all_gather`` (message sizes) and
+``batch_isend_irecv`` (the exchange; gloo gets a loop of isend/irecv).
+
 Bytes (``PixelStats``, what THIS rank put on the wire to other ranks): ``forward_bytes``
 (rectangles, partials, and the masks it returns as a compositing rank), ``backward_bytes``
 (gradients it returns as a compositing rank), ``meta_bytes`` (size exchanges, the cells' bounds);
@@ -76,6 +86,7 @@ from bytesplat_ns.distributed.step import (
     splatfacto_loss,
 )
 from bytesplat_ns.raster.projection import camera_centers
+from bytesplat_ns.errors import BytesplatError
 from bytesplat_ns.raster.reference import T_MIN
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
@@ -83,6 +94,21 @@ LOG = logging.getLogger("bytesplat.pixel")
 RECT_DTYPE = torch.int32
 RECT_BYTES = 4 * 4
 EMPTY = (0, 0, 0, 0)
+RENDERERS = ("reference", "fused")
+
+
+def resolve_renderer(name: str, device: torch.device) -> str:
+    """``auto`` -> ``fused`` on CUDA, ``reference`` elsewhere; checks that the choice runs on ``device``."""
+    if name == "auto":
+        return "fused" if device.type == "cuda" else "reference"
+    if name not in RENDERERS:
+        raise BytesplatError(f"Unknown pixel-exchange cell renderer '{name}'; choose auto, {', '.join(RENDERERS)}.")
+    if name == "fused" and device.type != "cuda":
+        raise BytesplatError(
+            f"The fused cell renderer needs CUDA tensors, but the Gaussians are on '{device}'.",
+            hint="Use --pipeline.compositor reference (or auto) on the CPU.",
+        )
+    return name
 
 
 @dataclass
@@ -200,6 +226,10 @@ def _count_outside(C: Tensor, T: Tensor, r: Tuple[int, int, int, int]) -> int:
     return total - int(nz[r[1] : r[3], r[0] : r[2]].sum())
 
 
+def _empty_msg(device: torch.device) -> Tensor:
+    return torch.empty(0, dtype=torch.uint8, device=device)
+
+
 def pack_bits(mask: Tensor) -> Tensor:
     """[n] bool -> [ceil(n/8)] uint8 (little bit order)."""
     n = mask.numel()
@@ -231,6 +261,7 @@ class _Runner:
     orders: List[List[int]]  # visibility order per view
     group: object = None
     num_channels: int = 3
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # the rank's compute device
     # filled by forward (compositing side)
     leaves: Dict[Tuple[int, int], Dict] = field(default_factory=dict)  # (view, cell) -> {rect, T, C, kidx}
     masks_mine: Dict[Tuple[int, int], Optional[Tensor]] = field(default_factory=dict)  # (view, my cell) -> kept idx (T mode)
@@ -239,11 +270,31 @@ class _Runner:
     renders: Dict[int, Tensor] = field(default_factory=dict)
 
 
+def _wire_device(runner: _Runner) -> torch.device:
+    """Where messages live for the exchange: the process group's device (cuda for NCCL, the CPU for
+    gloo); with one process nothing moves."""
+    _, world = rank_and_world(runner.group)
+    return runner.device if world == 1 else comm_device(runner.group)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _timed_exchange(runner: _Runner, send, sizes, phase: str, counter: str) -> List[Tensor]:
     ex = ExchangeStats()
+    wire = _wire_device(runner)
+    send = [m.to(wire) for m in send]
+    # Waiting is measured on the host: queued GPU work (the render) is finished before the clock starts,
+    # and NCCL's asynchronous waits are finished before it stops.
+    _sync(runner.device)
+    _sync(wire)
     t0 = time.perf_counter()
     out = exchange(send, sizes, runner.group, ex, phase=phase)
+    _sync(wire)
     runner.stats.wait_s += time.perf_counter() - t0
+    out = [m.to(runner.device) for m in out]
     setattr(runner.stats, counter, getattr(runner.stats, counter) + ex.payload_bytes)
     runner.stats.meta_bytes += ex.meta_bytes
     return out
@@ -258,6 +309,7 @@ class _PixelExchange(torch.autograd.Function):
         D = runner.num_channels
         ranks_of = runner.cells.ranks_of_cells
         mine = runner.my_cells
+        dev = runner.device
         C_in = {c: partials[2 * i].detach() for i, c in enumerate(mine)}
         T_in = {c: partials[2 * i + 1].detach() for i, c in enumerate(mine)}
         dtype = anchor.dtype
@@ -276,11 +328,11 @@ class _PixelExchange(torch.autograd.Function):
             for v in runner.views_of_rank[d]:
                 for c in mine:
                     r = runner.rects[(v, c)]
-                    heads.append(torch.tensor(r, dtype=RECT_DTYPE))
+                    heads.append(list(r))
                     if not tmode:
                         bodies.append(crop(C_in[c][v], r).reshape(-1))
                     bodies.append(crop(T_in[c][v], r).reshape(-1))
-            send.append(pack(([torch.stack(heads)] if heads else []) + bodies))
+            send.append(pack([torch.tensor(heads, dtype=RECT_DTYPE, device=dev)] + bodies) if heads else _empty_msg(dev))
         recv = _timed_exchange(runner, send, None, "pixel exchange: partial images", "forward_bytes")
         runner.leaves = {}
         for s in range(world):
@@ -315,7 +367,7 @@ class _PixelExchange(torch.autograd.Function):
         masks: Dict[Tuple[int, int], Tensor] = {}
         with torch.no_grad():
             for v in runner.views_of_rank[rank]:
-                Tf = torch.ones(H, W, dtype=dtype)
+                Tf = torch.ones(H, W, dtype=dtype, device=dev)
                 for c in runner.orders[v]:
                     e = runner.leaves[(v, c)]
                     r = e["rect"]
@@ -332,7 +384,7 @@ class _PixelExchange(torch.autograd.Function):
             send = []
             for d in range(world):
                 bits = [pack_bits(masks[(v, c)]) for v in runner.views_of_rank[rank] for c in cells_of[d] if (v, c) in masks]
-                send.append(pack(bits) if bits else torch.empty(0, dtype=torch.uint8))
+                send.append(pack(bits) if bits else _empty_msg(dev))
             sizes = []
             for s in range(world):
                 sizes.append(sum((_area(runner.rects[(v, c)]) + 7) // 8 for v in runner.views_of_rank[s] for c in mine))
@@ -358,7 +410,7 @@ class _PixelExchange(torch.autograd.Function):
                         if k is None:
                             continue
                         bodies.append(crop(C_in[c][v], runner.rects[(v, c)]).reshape(-1, D).index_select(0, k).reshape(-1))
-                send.append(pack(bodies) if bodies else torch.empty(0, dtype=torch.uint8))
+                send.append(pack(bodies) if bodies else _empty_msg(dev))
             sizes = []
             for s in range(world):
                 sizes.append(sum(int(masks[(v, c)].sum()) * D * item for v in runner.views_of_rank[rank] for c in cells_of[s] if (v, c) in masks))
@@ -381,8 +433,8 @@ class _PixelExchange(torch.autograd.Function):
         with torch.enable_grad():
             loss = anchor.new_zeros(())
             for v in runner.views_of_rank[rank]:
-                Cacc = torch.zeros(H, W, D, dtype=dtype)
-                Tf = torch.ones(H, W, 1, dtype=dtype)
+                Cacc = torch.zeros(H, W, D, dtype=dtype, device=dev)
+                Tf = torch.ones(H, W, 1, dtype=dtype, device=dev)
                 for c in runner.orders[v]:
                     e = runner.leaves[(v, c)]
                     r = e["rect"]
@@ -390,7 +442,7 @@ class _PixelExchange(torch.autograd.Function):
                         continue
                     h, w = r[3] - r[1], r[2] - r[0]
                     if tmode:
-                        Ck = torch.zeros(h * w, D, dtype=dtype).index_copy(0, e["kidx"], e["C"]).reshape(h, w, D)
+                        Ck = torch.zeros(h * w, D, dtype=dtype, device=dev).index_copy(0, e["kidx"], e["C"]).reshape(h, w, D)
                     else:
                         Ck = e["C"]
                     pad = (r[0], W - r[2], r[1], H - r[3])
@@ -472,7 +524,7 @@ class _PixelExchange(torch.autograd.Function):
                         bodies += [gC.reshape(-1), gT.reshape(-1).index_select(0, e["kidx"])]
                     else:
                         bodies += [gC.reshape(-1), gT.reshape(-1)]
-            send.append(pack(bodies) if bodies else torch.empty(0, dtype=torch.uint8))
+            send.append(pack(bodies) if bodies else _empty_msg(runner.device))
         dtype = ctx.dtype
         item = nbytes(dtype)
         sizes = []
@@ -489,7 +541,9 @@ class _PixelExchange(torch.autograd.Function):
         recv = _timed_exchange(runner, send, sizes, "pixel exchange: partial-image gradients", "backward_bytes")
         # cell side: scatter into full-size gradients of this rank's partials
         out: List[Optional[Tensor]] = [None, None]
-        gfull = {c: (torch.zeros(ctx.shapes[2 * i][0], dtype=dtype), torch.zeros(ctx.shapes[2 * i + 1][0], dtype=dtype)) for i, c in enumerate(mine)}
+        gdev = runner.device
+        gfull = {c: (torch.zeros(ctx.shapes[2 * i][0], dtype=dtype, device=gdev), torch.zeros(ctx.shapes[2 * i + 1][0], dtype=dtype, device=gdev))
+                 for i, c in enumerate(mine)}
         for s in range(world):
             specs, slots = [], []
             for v in runner.views_of_rank[s]:
@@ -546,18 +600,39 @@ class PixelForward:
 
 
 def render_cell(params: Mapping[str, Tensor], rows: Tensor, views: Views, sh_degree: Optional[int],
-                absgrad: bool = False, with_info: bool = False):
+                absgrad: bool = False, with_info: bool = False, renderer: str = "reference"):
     """Partial render of the Gaussians ``rows`` of ``params``: (C [B,H,W,D] premultiplied, T [B,H,W]),
-    and with ``with_info`` the renderer's info dict (``means2d`` retains its gradient)."""
-    from bytesplat_ns.raster import rasterize
+    and with ``with_info`` the renderer's info dict (``means2d`` retains its gradient).
 
+    ``renderer``: ``reference`` (``rasterize_reference``, autograd, any device) or ``fused`` (CUDA:
+    ``fused.project`` with gsplat's CUDA projection when importable, else the torch one; ``bin_tiles``;
+    ``_RasterizeFused`` without background, whose outputs are exactly (C_k, 1 - T_k) and whose backward
+    takes dL/dC_k and dL/dalpha_k = -dL/dT_k). Same projection settings (near 0.01, far 1e10, 2D blur
+    0.3) and the same per-pixel rules (gsplat's) in both."""
     B, H, W = views.num_views, views.height, views.width
+    dev = params["means"].device
+    renderer = resolve_renderer(renderer, dev)
+    rows = rows.to(dev)
     sub = {k: v.index_select(0, rows) for k, v in params.items()}
-    render, alpha, info = rasterize(
-        sub["means"], sub["quats"], torch.exp(sub["scales"]), torch.sigmoid(sub["opacities"]).squeeze(-1),
-        gaussian_colors(sub, sh_degree), views.viewmats, views.Ks, W, H, backend="reference", sh_degree=sh_degree,
-        absgrad=absgrad,
-    )
+    colors = gaussian_colors(sub, sh_degree)
+    args = (sub["means"], sub["quats"], torch.exp(sub["scales"]), torch.sigmoid(sub["opacities"]).squeeze(-1), colors,
+            views.viewmats.to(dev), views.Ks.to(dev), W, H)
+    if renderer == "fused":
+        if colors.shape[-1] != 3:
+            raise BytesplatError(f"The fused cell renderer renders RGB only, got {colors.shape[-1]} color channels.",
+                                 hint="Use --pipeline.compositor reference.")
+        from bytesplat_ns.raster.fused import TILE_SIZE, _RasterizeFused, _strategy_info, bin_tiles, project
+
+        radii, means2d, depths, conics, rgb, opac = project(
+            *args[:7], W, H, sh_degree=sh_degree, near_plane=0.01, far_plane=1e10, eps2d=0.3,
+        )
+        offsets, flatten_ids = bin_tiles(means2d, radii, depths, W, H, TILE_SIZE)
+        render, alpha = _RasterizeFused.apply(means2d, conics, rgb, opac, None, offsets, flatten_ids, W, H, absgrad)
+        info = _strategy_info(means2d, radii, depths, conics, opac, offsets, flatten_ids, W, H, TILE_SIZE)
+    else:
+        from bytesplat_ns.raster import rasterize
+
+        render, alpha, info = rasterize(*args, backend="reference", sh_degree=sh_degree, absgrad=absgrad)
     if not with_info:
         return render, 1.0 - alpha[..., 0]
     if info["means2d"].requires_grad:
@@ -576,8 +651,13 @@ def pixel_render_loss(
     loss_fn: LossFn = splatfacto_loss,
     group=None,
     absgrad: bool = False,
+    renderer: str = "auto",
 ) -> PixelForward:
-    """Forward of one pixel-exchange step (collective); ``.local_loss.backward()`` runs the rest."""
+    """Forward of one pixel-exchange step (collective); ``.local_loss.backward()`` runs the rest.
+
+    ``renderer`` renders the cells (``render_cell``): ``reference``, ``fused`` (CUDA) or ``auto``
+    (fused when the Gaussians are on a CUDA device). Every rank must pass the same choice: the
+    partials' dtype on the wire follows it (float32 with ``fused``)."""
     cfg = config or PixelConfig()
     if cfg.transmittance and cfg.threshold < T_MIN:
         raise ValueError(f"transmittance threshold {cfg.threshold} is below the renderer's stop {T_MIN}")
@@ -587,10 +667,13 @@ def pixel_render_loss(
     n_cells = cells.tree.num_cells
     mine = cells.my_cells(rank)
     means = params["means"]
-    dtype = means.dtype
+    dev = means.device
+    renderer = resolve_renderer(renderer, dev)
+    dtype = torch.float32 if renderer == "fused" else means.dtype  # the partials' dtype (and the wire's)
+    cell_of = cells.cell_of.to(dev)
 
     # Cells' content bounds, known to every rank (one small all_reduce): each cell's row comes from its rank.
-    lo, hi, has = content_bounds(means, gaussian_extent(torch.exp(params["scales"])), cells.cell_of, n_cells)
+    lo, hi, has = content_bounds(means, gaussian_extent(torch.exp(params["scales"])), cell_of, n_cells)
     table = torch.zeros(n_cells, 7, dtype=torch.float64)
     for c in mine:
         if bool(has[c]):
@@ -599,6 +682,7 @@ def pixel_render_loss(
     table = all_reduce_(table.to(comm_device(group)), group=group, stats=ex, phase="pixel exchange: cell bounds").cpu()
     st.meta_bytes += ex.meta_bytes
     pred: Dict[Tuple[int, int], Tuple[int, int, int, int]] = {}
+    viewmats_cpu, Ks_cpu = views.viewmats.detach().cpu(), views.Ks.detach().cpu()
     for v in range(B):
         for c in range(n_cells):
             if table[c, 6] <= 0:
@@ -606,7 +690,7 @@ def pixel_render_loss(
             elif not cfg.geometric:
                 pred[(v, c)] = (0, 0, W, H)
             else:
-                pred[(v, c)] = project_box_rect(table[c, :3].tolist(), table[c, 3:6].tolist(), views.viewmats[v], views.Ks[v], W, H, cfg.margin_px)
+                pred[(v, c)] = project_box_rect(table[c, :3].tolist(), table[c, 3:6].tolist(), viewmats_cpu[v], Ks_cpu[v], W, H, cfg.margin_px)
 
     # Which rank composites which view.
     pixels = [[float(sum(_area(pred[(v, c)]) for c in range(n_cells) if cells.ranks_of_cells[c] == r)) for r in range(world)] for v in range(B)]
@@ -623,13 +707,14 @@ def pixel_render_loss(
     infos: Dict[int, Dict] = {}
     D = None
     for c in mine:
-        rows = torch.nonzero(cells.cell_of == c).squeeze(1)
+        rows = torch.nonzero(cell_of == c).squeeze(1)
         if rows.numel() == 0:
             D = D or (3 if sh_degree is not None else params["features_dc"].shape[-1])
-            Cc = torch.zeros(B, H, W, D, dtype=dtype)
-            Tc = torch.ones(B, H, W, dtype=dtype)
+            Cc = torch.zeros(B, H, W, D, dtype=dtype, device=dev)
+            Tc = torch.ones(B, H, W, dtype=dtype, device=dev)
         else:
-            Cc, Tc, infos[c] = render_cell(params, rows, views, sh_degree, absgrad=absgrad, with_info=True)
+            Cc, Tc, infos[c] = render_cell(params, rows, views, sh_degree, absgrad=absgrad, with_info=True, renderer=renderer)
+            Cc, Tc = Cc.to(dtype), Tc.to(dtype)
             D = Cc.shape[-1]
         partials += [Cc, Tc]
         for v in range(B):
@@ -640,15 +725,16 @@ def pixel_render_loss(
                     st.leaked_pixels += leak
                     r = _union(r, _nonzero_rect(Cc[v].detach(), Tc[v].detach()))
             rects[(v, c)] = r
+    _sync(dev)  # render_s is the render's time, not its launch time
     st.render_s += time.perf_counter() - t0
     if D is None:  # a rank without cells still takes part in the exchange
         D = 3 if sh_degree is not None else params["features_dc"].shape[-1]
 
     orders = [cells.tree.visibility_order(cc.tolist()) for cc in camera_centers(views.viewmats.to(torch.float64))]
-    runner = _Runner(views, cells, cfg, loss_fn, st, report.views_of_rank, mine, rects, orders, group, int(D))
+    runner = _Runner(views, cells, cfg, loss_fn, st, report.views_of_rank, mine, rects, orders, group, int(D), device=dev)
     # The anchor makes the output require grad on every rank (also one without Gaussians), so every
     # rank's backward takes part in the gradient exchange.
-    anchor = torch.zeros((), dtype=dtype, requires_grad=True)
+    anchor = torch.zeros((), dtype=dtype, device=dev, requires_grad=True)
     local_loss = _PixelExchange.apply(runner, anchor, *partials)
     return PixelForward(local_loss, runner.renders, st, report, rects, runner.masks, infos)
 
@@ -670,15 +756,16 @@ def pixel_step(
     config: Optional[PixelConfig] = None,
     loss_fn: LossFn = splatfacto_loss,
     group=None,
+    renderer: str = "auto",
 ) -> PixelStepResult:
     """One pixel-exchange training step (collective): forward, backward, optimizer step, batch loss.
 
     Logs (logger ``bytesplat.pixel``, INFO) this rank's bytes, bytes saved by each pruning and its
     measured idle time, and on rank 0 the view schedule with its predicted idle shares."""
-    fwd = pixel_render_loss(params, cells, views, sh_degree, config, loss_fn, group)
+    fwd = pixel_render_loss(params, cells, views, sh_degree, config, loss_fn, group, renderer=renderer)
     fwd.local_loss.backward()
     _step_optimizers(params, optimizers)
-    total = fwd.local_loss.detach().clone().reshape(1).to(torch.float64)
+    total = fwd.local_loss.detach().clone().reshape(1).to(comm_device(group), torch.float64)
     ex = ExchangeStats()
     all_reduce_(total, group=group, stats=ex, phase="summing the batch loss")
     fwd.stats.meta_bytes += ex.meta_bytes
