@@ -486,7 +486,7 @@ class _PixelExchange(torch.autograd.Function):
     def backward(ctx, grad_out):  # type: ignore[override]
         runner: _Runner = ctx.runner
         rank, world = rank_and_world(runner.group)
-        views, cfg, st = runner.views, runner.config, runner.stats
+        cfg, st = runner.config, runner.stats
         tmode = cfg.transmittance
         D = runner.num_channels
         ranks_of = runner.cells.ranks_of_cells
