@@ -89,7 +89,7 @@ wait $FUSED_PID $SPARSE_PID
 tail -n 2 /tmp/build_fused.log /tmp/build_sparse.log | tee -a "$OUT/build.log"
 stamp "GPU tests (sparse-grad kernels, fused compositor)"
 timeout "$(capmin 180 $(( $(left) - 300 )) 45)" $PY -m pytest -q -p no:cacheprovider -o addopts="" \
-  tests/test_sparse_kernels_gpu.py tests/test_distributed_gpu.py -rA --tb=short --durations=5 > "$OUT/tests_gpu.log" 2>&1
+  tests/test_sparse_kernels_gpu.py tests/test_distributed_gpu.py tests/test_pixel_gpu.py -rA --tb=short --durations=5 > "$OUT/tests_gpu.log" 2>&1
 TESTS_RC=$?
 echo "tests rc=$TESTS_RC" >> "$OUT/tests_gpu.log"
 stamp "GPU tests rc=$TESTS_RC"; grep -E "passed|failed|error" "$OUT/tests_gpu.log" | tail -3

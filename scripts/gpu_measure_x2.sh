@@ -26,7 +26,7 @@ gpu0() {
   timeout 200 $PY -c "from bytesplat_ns.distributed.sparse_kernels import load_extension; load_extension(); print('sparse-grad ext ok')" 2>&1 | tail -n 1
   stamp "GPU 0: tests"
   BYTESPLAT_TEST_GSPLAT_PROJECTION=1 timeout 200 $PY -m pytest -q -p no:cacheprovider -o addopts="" \
-    tests/test_fused_gpu.py tests/test_binning_gpu.py tests/test_distributed_gpu.py tests/test_sparse_kernels_gpu.py tests/test_pruning.py \
+    tests/test_fused_gpu.py tests/test_binning_gpu.py tests/test_distributed_gpu.py tests/test_sparse_kernels_gpu.py tests/test_pixel_gpu.py tests/test_pruning.py \
     -m gpu -k "not training_run_cross_checked" -rfE --tb=short --durations=5 > "$OUT/tests.log" 2>&1
   stamp "GPU 0: tests rc=$? $(tail -n 1 "$OUT/tests.log")"
   stamp "GPU 0: raster benchmark"
