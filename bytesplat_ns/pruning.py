@@ -84,12 +84,16 @@ def _eval_constexprs(text: str, env: Dict[str, int]) -> Dict[str, int]:
 @lru_cache(maxsize=1)
 def fused_smem_layout() -> SmemLayout:
     """The fused kernel's shared-memory layout, evaluated from the bundled CUDA sources
-    (``common.cuh``: ``SmemGaussians::kBytes``, ``kChunk``; ``fused_loss.cu``: ``kFixedBytes``)."""
+    (``common.cuh``: ``SmemGaussians::kBytes``, ``kChunk``; ``ssim_tile.cuh``: the SSIM scratch
+    ``kSsimFloats``; ``fused_loss.cu``: ``kFixedBytes``)."""
     from bytesplat_ns.raster._build import cuda_source_dir
 
     src = cuda_source_dir()
     common = (src / "common.cuh").read_text()
     env = _eval_constexprs(common, {})
+    ssim = src / "ssim_tile.cuh"  # shared with the split schedule's loss_grad kernel
+    if ssim.exists():
+        env = _eval_constexprs(ssim.read_text(), env)
     env = _eval_constexprs((src / "fused_loss.cu").read_text(), env)
     m = re.search(r"static\s+constexpr\s+int\s+kBytes\s*=\s*([^;]+);", re.sub(r"//[^\n]*", "", common))
     if m is None or "kFixedBytes" not in env or "kChunk" not in env:

@@ -26,6 +26,8 @@ std::vector<at::Tensor> fused_loss(const at::Tensor &means2d, const at::Tensor &
                                    const at::Tensor &window, int64_t cap_override,
                                    int64_t blocks_per_sm, bool absgrad, bool force_two_phase,
                                    bool clamp_inclusive, bool butterfly);
+std::vector<at::Tensor> loss_grad(const at::Tensor &render, const at::Tensor &gt, double ssim_lambda,
+                                  const at::Tensor &window, bool clamp_inclusive);
 std::vector<at::Tensor> bin_tiles(const at::Tensor &means2d, const at::Tensor &radii,
                                   const at::Tensor &depths, int64_t width, int64_t height,
                                   int64_t tile_size);
@@ -39,6 +41,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "Gaussians per tile kept on chip by the fused kernel");
     m.def("fused_loss", &bytesplat::fused_loss,
           "one-launch render + splatfacto loss gradient + backward");
+    m.def("loss_grad", &bytesplat::loss_grad,
+          "splatfacto loss gradient dL/d render + per-tile loss partials (split schedule)");
     m.def("bin_tiles", &bytesplat::bin_tiles,
           "per-tile Gaussian lists sorted by depth (offsets, flatten_ids)");
 }

@@ -11,21 +11,12 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "common.cuh"
+#include "ssim_tile.cuh"  // kWin.., kSsimFloats, clamp01, loss_grad_tile
 
 namespace bytesplat {
 
 namespace {
 
-constexpr int kWin = 11;                   // SSIM window
-constexpr int kHalf = kWin / 2;            // 5
-constexpr int kReg = kTile + 4 * kHalf;    // 36: pixels needed per axis (tile +- 10)
-constexpr int kCen = kTile + 2 * kHalf;    // 26: SSIM centers per axis (tile +- 5)
-// SSIM scratch (floats): x and y over kReg^2; horizontal sums [kReg][kCen][5] (later reused for
-// the backward horizontal pass [kCen][kTile][3]); per-center partials [kCen][kCen][3].
-constexpr int kSsimXY = 2 * kReg * kReg;
-constexpr int kSsimH = kReg * kCen * 5;
-constexpr int kSsimP = kCen * kCen * 3;
-constexpr int kSsimFloats = kSsimXY + kSsimH + kSsimP;
 constexpr int kAccFloats = kChunk * kGradComps;
 constexpr int kFixedBytes = (kSsimFloats + kAccFloats + 3 * kWarps) * 4;  // + reduction scratch
 
@@ -41,120 +32,6 @@ struct Params {
     float w_l1, w_ssim, C1, C2;
     float win[kWin];
 };
-
-__device__ __forceinline__ float clamp01(float v) { return fminf(fmaxf(v, 0.f), 1.f); }
-
-// dL/d rgb for this thread's pixel (3 channels), given that the rgb of every tile within one tile
-// of ours is in p.rgb. Also returns this block's sum of SSIM over the centers inside our tile.
-__device__ __forceinline__ void loss_grad_tile(const Params &P, int cam, int tx, int ty, float *s, float dl[3],
-                               float &ssim_sum, float *s_red) {
-    float *s_x = s, *s_y = s + kReg * kReg;
-    float *s_h = s + kSsimXY;               // [kReg][kCen][5], later [kCen][kTile][3]
-    float *s_p = s + kSsimXY + kSsimH;      // [kCen][kCen][3]
-    const int X0 = tx * kTile - 2 * kHalf, Y0 = ty * kTile - 2 * kHalf;
-    const int lx = threadIdx.x % kTile, ly = threadIdx.x / kTile;
-    const int64_t img = (int64_t)cam * P.H * P.W;
-    float ssum = 0.f;
-    for (int c = 0; c < 3; ++c) {
-        for (int i = threadIdx.x; i < kReg * kReg; i += kBlock) {
-            const int gx = X0 + i % kReg, gy = Y0 + i / kReg;
-            float xv = 0.f, yv = 0.f;
-            if (gx >= 0 && gx < P.W && gy >= 0 && gy < P.H) {
-                const int64_t q = 3 * (img + (int64_t)gy * P.W + gx) + c;
-                xv = __ldcg(P.rgb + q);  // written by other blocks of this launch: bypass L1
-                yv = P.gt[q];
-            }
-            s_x[i] = xv;
-            s_y[i] = yv;
-        }
-        __syncthreads();
-        // Horizontal window sums of x, y, x^2, y^2, xy for every row and center column.
-        for (int i = threadIdx.x; i < kReg * kCen; i += kBlock) {
-            const int r = i / kCen, j = i % kCen;
-            float m0 = 0.f, m1 = 0.f, m2 = 0.f, m3 = 0.f, m4 = 0.f;
-#pragma unroll
-            for (int k = 0; k < kWin; ++k) {
-                const float w = P.win[k];
-                const float xv = s_x[r * kReg + j + k], yv = s_y[r * kReg + j + k];
-                m0 += w * xv;
-                m1 += w * yv;
-                m2 += w * xv * xv;
-                m3 += w * yv * yv;
-                m4 += w * xv * yv;
-            }
-            float *h = s_h + 5 * i;
-            h[0] = m0; h[1] = m1; h[2] = m2; h[3] = m3; h[4] = m4;
-        }
-        __syncthreads();
-        // Vertical sums -> SSIM statistics per center; per-center partials of S wrt
-        // (mu_x, E[x^2], E[xy]) (mu_x's includes its effect through the variances).
-        for (int i = threadIdx.x; i < kCen * kCen; i += kBlock) {
-            const int ci = i / kCen, cj = i % kCen;
-            const int sy = ty * kTile - kHalf + ci, sx = tx * kTile - kHalf + cj;
-            float pa = 0.f, pb = 0.f, pc = 0.f;
-            if (sy >= kHalf && sy < P.H - kHalf && sx >= kHalf && sx < P.W - kHalf) {
-                float m[5] = {0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-                for (int k = 0; k < kWin; ++k) {
-                    const float w = P.win[k];
-                    const float *h = s_h + 5 * ((ci + k) * kCen + cj);
-#pragma unroll
-                    for (int q = 0; q < 5; ++q) m[q] += w * h[q];
-                }
-                const float mx = m[0], my = m[1];
-                const float sxx = m[2] - mx * mx, syy = m[3] - my * my, sxy = m[4] - mx * my;
-                const float n1 = 2.f * mx * my + P.C1, d1 = mx * mx + my * my + P.C1;
-                const float n2 = 2.f * sxy + P.C2, d2 = sxx + syy + P.C2;
-                const float A = n1 / d1, B = n2 / d2, S = A * B;
-                const float dS_dsxy = 2.f * A / d2;
-                const float dS_dsxx = -S / d2;
-                pa = 2.f * B * (my - A * mx) / d1 - dS_dsxy * my - 2.f * dS_dsxx * mx;
-                pb = dS_dsxx;
-                pc = dS_dsxy;
-                if (ci >= kHalf && ci < kHalf + kTile && cj >= kHalf && cj < kHalf + kTile) ssum += S;
-            }
-            s_p[3 * i] = pa;
-            s_p[3 * i + 1] = pb;
-            s_p[3 * i + 2] = pc;
-        }
-        __syncthreads();
-        // Transposed window, horizontal: per center row and pixel column.
-        for (int i = threadIdx.x; i < kCen * kTile; i += kBlock) {
-            const int ci = i / kTile, u = i % kTile;
-            float a0 = 0.f, a1 = 0.f, a2 = 0.f;
-#pragma unroll
-            for (int k = 0; k < kWin; ++k) {
-                const float w = P.win[k];
-                const float *pp = s_p + 3 * (ci * kCen + u + k);
-                a0 += w * pp[0];
-                a1 += w * pp[1];
-                a2 += w * pp[2];
-            }
-            s_h[3 * i] = a0;
-            s_h[3 * i + 1] = a1;
-            s_h[3 * i + 2] = a2;
-        }
-        __syncthreads();
-        // Vertical, one pixel per thread: dS/dx = A + 2 x B + y C.
-        float a0 = 0.f, a1 = 0.f, a2 = 0.f;
-#pragma unroll
-        for (int k = 0; k < kWin; ++k) {
-            const float w = P.win[k];
-            const float *hh = s_h + 3 * ((ly + k) * kTile + lx);
-            a0 += w * hh[0];
-            a1 += w * hh[1];
-            a2 += w * hh[2];
-        }
-        const float xv = s_x[(ly + 2 * kHalf) * kReg + lx + 2 * kHalf];
-        const float yv = s_y[(ly + 2 * kHalf) * kReg + lx + 2 * kHalf];
-        const float dS = a0 + 2.f * xv * a1 + yv * a2;
-        const float d = xv - yv;
-        const float sgn = d > 0.f ? 1.f : (d < 0.f ? -1.f : 0.f);
-        dl[c] = P.w_l1 * sgn - P.w_ssim * dS;
-        __syncthreads();  // s_x/s_y/s_h are reused by the next channel
-    }
-    ssim_sum = block_sum(ssum, s_red);
-}
 
 template <bool ABS, bool BUTTERFLY>
 __global__ void __launch_bounds__(kBlock, 2) fused_loss_kernel(const Params P) {
@@ -266,8 +143,7 @@ __global__ void __launch_bounds__(kBlock, 2) fused_loss_kernel(const Params P) {
     // torch.clamp's rule (detected by the caller: strict in recent torch).
     float m[3];
 #pragma unroll
-    for (int c = 0; c < 3; ++c)
-        m[c] = (P.clamp_inclusive ? (raw[c] >= 0.f && raw[c] <= 1.f) : (raw[c] > 0.f && raw[c] < 1.f)) ? 1.f : 0.f;
+    for (int c = 0; c < 3; ++c) m[c] = clamp_grad_mask(raw[c], P.clamp_inclusive != 0);
     p.v_rgb = inside ? make_float3(dl[0] * m[0], dl[1] * m[1], dl[2] * m[2]) : make_float3(0.f, 0.f, 0.f);
     p.v_a = -(bgc.x * p.v_rgb.x + bgc.y * p.v_rgb.y + bgc.z * p.v_rgb.z);
     const int max_last = block_max_int(p.last, s_int + 1);

@@ -1,7 +1,7 @@
 """The fused backend's Python glue and its use by ByteSplatModel, on CPU.
 
 The CUDA extension is replaced by :class:`TorchOps`, a pure-PyTorch stand-in with the same entry
-points and return values (``render_fwd``, ``render_bwd``, ``fused_loss``), built on the same tile
+points and return values (``render_fwd``, ``render_bwd``, ``fused_loss``, ``loss_grad``), built on the same tile
 lists and compositing rules. Everything else is the real code: ``rasterize_fused``'s projection,
 binning and autograd Functions (``_RasterizeFused``, ``_FusedLoss``: gradient scaling, ``absgrad``
 publication, the ``RGB+ED`` depth pass), ``fused_render_loss``'s loss assembly, and the model's
@@ -91,7 +91,7 @@ class TorchOps:
     """Same signatures and outputs as the compiled extension (cuda/bindings.cpp)."""
 
     def __init__(self):
-        self.calls = {"render_fwd": 0, "render_bwd": 0, "fused_loss": 0}
+        self.calls = {"render_fwd": 0, "render_bwd": 0, "fused_loss": 0, "loss_grad": 0}
         self.butterfly = []  # (entry point, butterfly flag) per backward launch
 
     def render_fwd(self, m, c, col, o, bg, offsets, fids, C, W, H):
@@ -112,6 +112,29 @@ class TorchOps:
             grads = torch.autograd.grad((rgb, alpha), ins, (v_rgb, va), allow_unused=True)
         grads = [g if g is not None else torch.zeros_like(x) for g, x in zip(grads, ins)]
         return (*grads, absbuf if absgrad else torch.empty(0))
+
+    def loss_grad(self, render, gt, ssim_lambda, window, clamp_inclusive):
+        """cuda/loss_grad.cu: dL/d render of splatfacto's loss of clamp(render) (torch.clamp's own
+        mask through autograd), the clamped rgb, and per-tile partials the host divides by the counts."""
+        from pytorch_msssim import SSIM
+
+        self.calls["loss_grad"] += 1
+        assert window.device.type == "cpu" and window.numel() == F.SSIM_WIN_SIZE
+        assert isinstance(clamp_inclusive, bool) and render.shape == gt.shape and render.shape[-1] == 3
+        C, H, W, _ = render.shape
+        x = render.detach().clone().requires_grad_(True)
+        with torch.enable_grad():
+            rgb = torch.clamp(x, 0.0, 1.0)
+            l1 = torch.abs(gt - rgb).mean()
+            ssim = SSIM(data_range=1.0, size_average=True, channel=3, win_size=F.SSIM_WIN_SIZE,
+                        win_sigma=F.SSIM_WIN_SIGMA)(gt.permute(0, 3, 1, 2), rgb.permute(0, 3, 1, 2))
+            loss = (1 - ssim_lambda) * l1 + ssim_lambda * (1 - ssim)
+            (v_render,) = torch.autograd.grad(loss, x)
+        tw, th = math.ceil(W / F.TILE_SIZE), math.ceil(H / F.TILE_SIZE)
+        partials = torch.zeros(C * tw * th, 2)
+        partials[0, 0] = l1.detach() * (C * H * W * 3)
+        partials[0, 1] = ssim.detach() * (C * 3 * (H - F.SSIM_WIN_SIZE + 1) * (W - F.SSIM_WIN_SIZE + 1))
+        return v_render, rgb.detach(), partials
 
     def fused_loss(self, m, c, col, o, bg, gt, offsets, fids, C, W, H, ssim_lambda, window, cap,
                    blocks_per_sm, absgrad, force_two_phase, clamp_inclusive, butterfly):
@@ -259,6 +282,11 @@ def test_bwd_reduce_flag_reaches_both_kernels(torch_ops, monkeypatch, env, expec
     loss.backward()
     assert torch_ops.butterfly == [("render_bwd", expect), ("fused_loss", expect)]
     assert info["kernel"]["bwd_reduce"] == ("butterfly" if expect else "shuffle")
+    # the split schedule's backward is render_bwd: it gets the same flag
+    loss, _, _, info = F.fused_render_loss(*_args(_params(scene), scene), gt, sh_degree=2, mode="split")
+    loss.backward()
+    assert torch_ops.butterfly[2:] == [("render_bwd", expect)]
+    assert info["kernel"]["bwd_reduce"] == ("butterfly" if expect else "shuffle")
 
 
 def test_bwd_reduce_rejects_unknown_values(torch_ops, monkeypatch):
@@ -273,8 +301,16 @@ def test_bwd_reduce_rejects_unknown_values(torch_ops, monkeypatch):
     assert torch_ops.butterfly == []
 
 
+EXPECTED_CALLS = {  # entry points each schedule launches (per fused_render_loss)
+    "one_launch": {"fused_loss": 1, "render_fwd": 0, "loss_grad": 0, "render_bwd": 0},
+    "two_launch": {"fused_loss": 1, "render_fwd": 0, "loss_grad": 0, "render_bwd": 0},
+    "split": {"fused_loss": 0, "render_fwd": 1, "loss_grad": 1, "render_bwd": 1},
+}
+
+
+@pytest.mark.parametrize("mode", F.FUSED_MODES)
 @pytest.mark.parametrize("absgrad", [False, True])
-def test_fused_render_loss_glue_matches_reference(torch_ops, absgrad):
+def test_fused_render_loss_glue_matches_reference(torch_ops, absgrad, mode):
     from bytesplat_ns.raster.fused import splatfacto_loss_torch
 
     scene = make_scene(seed=5)
@@ -284,7 +320,8 @@ def test_fused_render_loss_glue_matches_reference(torch_ops, absgrad):
     bg = torch.rand(1, 3, generator=g)
     scale = 2.5
     pf = _params(scene)
-    loss_f, rgb_f, alpha_f, inf = F.fused_render_loss(*_args(pf, scene), gt, bg, sh_degree=2, absgrad=absgrad)
+    loss_f, rgb_f, alpha_f, inf = F.fused_render_loss(*_args(pf, scene), gt, bg, sh_degree=2, absgrad=absgrad,
+                                                      mode=mode)
     inf["means2d"].retain_grad()
     (scale * loss_f).backward()
     pr = _params(scene)
@@ -300,7 +337,38 @@ def test_fused_render_loss_glue_matches_reference(torch_ops, absgrad):
     if absgrad:
         # both scaled by the incoming gradient (the reference's hooks see the scaled gradient)
         assert rel_err(inf["means2d"].absgrad, inr["means2d"].absgrad) <= 1e-4
-    assert torch_ops.calls["fused_loss"] == 1 and torch_ops.calls["render_fwd"] == 0
+    assert torch_ops.calls == EXPECTED_CALLS[mode]
+    assert inf["kernel"]["schedule"] == mode and inf["kernel"]["two_phase"] == (mode == "two_launch")
+    assert not rgb_f.requires_grad and not alpha_f.requires_grad
+    assert abs(inf["l1"].item() - torch.abs(gt - render_r.clamp(0, 1)).mean().item()) <= 1e-6
+
+
+@pytest.mark.parametrize("env,expect", [(None, F.DEFAULT_MODE), ("split", "split"), (" Split ", "split"),
+                                        ("one_launch", "one_launch"), ("two_launch", "two_launch")])
+def test_fused_mode_from_env(torch_ops, monkeypatch, env, expect):
+    """BYTESPLAT_FUSED_MODE picks the schedule when mode is None (mode= and force_two_phase win)."""
+    if env is None:
+        monkeypatch.delenv("BYTESPLAT_FUSED_MODE", raising=False)
+    else:
+        monkeypatch.setenv("BYTESPLAT_FUSED_MODE", env)
+    assert F.fused_schedule() == expect and F.uses_two_launches() == (expect == "two_launch")
+    assert F.DEFAULT_MODE == "two_launch"
+    scene = make_scene(N=40, seed=7)
+    gt = torch.rand(1, scene["height"], scene["width"], 3, generator=torch.Generator().manual_seed(8))
+    _, _, _, info = F.fused_render_loss(*_args(_params(scene), scene), gt, sh_degree=2)
+    assert info["kernel"]["schedule"] == expect
+    _, _, _, info = F.fused_render_loss(*_args(_params(scene), scene), gt, sh_degree=2, mode="one_launch")
+    assert info["kernel"]["schedule"] == "one_launch"
+    _, _, _, info = F.fused_render_loss(*_args(_params(scene), scene), gt, sh_degree=2, force_two_phase=True)
+    assert info["kernel"]["schedule"] == "two_launch"
+
+
+def test_fused_mode_rejects_unknown_values(torch_ops, monkeypatch):
+    monkeypatch.setenv("BYTESPLAT_FUSED_MODE", "three_launch")
+    with pytest.raises(ValueError, match="BYTESPLAT_FUSED_MODE"):
+        F.fused_schedule()
+    with pytest.raises(ValueError, match="split"):
+        F.fused_schedule("halo")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -420,10 +488,15 @@ def compare_steps(a, b, grad_tol, state_tol):
         assert rel_err(a["state"][k], b["state"][k]) <= state_tol, f"strategy state {k}: {rel_err(a['state'][k], b['state'][k]):.3g}"
 
 
-@pytest.mark.parametrize("absgrad", [True, False])
-def test_model_fused_training_step_matches_reference(torch_ops, absgrad):
+@pytest.mark.parametrize("absgrad,mode", [(True, None), (False, None), (True, "split")])
+def test_model_fused_training_step_matches_reference(torch_ops, monkeypatch, absgrad, mode):
     """One Trainer iteration through ByteSplatModel's fused path (fused_pending -> _run_fused_step
-    -> _FusedLoss -> DefaultStrategy) against the same iteration with the reference backend."""
+    -> _FusedLoss -> DefaultStrategy) against the same iteration with the reference backend
+    (``mode``: BYTESPLAT_FUSED_MODE, None: the default schedule)."""
+    if mode is None:
+        monkeypatch.delenv("BYTESPLAT_FUSED_MODE", raising=False)
+    else:
+        monkeypatch.setenv("BYTESPLAT_FUSED_MODE", mode)
     seed_points = seed_cloud()
     image, bg = target_image(), torch.tensor([0.3, 0.6, 0.2])
     runs = {}
@@ -436,7 +509,7 @@ def test_model_fused_training_step_matches_reference(torch_ops, absgrad):
         for n, p in model.gauss_params.items():
             p.data.copy_(runs["params"][n])
         runs[name] = model_train_step(model, make_camera(), image, step=5, background=bg)
-    assert torch_ops.calls["fused_loss"] == 1
+    assert torch_ops.calls == EXPECTED_CALLS[mode or F.DEFAULT_MODE]
     assert int((runs["reference"]["state"]["count"] > 0).sum()) > 50  # many Gaussians seen
     compare_steps(runs["fused"], runs["reference"], grad_tol=1e-4, state_tol=1e-4)
 
@@ -563,7 +636,8 @@ def test_model_fused_steps_across_resolution_change(torch_ops):
 # ---------------------------------------------------------------------------------------------
 
 
-def test_sharded_step_fused_loss_glue_matches_reference(torch_ops):
+@pytest.mark.parametrize("mode", [None, "split"])
+def test_sharded_step_fused_loss_glue_matches_reference(torch_ops, monkeypatch, mode):
     """One process, the whole sharded step (torch projection, exchange to itself, per-view
     compositing + splatfacto loss, sparse-grad backward, absgrad routed back): the fused compositor
     (records in gid order -> bin_tiles -> _FusedLoss, here on the stand-in) gives the reference
@@ -574,6 +648,10 @@ def test_sharded_step_fused_loss_glue_matches_reference(torch_ops):
     from bytesplat_ns.distributed.step import splatfacto_lambda, splatfacto_loss
     from tests import distributed_worker as W
 
+    if mode is None:
+        monkeypatch.delenv("BYTESPLAT_FUSED_MODE", raising=False)
+    else:
+        monkeypatch.setenv("BYTESPLAT_FUSED_MODE", mode)  # the sharded step reads it at every view
     # what the pipeline passes (its model's ssim_lambda): recognised; any other loss is not
     loss_fn = functools.partial(splatfacto_loss, ssim_lambda=0.3)
     assert splatfacto_lambda(loss_fn) == 0.3 and splatfacto_lambda(splatfacto_loss) == 0.2
@@ -587,7 +665,11 @@ def test_sharded_step_fused_loss_glue_matches_reference(torch_ops):
         out[compositor] = (fwd.local_loss.item(), {k: p.grad.clone() for k, p in params.items()},
                            fwd.info["means2d"].absgrad.clone(), fwd.renders)
     (l_ref, g_ref, a_ref, r_ref), (l_f, g_f, a_f, r_f) = out["reference"], out["fused"]
-    assert torch_ops.calls["fused_loss"] == len(r_f) > 0 and torch_ops.calls["render_fwd"] == 0
+    if mode == "split":
+        assert torch_ops.calls["loss_grad"] == torch_ops.calls["render_fwd"] == len(r_f) > 0
+        assert torch_ops.calls["fused_loss"] == 0
+    else:
+        assert torch_ops.calls["fused_loss"] == len(r_f) > 0 and torch_ops.calls["render_fwd"] == 0
     assert abs(l_ref - l_f) <= 1e-5 * abs(l_ref)
     for k in g_ref:
         assert rel_err(g_f[k], g_ref[k]) <= 1e-4, k

@@ -3,7 +3,8 @@
 Tolerances (fp32 both sides): images max|a-b|/max|b| <= 1e-5, every gradient <= 1e-4.
 Covers: rasterize_fused (forward + our backward kernel) and fused_render_loss (render + loss +
 backward in one launch) with empty tiles, over-capacity tiles (streaming path), sizes not
-divisible by 16, backgrounds, several views per launch, absgrad and the two-launch fallback.
+divisible by 16, backgrounds, several views per launch, absgrad and the two-launch fallback;
+every loss case also under the split schedule (render_fwd -> loss_grad -> render_bwd).
 """
 
 from __future__ import annotations
@@ -225,14 +226,21 @@ LOSS_CASES = [
 ]
 
 
+@pytest.mark.parametrize("schedule", ["case", "split"])
 @pytest.mark.parametrize("projection", PROJECTIONS)
 @pytest.mark.parametrize("case", LOSS_CASES, ids=[c[0] for c in LOSS_CASES])
-def test_fused_render_loss_matches_reference(case, projection):
-    from bytesplat_ns.raster.fused import fused_render_loss, splatfacto_loss_torch
+def test_fused_render_loss_matches_reference(case, projection, schedule):
+    """``schedule="case"``: the case's own mode (one launch unless it says otherwise);
+    ``"split"``: the same scene through render_fwd -> loss_grad -> render_bwd (the case's capacity /
+    two-phase knobs do not apply to it)."""
+    from bytesplat_ns.raster.fused import RENDER_BATCH, fused_render_loss, splatfacto_loss_torch
     from bytesplat_ns.raster.reference import rasterize_reference
 
     name, N, C, W, H, use_bg, sh, absgrad, kw, cluster, opacity = case
     kw = {"mode": "one_launch", **kw}  # the single-kernel schedule unless the case says otherwise
+    if schedule == "split":
+        kw = {k: v for k, v in kw.items() if k not in ("force_two_phase", "capacity")}
+        kw["mode"] = "split"
     lam = kw.get("ssim_lambda", 0.2)
     scene = make_scene(N, C, W, H, seed=zlib.crc32(name.encode()) % 1000 + 1, sh_degree=sh, cluster=cluster, opacity=opacity)
     g = torch.Generator(device="cuda").manual_seed(5)
@@ -263,15 +271,48 @@ def test_fused_render_loss_matches_reference(case, projection):
     _compare_grads(pf, pr, extra)
 
     k = inf["kernel"]
-    if name in ("two_phase_fallback", "two_launch_mode"):
+    if schedule == "split":
+        assert k["schedule"] == "split" and not k["two_phase"] and k["capacity"] == RENDER_BATCH, k
+        if name == "over_capacity_auto":
+            assert _max_tile_count(inf) > RENDER_BATCH  # render_bwd walks several batches per tile
+    elif name in ("two_phase_fallback", "two_launch_mode"):
         assert k["two_phase"]
     else:
         assert not k["two_phase"], k
-    if name in ("streaming_small_capacity", "over_capacity_auto"):
+    if schedule == "case" and name in ("streaming_small_capacity", "over_capacity_auto"):
         assert _max_tile_count(inf) > k["capacity"], (_max_tile_count(inf), k)
     if name == "empty_tiles":
         off = inf["isect_offsets"].long()
         assert int(((off[1:] - off[:-1]) == 0).sum()) > 0
+
+
+@pytest.mark.parametrize("C,W,H", [(1, 64, 48), (2, 77, 45), (1, 11, 11)])
+def test_loss_grad_kernel_matches_autograd(C, W, H):
+    """cuda/loss_grad.cu on its own: dL/d render (through torch.clamp, with values exactly 0 and 1
+    and outside [0, 1]), the clamped rgb and the partials' loss, against pytorch_msssim autograd."""
+    from bytesplat_ns.raster._build import load_extension
+    from bytesplat_ns.raster.fused import SSIM_WIN_SIZE, _torch_clamp_inclusive, splatfacto_loss_torch, ssim_window
+
+    g = torch.Generator(device="cuda").manual_seed(C * 1000 + W)
+    render = torch.rand(C, H, W, 3, device="cuda", generator=g) * 1.4 - 0.2
+    flat = render.view(-1)
+    flat[::17] = 0.0
+    flat[5::19] = 1.0
+    gt = torch.rand(C, H, W, 3, device="cuda", generator=g)
+    lam = 0.2
+    v, rgb, partials = load_extension().loss_grad(render, gt, lam, ssim_window(), _torch_clamp_inclusive())
+    x = render.clone().requires_grad_(True)
+    loss = splatfacto_loss_torch(x, None, gt, None, lam)
+    (ref,) = torch.autograd.grad(loss, x)
+    assert torch.equal(rgb, render.clamp(0, 1))
+    assert rel_err(v, ref) <= GRAD_TOL, f"dL/drender rel err {rel_err(v, ref):.3g}"
+    at_edges = (render == 0) | (render == 1)
+    assert torch.equal(v[at_edges] == 0, ref[at_edges] == 0)  # torch.clamp's rule at the edges
+    p = partials.double().sum(0)
+    l1 = p[0] / (C * H * W * 3)
+    ssim = p[1] / (C * 3 * (H - SSIM_WIN_SIZE + 1) * (W - SSIM_WIN_SIZE + 1))
+    val = (1 - lam) * l1 + lam * (1 - ssim)
+    assert abs(val.item() - loss.item()) <= IMG_TOL * abs(loss.item())
 
 
 def test_fused_loss_capacity_from_device():
@@ -460,7 +501,7 @@ def trained_regime_scene(N=100000, W=256, H=192, seed=31):
 
 
 @needs_gsplat
-@pytest.mark.parametrize("mode", ["two_launch", "one_launch"])
+@pytest.mark.parametrize("mode", ["two_launch", "one_launch", "split"])
 def test_fused_loss_trained_regime_matches_gsplat(mode):
     """fused_render_loss (gsplat projection, as training uses it) against the unfused training
     path: gsplat's rasterization + clamp(render + (1-alpha) bg) + L1 + pytorch_msssim, in the regime
@@ -516,6 +557,47 @@ def test_fused_loss_trained_regime_matches_gsplat(mode):
 # ---------------------------------------------------------------------------------------------
 # ByteSplatModel: the fused training step against the gsplat one (same state, same batch)
 # ---------------------------------------------------------------------------------------------
+
+
+SPLIT_VS_TWO_LAUNCH_TOL = 1e-5
+
+
+def test_split_matches_two_launch_trained_regime():
+    """The split schedule against two launches of the fused kernel on the trained-regime scene
+    (saturating pixels, thousands of Gaussians per tile): the same compositing, the same
+    loss_grad_tile, the same backward formulas; only the backward's batching (256 vs the on-chip
+    capacity) and the unordered gradient atomics differ. Loss, rgb, alpha: rel <= 1e-5; 2D and
+    parameter gradients, absgrad: norm-wise rel <= 1e-5."""
+    from bytesplat_ns.raster.fused import fused_render_loss
+
+    scene = trained_regime_scene()
+    W, H = scene["width"], scene["height"]
+    g = torch.Generator(device="cuda").manual_seed(9)
+    gt = torch.rand(1, H, W, 3, device="cuda", generator=g)
+    gt = torch.nn.functional.avg_pool2d(gt.permute(0, 3, 1, 2), 5, 1, 2).permute(0, 2, 3, 1).contiguous()
+    bg = torch.rand(1, 3, device="cuda", generator=g)
+    projection = "gsplat" if _gsplat_available() else "torch"
+    runs = {}
+    for mode in ("two_launch", "split"):
+        p = _params(scene)
+        loss, rgb, alpha, info = fused_render_loss(*_args(p, scene), gt, bg, sh_degree=3, absgrad=True,
+                                                   projection=projection, mode=mode)
+        info["means2d"].retain_grad()
+        loss.backward()
+        runs[mode] = (loss, rgb, alpha, info, p)
+    lt, rt, at, it, pt = runs["two_launch"]
+    ls, rs, as_, is_, ps = runs["split"]
+    assert is_["kernel"]["schedule"] == "split" and it["kernel"]["two_phase"]
+    assert _max_tile_count(it) > it["kernel"]["capacity"], "regime: over-capacity tiles"
+    assert abs(ls.item() - lt.item()) <= SPLIT_VS_TWO_LAUNCH_TOL * abs(lt.item()), (ls.item(), lt.item())
+    assert rel_err(rs, rt) <= SPLIT_VS_TWO_LAUNCH_TOL and rel_err(as_, at) <= SPLIT_VS_TWO_LAUNCH_TOL
+    vis = it["radii"] > 0
+    pairs = [("means2d.grad", is_["means2d"].grad[vis], it["means2d"].grad[vis]),
+             ("means2d.absgrad", is_["means2d"].absgrad[vis], it["means2d"].absgrad[vis])]
+    pairs += [(f"grad {k}", ps[k].grad, pt[k].grad) for k in pt]
+    for name, a, b in pairs:
+        e = norm_err(a, b)
+        assert e <= SPLIT_VS_TWO_LAUNCH_TOL, f"{name}: split vs two_launch {e:.3g}"
 
 
 def _compare_model_steps(a, b, tol=5e-3):

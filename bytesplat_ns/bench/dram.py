@@ -7,6 +7,9 @@ CSV (``dram__bytes_read.sum``, ``dram__bytes_write.sum``, base units) into one J
     ncu --profile-from-start off --metrics dram__bytes_read.sum,dram__bytes_write.sum --csv \\
         --print-units base python -m bytesplat_ns.bench.dram --stage fused --num-gaussians 1000000 > fused.csv
     python -m bytesplat_ns.bench.dram --parse fused.csv
+
+Stages: ``fused`` (two launches of the fused kernel), ``fused-one-launch``, ``fused-split``
+(render_fwd -> loss_grad -> render_bwd), ``gsplat`` (rasterize_to_pixels + torch loss).
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ def run_stage(stage: str, n: int, width: int, height: int, sh_degree: int, warmu
 
     inp = StageInputs(n, width, height, sh_degree)
     step = {"fused": lambda: inp.fused_raster_loss(two_launch=True),
-            "fused-one-launch": lambda: inp.fused_raster_loss(two_launch=False)}.get(stage)
+            "fused-one-launch": lambda: inp.fused_raster_loss(two_launch=False),
+            "fused-split": lambda: inp.fused_raster_loss(schedule="split")}.get(stage)
     if stage == "gsplat":
         binned = inp.gsplat_binning()
         step = lambda: inp.gsplat_raster_loss(binned)  # noqa: E731
@@ -61,7 +65,8 @@ def run_stage(stage: str, n: int, width: int, height: int, sh_degree: int, warmu
 
 def main(argv: Optional[List[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--stage", choices=["fused", "fused-one-launch", "gsplat"])
+    p.add_argument("--stage", choices=["fused", "fused-one-launch", "fused-split", "gsplat"],
+                   help="fused: two launches (the default schedule); fused-split: render_fwd -> loss_grad -> render_bwd")
     p.add_argument("--num-gaussians", type=int, default=1_000_000)
     p.add_argument("--width", type=int, default=1920)
     p.add_argument("--height", type=int, default=1080)

@@ -4,7 +4,9 @@ Measured per Gaussian count (median ms over ``repeats`` after ``warmup``, CUDA e
 
 - ``raster_loss``: from the same projected 2D Gaussians (projection and tile binning done once,
   outside the timing): gsplat ``rasterize_to_pixels`` forward + clamp + splatfacto loss
-  (L1 + pytorch_msssim SSIM) + backward, vs ``_FusedLoss`` (one launch) + its backward.
+  (L1 + pytorch_msssim SSIM) + backward, vs ``_FusedLoss`` (one launch) + its backward; also the
+  other schedules: ``raster_loss_fused_two_phase`` (two launches of the fused kernel) and
+  ``raster_loss_fused_split`` (render_fwd -> loss_grad -> render_bwd).
 - ``full``: from the 3D Gaussians (projection, SH, binning, raster, loss, backward to the 3D
   parameters): gsplat ``rasterization`` + the same loss vs ``fused_render_loss``.
 - ``full_fused_raster_torch_loss``: ``rasterize_fused`` (our plain fwd/bwd kernels) + the torch
@@ -137,11 +139,13 @@ class StageInputs:
     def leaves(self):
         return [t.detach().clone().requires_grad_(True) for t in (self.m2, self.con, self.col, self.op)]
 
-    def fused_raster_loss(self, blocks_per_sm: int = 2, two_launch: bool = False):
-        """The fused kernel: render + splatfacto loss + 2D gradients, then autograd's hand-over."""
+    def fused_raster_loss(self, blocks_per_sm: int = 2, two_launch: bool = False, schedule: Optional[str] = None):
+        """The fused loss: render + splatfacto loss + 2D gradients, then autograd's hand-over.
+        ``schedule`` (one_launch | two_launch | split) wins over ``two_launch``."""
         s = self.scene
+        schedule = schedule or ("two_launch" if two_launch else "one_launch")
         loss, _, _, _ = _FusedLoss.apply(*self.leaves(), s["backgrounds"], s["gt"], self.offsets, self.fids,
-                                         self.W, self.H, 0.2, False, None, blocks_per_sm, two_launch)
+                                         self.W, self.H, 0.2, False, None, blocks_per_sm, schedule)
         loss.backward()
         return loss
 
@@ -191,6 +195,10 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
     with _env("BYTESPLAT_BWD_REDUCE", "shuffle"):  # A/B of the backward's per-Gaussian warp reduction
         _safe(out, "raster_loss_fused_two_phase_shuffle_reduce", lambda: time_ms(
             lambda: inp.fused_raster_loss(two_launch=True), warmup, repeats))
+    # the split schedule: render_fwd -> loss_grad -> render_bwd (plain kernels' occupancy)
+    _safe(out, "fused_split_loss_value", lambda: inp.fused_raster_loss(schedule="split").item())
+    _safe(out, "raster_loss_fused_split", lambda: time_ms(
+        lambda: inp.fused_raster_loss(schedule="split"), warmup, repeats))
 
     gsplat_error = gsplat_extension_error(skip_gsplat)
     gsplat_ok = gsplat_error is None
@@ -221,9 +229,9 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
         if not raster_only:
             _safe(out, "full_gsplat", lambda: time_ms(gsplat_full, warmup, repeats))
 
-    def fused_full():
+    def fused_full(mode=None):
         loss, _, _, _ = fused_render_loss(*args3d(), s["gt"], s["backgrounds"], sh_degree=sh_degree,
-                                          projection=projection)
+                                          projection=projection, mode=mode)
         loss.backward()
 
     def fused_raster_torch_loss_full():
@@ -239,6 +247,7 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
 
     if not raster_only:
         _safe(out, "full_fused", lambda: time_ms(fused_full, warmup, repeats))
+        _safe(out, "full_fused_split", lambda: time_ms(lambda: fused_full("split"), warmup, repeats))
         _safe(out, "full_fused_raster_torch_loss", lambda: time_ms(fused_raster_torch_loss_full, warmup, repeats))
     _safe(out, "raster_fwd_fused", lambda: time_ms(fused_raster_fwd, warmup, repeats))
     _safe(out, "binning_cuda", lambda: time_ms(lambda: bin_tiles(m2, radii, depths, W, H), warmup, repeats))

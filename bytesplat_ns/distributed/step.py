@@ -305,7 +305,7 @@ def composite_records_fused_loss(
     [H,W,3], with its 2D gradients computed in the same kernel. Returns (loss, rgb [H,W,3]
     detached); the loss is differentiable wrt the records. Same order and ``absgrad_sink`` contract
     as :func:`composite_records`; what ``splatfacto_loss`` of ``composite_records`` gives."""
-    from bytesplat_ns.raster.fused import _check, _FusedLoss, bin_tiles, uses_two_launches
+    from bytesplat_ns.raster.fused import _check, _FusedLoss, bin_tiles, fused_schedule
 
     _check(width, height, tile_size, means2d.device)
     (means2d, conics, colors, opacities, depths, radii), order = _records_in_gid_order(
@@ -316,7 +316,7 @@ def composite_records_fused_loss(
     loss, rgb, _, _ = _FusedLoss.apply(
         m, conics[None], colors[None], opacities[None], background.reshape(1, 3).detach().float(),
         gt[None].detach().float().contiguous(), offsets, flatten_ids, width, height, ssim_lambda, absgrad,
-        None, 2, uses_two_launches(),
+        None, 2, fused_schedule(),
     )
     if absgrad:
         assert absgrad_sink is not None

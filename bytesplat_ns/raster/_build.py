@@ -24,8 +24,8 @@ except Exception:  # pragma: no cover - errors.py is optional for this module
     _ErrorBase = RuntimeError  # type: ignore[misc,assignment]
 
 MIN_COMPUTE_CAPABILITY = (7, 0)
-SOURCES = ("bindings.cpp", "render.cu", "fused_loss.cu", "binning.cu")
-HEADERS = ("common.cuh",)
+SOURCES = ("bindings.cpp", "render.cu", "fused_loss.cu", "loss_grad.cu", "binning.cu")
+HEADERS = ("common.cuh", "ssim_tile.cuh")
 
 
 class CudaBuildError(_ErrorBase):  # type: ignore[misc,valid-type]

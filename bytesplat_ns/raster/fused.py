@@ -11,8 +11,9 @@ Two entry points, both differentiable through torch autograd:
   ``(1-l)*mean|rgb-gt| + l*(1-SSIM(rgb, gt))`` (rgb = clamp(render + T*bg, 0, 1)) AND its
   2D gradients for all views in one kernel (:class:`_FusedLoss`), launched once
   (``mode="one_launch"``) or twice (``"two_launch"``, the measured-faster default: launch 1 only
-  publishes the image); its backward hands the stashed gradients, scaled by the incoming
-  gradient, to projection/SH autograd.
+  publishes the image), or as three plain kernels (``"split"``: render_fwd, the loss-gradient
+  kernel, render_bwd; unmeasured); its backward hands the stashed gradients, scaled by the
+  incoming gradient, to projection/SH autograd.
 
 Pure-PyTorch twins that the tests hold the kernels against: :func:`render_2d_torch` (the
 compositing of one set of 2D Gaussians, from the same tile lists) and :func:`splatfacto_loss_torch`
@@ -37,6 +38,13 @@ TILE_SIZE = 16
 # 11.0 / 26.3 ms vs one launch 11.8 / 27.0 ms at 1M / 4M Gaussians: the one-launch kernel's
 # neighbour wait costs more than re-rendering the forward, so two launches are the default.
 DEFAULT_MODE = "two_launch"
+# The schedules fused_render_loss can run (docs/fused_ssim.md): the fused kernel once or twice, or
+# "split": render_fwd -> loss_grad (cuda/loss_grad.cu) -> render_bwd, three plain launches, the
+# backward at render_bwd's occupancy (not yet measured; the GPU benchmark decides the default).
+FUSED_MODES = ("one_launch", "two_launch", "split")
+# Gaussians per shared-memory batch of render_fwd/render_bwd (cuda/render.cu kBatch): what the
+# split schedule reports as its "capacity".
+RENDER_BATCH = 256
 SSIM_WIN_SIZE = 11
 SSIM_WIN_SIGMA = 1.5
 
@@ -282,22 +290,51 @@ class _RasterizeFused(torch.autograd.Function):
                 None, None, None, None, None)
 
 
+def _split_loss(m, c, col, o, bg, gt, offsets, flatten_ids, C, W, H, ssim_lambda, absgrad, butterfly):
+    """The split schedule: three plain launches, nothing but images crossing between them.
+
+    render_fwd (with the backgrounds: render + T*bg, alpha, T, last) -> loss_grad (dL/d render =
+    the per-pixel loss gradient times torch.clamp's mask, clamped rgb, per-tile partials) ->
+    render_bwd (v_render and the backgrounds, which it turns into the alpha term). Returns what
+    fused_loss returns, info = (two_phase, capacity, resident, smem) = (0, RENDER_BATCH, 0, 0)."""
+    ops = _ops()
+    render, alpha, T, last = ops.render_fwd(m, c, col, o, bg, offsets, flatten_ids, C, W, H)
+    v_render, rgb, partials = ops.loss_grad(render, gt, float(ssim_lambda), ssim_window(), _torch_clamp_inclusive())
+    del render
+    vm, vc, vcol, vo, vabs = ops.render_bwd(m, c, col, o, bg, offsets, flatten_ids, C, W, H, T, last, v_render,
+                                            None, bool(absgrad), bool(butterfly))
+    info = torch.tensor([0, RENDER_BATCH, 0, 0], dtype=torch.long)
+    return rgb, alpha, partials, vm, vc, vcol, vo, vabs, info
+
+
 class _FusedLoss(torch.autograd.Function):
-    """One launch: render + loss + its 2D gradients. Forward returns (loss, rgb, alpha, partials);
-    only the loss is differentiable; backward scales the stashed gradients."""
+    """Render + loss + its 2D gradients (``schedule``: one_launch, two_launch, split). Forward
+    returns (loss, rgb, alpha, stats); only the loss is differentiable; backward scales the stashed
+    gradients."""
 
     @staticmethod
     def forward(ctx, means2d, conics, colors, opacities, backgrounds, gt, offsets, flatten_ids, W, H,
-                ssim_lambda, absgrad, capacity, blocks_per_sm, force_two_phase):
+                ssim_lambda, absgrad, capacity, blocks_per_sm, schedule):
         global _two_phase_logged
         C, N = means2d.shape[0], means2d.shape[1]
+        # schedule: a FUSED_MODES name; a bool (older callers' force_two_phase) means two_launch if True
+        if isinstance(schedule, bool) or schedule is None:
+            schedule = "two_launch" if schedule else "one_launch"
+        if schedule not in FUSED_MODES:
+            raise ValueError(f"schedule must be one of {', '.join(FUSED_MODES)}, got {schedule!r}")
+        force_two_phase = schedule == "two_launch"
         reduce = bwd_reduce()
-        out = _ops().fused_loss(
-            _flat(means2d, 2), _flat(conics, 3), _flat(colors, 3), _flat(opacities, 1),
-            backgrounds.contiguous().float(), gt.contiguous().float(), offsets, flatten_ids,
-            C, W, H, float(ssim_lambda), ssim_window(), int(capacity or 0), int(blocks_per_sm),
-            bool(absgrad), bool(force_two_phase), _torch_clamp_inclusive(), reduce == "butterfly",
-        )
+        m, c, col, o = _flat(means2d, 2), _flat(conics, 3), _flat(colors, 3), _flat(opacities, 1)
+        bg, gtc = backgrounds.contiguous().float(), gt.contiguous().float()
+        if schedule == "split":
+            out = _split_loss(m, c, col, o, bg, gtc, offsets, flatten_ids, C, W, H, ssim_lambda, absgrad,
+                              reduce == "butterfly")
+        else:
+            out = _ops().fused_loss(
+                m, c, col, o, bg, gtc, offsets, flatten_ids,
+                C, W, H, float(ssim_lambda), ssim_window(), int(capacity or 0), int(blocks_per_sm),
+                bool(absgrad), force_two_phase, _torch_clamp_inclusive(), reduce == "butterfly",
+            )
         rgb, alpha, partials, vm, vc, vcol, vo, vabs, kinfo = out
         two_phase, cap, resident, smem = (int(v) for v in kinfo.tolist())
         if two_phase and not force_two_phase and not _two_phase_logged:
@@ -317,8 +354,8 @@ class _FusedLoss(torch.autograd.Function):
         ctx.meta = (C, N, absgrad)
         stats = torch.stack([l1, ssim]).float()
         ctx.mark_non_differentiable(rgb, alpha, stats)
-        ctx.kinfo = dict(two_phase=bool(two_phase), capacity=cap, resident_blocks=resident, smem_bytes=smem,
-                         bwd_reduce=reduce)
+        ctx.kinfo = dict(schedule=schedule, two_phase=bool(two_phase), capacity=cap, resident_blocks=resident,
+                         smem_bytes=smem, bwd_reduce=reduce)
         _FusedLoss.last_kernel_info = ctx.kinfo
         return loss, rgb, alpha, stats
 
@@ -342,13 +379,18 @@ _FusedLoss.last_kernel_info = {}
 # ----------------------------------------------------------------------------------------------
 
 
+def fused_schedule(mode: Optional[str] = None) -> str:
+    """The fused loss's schedule (one of :data:`FUSED_MODES`): ``mode``, else env
+    ``BYTESPLAT_FUSED_MODE``, else :data:`DEFAULT_MODE`. Read at every call."""
+    mode = (mode or os.environ.get("BYTESPLAT_FUSED_MODE") or DEFAULT_MODE).strip().lower()
+    if mode not in FUSED_MODES:
+        raise ValueError(f"mode (or BYTESPLAT_FUSED_MODE) must be one of {', '.join(FUSED_MODES)}, got {mode!r}")
+    return mode
+
+
 def uses_two_launches(mode: Optional[str] = None) -> bool:
-    """Whether the fused loss runs as two launches: ``mode``, else env ``BYTESPLAT_FUSED_MODE``,
-    else :data:`DEFAULT_MODE`."""
-    mode = mode or os.environ.get("BYTESPLAT_FUSED_MODE") or DEFAULT_MODE
-    if mode not in ("one_launch", "two_launch"):
-        raise ValueError(f"mode must be 'one_launch' or 'two_launch', got {mode!r}")
-    return mode == "two_launch"
+    """Whether :func:`fused_schedule` is ``"two_launch"`` (kept for older callers)."""
+    return fused_schedule(mode) == "two_launch"
 
 
 def _check(width: int, height: int, tile_size: int, device: torch.device):
@@ -463,10 +505,12 @@ def fused_render_loss(
     memory budget per block. ``mode``: ``"one_launch"`` (the single kernel; falls back to two
     launches, logged once, when too few blocks fit for its neighbour wait), ``"two_launch"``
     (launch 1 renders and publishes rgb, launch 2 re-renders on chip, computes the loss gradient and
-    the backward; same result), or None for :data:`DEFAULT_MODE` (env ``BYTESPLAT_FUSED_MODE``).
+    the backward; same result), ``"split"`` (render_fwd, then the loss-gradient kernel
+    ``loss_grad`` writes dL/d render, then render_bwd; same result, ``capacity`` and
+    ``blocks_per_sm`` unused), or None for :data:`DEFAULT_MODE` (env ``BYTESPLAT_FUSED_MODE``).
     ``force_two_phase=True`` is ``mode="two_launch"``.
     """
-    force_two_phase = force_two_phase or uses_two_launches(mode)
+    schedule = "two_launch" if force_two_phase else fused_schedule(mode)
     _check(width, height, tile_size, means.device)
     C = viewmats.shape[0]
     if gt_images.shape != (C, height, width, 3):
@@ -483,7 +527,7 @@ def fused_render_loss(
     _torch_clamp_inclusive()
     loss, img, alpha, stats = _FusedLoss.apply(
         means2d, conics, rgb, opac, backgrounds.detach(), gt_images.detach(), offsets, flatten_ids,
-        width, height, ssim_lambda, absgrad, capacity, blocks_per_sm, force_two_phase,
+        width, height, ssim_lambda, absgrad, capacity, blocks_per_sm, schedule,
     )
     info = {
         **_strategy_info(means2d, radii, depths, conics, opac, offsets, flatten_ids, width, height, tile_size),
