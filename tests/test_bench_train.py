@@ -33,4 +33,4 @@ def test_cpu_run_writes_per_method_results(tmp_path):
     assert run["iterations"] == 4 and run["eval"]["psnr"] > 0 and run["num_gaussians"] > 0
     assert [e["step"] for e in run["tile_occupancy"]] == [0.0, 2.0]
     assert all(e["capacity"] == 8 for e in run["tile_occupancy"]) and run["hw_prune_steps"] == []
-    assert "command" in report["environment"]
+    assert report["environment"]["command"].startswith("python -m bytesplat_ns.bench.train --scene small --iterations 4")

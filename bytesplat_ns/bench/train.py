@@ -15,6 +15,7 @@ import copy
 import json
 import platform
 import random
+import shlex
 import sys
 import time
 from datetime import datetime, timezone
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 
 
-def environment() -> Dict[str, str]:
+def environment(args: Optional[List[str]] = None) -> Dict[str, str]:
     """Versions and hardware, recorded next to every number."""
     import gsplat
     import nerfstudio  # noqa: F401
@@ -39,7 +40,7 @@ def environment() -> Dict[str, str]:
         "gsplat": gsplat.__version__,
         "nerfstudio": version("nerfstudio"),
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu",
-        "command": "python -m bytesplat_ns.bench.train " + " ".join(sys.argv[1:]),
+        "command": "python -m bytesplat_ns.bench.train " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if args is None else args)),
     }
     return info
 
@@ -163,7 +164,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
 
     data = args.data if args.data is not None else ensure_scene(SceneSpec(size=args.scene))
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    report = {"environment": environment(), "scene": str(data), "runs": []}
+    report = {"environment": environment(argv), "scene": str(data), "runs": []}
     for entry in args.methods:
         spec, _, overrides = entry.partition("@")
         name, _, rasterizer = spec.partition(":")
