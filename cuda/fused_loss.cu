@@ -249,13 +249,8 @@ std::vector<at::Tensor> fused_loss(const at::Tensor &means2d, const at::Tensor &
     P.v_colors = v_colors.data_ptr<float>();
     P.v_opacities = v_opacities.data_ptr<float>();
     P.v_abs = absgrad ? v_abs.data_ptr<float>() : nullptr;
-    const double nvalid = (double)C * 3.0 * (double)(H - 2 * kHalf) * (double)(W - 2 * kHalf);
-    P.w_l1 = (float)((1.0 - ssim_lambda) / ((double)C * H * W * 3.0));
-    P.w_ssim = (float)(ssim_lambda / nvalid);
-    P.C1 = 0.01f * 0.01f;
-    P.C2 = 0.03f * 0.03f;
     at::Tensor win = window.to(at::kFloat).contiguous();
-    for (int k = 0; k < kWin; ++k) P.win[k] = win.data_ptr<float>()[k];
+    set_loss_constants(P, C, H, W, ssim_lambda, win.data_ptr<float>());  // cuda/ssim_tile.cuh
 
     // butterfly: the warp reduction of backward_slots (common.cuh); false = one warp_sum per
     // component, kept for A/B runs (BYTESPLAT_BWD_REDUCE=shuffle).

@@ -93,14 +93,8 @@ std::vector<at::Tensor> loss_grad(const at::Tensor &render, const at::Tensor &gt
     P.v_render = v_render.data_ptr<float>();
     P.rgb_out = rgb.data_ptr<float>();
     P.partials = partials.data_ptr<float>();
-    // the same weights as fused_loss (cuda/fused_loss.cu)
-    const double nvalid = (double)C * 3.0 * (double)(H - 2 * kHalf) * (double)(W - 2 * kHalf);
-    P.w_l1 = (float)((1.0 - ssim_lambda) / ((double)C * H * W * 3.0));
-    P.w_ssim = (float)(ssim_lambda / nvalid);
-    P.C1 = 0.01f * 0.01f;
-    P.C2 = 0.03f * 0.03f;
     at::Tensor win = window.to(at::kFloat).contiguous();
-    for (int k = 0; k < kWin; ++k) P.win[k] = win.data_ptr<float>()[k];
+    set_loss_constants(P, C, H, W, ssim_lambda, win.data_ptr<float>());  // cuda/ssim_tile.cuh
 
     auto stream = at::cuda::getCurrentCUDAStream();
     dim3 grid(tw, th, C);

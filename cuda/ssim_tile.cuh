@@ -151,4 +151,16 @@ __device__ __forceinline__ void loss_grad_tile(const Prm &P, int cam, int tx, in
     ssim_sum = block_sum(ssum, s_red);
 }
 
+// Host side: splatfacto's loss weights (mean over the C*H*W*3 values for L1, over the valid SSIM
+// centers for SSIM), SSIM's constants and window, into a kernel's parameter struct.
+template <class Prm>
+inline void set_loss_constants(Prm &P, int64_t C, int64_t H, int64_t W, double ssim_lambda, const float *window) {
+    const double nvalid = (double)C * 3.0 * (double)(H - 2 * kHalf) * (double)(W - 2 * kHalf);
+    P.w_l1 = (float)((1.0 - ssim_lambda) / ((double)C * H * W * 3.0));
+    P.w_ssim = (float)(ssim_lambda / nvalid);
+    P.C1 = 0.01f * 0.01f;
+    P.C2 = 0.03f * 0.03f;
+    for (int k = 0; k < kWin; ++k) P.win[k] = window[k];
+}
+
 }  // namespace bytesplat
