@@ -24,6 +24,7 @@ from nerfstudio.utils.rich_utils import CONSOLE
 from bytesplat_ns.compat import offline_safe_lpips
 from bytesplat_ns.errors import BytesplatError
 from bytesplat_ns.raster import rasterize, resolve_backend
+from bytesplat_ns.raster.fused import SSIM_WIN_SIZE
 
 GAUSSIAN_PARAM_NAMES = ("means", "scales", "quats", "features_dc", "features_rest", "opacities")
 
@@ -197,11 +198,19 @@ class ByteSplatModel(SplatfactoModel):
             width,
             height,
         )
-        if self.training and self.rasterizer_backend == "fused" and not self.config.use_bilateral_grid:
+        if (self.training and self.rasterizer_backend == "fused" and not self.config.use_bilateral_grid
+                and min(width, height) >= SSIM_WIN_SIZE):
             # The fused kernel needs the ground truth to compute the loss inside the same launch;
-            # nerfstudio hands the batch over in get_metrics_dict, which finishes the step there.
-            return {"fused_pending": (raster_args, sh_degree), "background": self._get_background_color()}
+            # nerfstudio hands the batch over in get_metrics_dict, which finishes the step there
+            # (or renders the usual way there when the batch carries a mask).
+            return {"fused_pending": (raster_args, sh_degree, camera.metadata), "background": self._get_background_color()}
+        return self._render_outputs(raster_args, sh_degree, self._get_background_color(), camera.metadata)
 
+    def _render_outputs(self, raster_args: Tuple, sh_degree: Optional[int], background: torch.Tensor,
+                        metadata: Optional[Dict]) -> Dict[str, Union[torch.Tensor, List]]:
+        """Render with the selected backend and build splatfacto's outputs (the unfused path: eval,
+        the viewer, and training with the reference/gsplat backends or where the fused loss cannot run)."""
+        width, height = raster_args[7], raster_args[8]
         render_mode = "RGB+ED" if (self.config.output_depth_during_training or not self.training) else "RGB"
         render, alpha, self.info = rasterize(
             *raster_args,
@@ -213,10 +222,9 @@ class ByteSplatModel(SplatfactoModel):
         if self.training:
             self.strategy.step_pre_backward(self.gauss_params, self.optimizers, self.strategy_state, self.step, self.info)
 
-        background = self._get_background_color()
         rgb = torch.clamp(render[..., :3] + (1 - alpha) * background, 0.0, 1.0)
-        if self.config.use_bilateral_grid and self.training and camera.metadata and "cam_idx" in camera.metadata:
-            rgb = self._apply_bilateral_grid(rgb, camera.metadata["cam_idx"], height, width)
+        if self.config.use_bilateral_grid and self.training and metadata and "cam_idx" in metadata:
+            rgb = self._apply_bilateral_grid(rgb, metadata["cam_idx"], height, width)
 
         depth = None
         if render_mode == "RGB+ED":
@@ -241,7 +249,7 @@ class ByteSplatModel(SplatfactoModel):
         """Render, compute splatfacto's loss and its 2D gradients in the fused kernel (training only)."""
         from bytesplat_ns.raster.fused import fused_render_loss
 
-        raster_args, sh_degree = outputs.pop("fused_pending")
+        raster_args, sh_degree, _ = outputs.pop("fused_pending")
         background = outputs["background"]
         gt = self.composite_with_background(self.get_gt_img(batch["image"]), background)
         gt_images, backgrounds = gt[None, ..., :3].float().contiguous(), background[None].float()
@@ -273,8 +281,12 @@ class ByteSplatModel(SplatfactoModel):
     def get_metrics_dict(self, outputs, batch) -> Dict[str, torch.Tensor]:
         if "fused_pending" in outputs:
             if "mask" in batch:
-                raise BytesplatError("The fused rasterizer does not support masks yet; use --pipeline.model.rasterizer gsplat.")
-            self._run_fused_step(outputs, batch)
+                # The fused loss has no mask term: render with the same kernels and let splatfacto's
+                # loss apply the mask (its masked L1/SSIM), as with the other backends.
+                raster_args, sh_degree, metadata = outputs.pop("fused_pending")
+                outputs.update(self._render_outputs(raster_args, sh_degree, outputs["background"], metadata))
+            else:
+                self._run_fused_step(outputs, batch)
         return super().get_metrics_dict(outputs, batch)
 
     def get_loss_dict(self, outputs, batch, metrics_dict=None) -> Dict[str, torch.Tensor]:
