@@ -216,6 +216,8 @@ def run_piece(p: Piece, out_dir: Path, timeout: Optional[float]) -> None:
     else:
         p.status = "failed"
         p.stderr_tail = _tail(err_log)
+        if not output.exists():
+            p.output = None  # the index names only files that exist
 
 
 def _write_index(out_dir: Path, report: Dict) -> Path:
