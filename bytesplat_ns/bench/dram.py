@@ -46,8 +46,8 @@ def run_stage(stage: str, n: int, width: int, height: int, sh_degree: int, warmu
     from bytesplat_ns.bench.raster import StageInputs
 
     inp = StageInputs(n, width, height, sh_degree)
-    step = {"fused": lambda: inp.fused_raster_loss(two_launch=True),
-            "fused-one-launch": lambda: inp.fused_raster_loss(two_launch=False),
+    step = {"fused": lambda: inp.fused_raster_loss(schedule="two_launch"),
+            "fused-one-launch": lambda: inp.fused_raster_loss(schedule="one_launch"),
             "fused-split": lambda: inp.fused_raster_loss(schedule="split")}.get(stage)
     if stage == "gsplat":
         binned = inp.gsplat_binning()

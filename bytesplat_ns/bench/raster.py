@@ -139,11 +139,10 @@ class StageInputs:
     def leaves(self):
         return [t.detach().clone().requires_grad_(True) for t in (self.m2, self.con, self.col, self.op)]
 
-    def fused_raster_loss(self, blocks_per_sm: int = 2, two_launch: bool = False, schedule: Optional[str] = None):
-        """The fused loss: render + splatfacto loss + 2D gradients, then autograd's hand-over.
-        ``schedule`` (one_launch | two_launch | split) wins over ``two_launch``."""
+    def fused_raster_loss(self, blocks_per_sm: int = 2, schedule: str = "one_launch"):
+        """The fused loss (``schedule``: one_launch | two_launch | split): render + splatfacto loss +
+        2D gradients, then autograd's hand-over."""
         s = self.scene
-        schedule = schedule or ("two_launch" if two_launch else "one_launch")
         loss, _, _, _ = _FusedLoss.apply(*self.leaves(), s["backgrounds"], s["gt"], self.offsets, self.fids,
                                          self.W, self.H, 0.2, False, None, blocks_per_sm, schedule)
         loss.backward()
@@ -187,14 +186,14 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
     _safe(out, "fused_kernel", lambda: dict(_FusedLoss.last_kernel_info))
     _safe(out, "raster_loss_fused", lambda: time_ms(inp.fused_raster_loss, warmup, repeats))
     _safe(out, "raster_loss_fused_two_phase", lambda: time_ms(
-        lambda: inp.fused_raster_loss(two_launch=True), warmup, repeats))
+        lambda: inp.fused_raster_loss(schedule="two_launch"), warmup, repeats))
     for bps in (1, 3, 4):  # on-chip capacity vs occupancy: fewer, larger blocks or more, smaller ones
         _safe(out, f"raster_loss_fused_two_phase_bps{bps}", lambda bps=bps: time_ms(
-            lambda: inp.fused_raster_loss(blocks_per_sm=bps, two_launch=True), warmup, repeats))
+            lambda: inp.fused_raster_loss(blocks_per_sm=bps, schedule="two_launch"), warmup, repeats))
         _safe(out, f"fused_kernel_bps{bps}", lambda: dict(_FusedLoss.last_kernel_info))
     with _env("BYTESPLAT_BWD_REDUCE", "shuffle"):  # A/B of the backward's per-Gaussian warp reduction
         _safe(out, "raster_loss_fused_two_phase_shuffle_reduce", lambda: time_ms(
-            lambda: inp.fused_raster_loss(two_launch=True), warmup, repeats))
+            lambda: inp.fused_raster_loss(schedule="two_launch"), warmup, repeats))
     # the split schedule: render_fwd -> loss_grad -> render_bwd (plain kernels' occupancy)
     _safe(out, "fused_split_loss_value", lambda: inp.fused_raster_loss(schedule="split").item())
     _safe(out, "raster_loss_fused_split", lambda: time_ms(

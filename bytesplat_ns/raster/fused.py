@@ -317,9 +317,6 @@ class _FusedLoss(torch.autograd.Function):
                 ssim_lambda, absgrad, capacity, blocks_per_sm, schedule):
         global _two_phase_logged
         C, N = means2d.shape[0], means2d.shape[1]
-        # schedule: a FUSED_MODES name; a bool (older callers' force_two_phase) means two_launch if True
-        if isinstance(schedule, bool) or schedule is None:
-            schedule = "two_launch" if schedule else "one_launch"
         if schedule not in FUSED_MODES:
             raise ValueError(f"schedule must be one of {', '.join(FUSED_MODES)}, got {schedule!r}")
         force_two_phase = schedule == "two_launch"
@@ -386,11 +383,6 @@ def fused_schedule(mode: Optional[str] = None) -> str:
     if mode not in FUSED_MODES:
         raise ValueError(f"mode (or BYTESPLAT_FUSED_MODE) must be one of {', '.join(FUSED_MODES)}, got {mode!r}")
     return mode
-
-
-def uses_two_launches(mode: Optional[str] = None) -> bool:
-    """Whether :func:`fused_schedule` is ``"two_launch"`` (kept for older callers)."""
-    return fused_schedule(mode) == "two_launch"
 
 
 def _check(width: int, height: int, tile_size: int, device: torch.device):
