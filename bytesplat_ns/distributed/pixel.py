@@ -617,22 +617,12 @@ def render_cell(params: Mapping[str, Tensor], rows: Tensor, views: Views, sh_deg
     colors = gaussian_colors(sub, sh_degree)
     args = (sub["means"], sub["quats"], torch.exp(sub["scales"]), torch.sigmoid(sub["opacities"]).squeeze(-1), colors,
             views.viewmats.to(dev), views.Ks.to(dev), W, H)
-    if renderer == "fused":
-        if colors.shape[-1] != 3:
-            raise BytesplatError(f"The fused cell renderer renders RGB only, got {colors.shape[-1]} color channels.",
-                                 hint="Use --pipeline.compositor reference.")
-        from bytesplat_ns.raster.fused import TILE_SIZE, _RasterizeFused, _strategy_info, bin_tiles, project
+    if renderer == "fused" and colors.shape[-1] != 3:
+        raise BytesplatError(f"The fused cell renderer renders RGB only, got {colors.shape[-1]} color channels.",
+                             hint="Use --pipeline.compositor reference.")
+    from bytesplat_ns.raster import rasterize
 
-        radii, means2d, depths, conics, rgb, opac = project(
-            *args[:7], W, H, sh_degree=sh_degree, near_plane=0.01, far_plane=1e10, eps2d=0.3,
-        )
-        offsets, flatten_ids = bin_tiles(means2d, radii, depths, W, H, TILE_SIZE)
-        render, alpha = _RasterizeFused.apply(means2d, conics, rgb, opac, None, offsets, flatten_ids, W, H, absgrad)
-        info = _strategy_info(means2d, radii, depths, conics, opac, offsets, flatten_ids, W, H, TILE_SIZE)
-    else:
-        from bytesplat_ns.raster import rasterize
-
-        render, alpha, info = rasterize(*args, backend="reference", sh_degree=sh_degree, absgrad=absgrad)
+    render, alpha, info = rasterize(*args, backend=renderer, sh_degree=sh_degree, absgrad=absgrad)
     if not with_info:
         return render, 1.0 - alpha[..., 0]
     if info["means2d"].requires_grad:
