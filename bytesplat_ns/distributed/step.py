@@ -49,9 +49,8 @@ from bytesplat_ns.distributed.communicators import (
 )
 from bytesplat_ns.distributed.exchange import DistributedError, ExchangeStats, all_reduce_, rank_and_world
 from bytesplat_ns.distributed.sharding import ShardLayout, gather_layout
-from bytesplat_ns.raster.projection import camera_centers, project_gaussians
+from bytesplat_ns.raster.fused import _default_projection, project
 from bytesplat_ns.raster.reference import rasterize_to_pixels_reference
-from bytesplat_ns.raster.sh import sh_to_color
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 PARAM_NAMES = ("means", "scales", "quats", "features_dc", "features_rest", "opacities")
@@ -167,46 +166,23 @@ def project_shard(
     B = views.num_views
     means = params["means"]
     if projection is None:
-        from bytesplat_ns.raster.fused import _default_projection
-
         projection = _default_projection() if means.is_cuda else "torch"
+    radii, means2d, depths, conics, cols, _ = project(
+        means, params["quats"], torch.exp(params["scales"]), params["opacities"].squeeze(-1),
+        gaussian_colors(params, sh_degree), views.viewmats, views.Ks, views.width, views.height,
+        sh_degree=sh_degree, near_plane=near_plane, far_plane=far_plane, eps2d=eps2d, projection=projection,
+    )
     if projection == "gsplat":
-        from bytesplat_ns.raster.fused import project
-
-        radii, means2d, depths, conics, cols, _ = project(
-            means, params["quats"], torch.exp(params["scales"]), params["opacities"].squeeze(-1),
-            gaussian_colors(params, sh_degree), views.viewmats, views.Ks, views.width, views.height,
-            sh_degree=sh_degree, near_plane=near_plane, far_plane=far_plane, eps2d=eps2d, projection="gsplat",
-        )
-        # gsplat leaves culled entries uninitialised; this module's contract is zeros there
+        # gsplat leaves culled entries uninitialised (and its SH gives them 0.5); the contract is zeros
         seen = radii > 0
         means2d = torch.where(seen[..., None], means2d, 0.0)
         conics = torch.where(seen[..., None], conics, 0.0)
         depths = torch.where(seen, depths, 0.0)
-        if cols.dim() == 3 and cols.shape[0] == B:
-            cols = torch.where(seen[..., None], cols, 0.0) if sh_degree is not None else cols
-        opacities = torch.sigmoid(params["opacities"]).squeeze(-1).expand(B, -1)
-        return ShardProjection(means2d, conics, cols, opacities, depths, radii.to(torch.int32))
-    proj = project_gaussians(
-        means,
-        params["quats"],
-        torch.exp(params["scales"]),
-        views.viewmats,
-        views.Ks,
-        views.width,
-        views.height,
-        eps2d=eps2d,
-        near_plane=near_plane,
-        far_plane=far_plane,
-    )
-    colors = gaussian_colors(params, sh_degree)
-    if sh_degree is None:
-        cols = colors.expand(B, -1, -1)
-    else:
-        dirs = means[None, :, :] - camera_centers(views.viewmats)[:, None, :]
-        cols = sh_to_color(sh_degree, dirs, colors.expand(B, -1, -1, -1))
+        if sh_degree is not None:
+            cols = torch.where(seen[..., None], cols, 0.0)
+        radii = radii.to(torch.int32)
     opacities = torch.sigmoid(params["opacities"]).squeeze(-1).expand(B, -1)
-    return ShardProjection(proj.means2d, proj.conics, cols, opacities, proj.depths, proj.radii)
+    return ShardProjection(means2d, conics, cols, opacities, depths, radii)
 
 
 def _records_in_gid_order(means2d, conics, colors, opacities, depths, radii, gids):
