@@ -457,6 +457,15 @@ def _log(msg: str) -> None:
         print(msg)
 
 
+def model_tile_capacity(model: Any) -> Optional[int]:
+    """A model's tile capacity: ``--pipeline.model.hw-prune-capacity`` when set, else the fused
+    kernel's on the model's CUDA device, else None (CPU)."""
+    configured = int(getattr(model.config, "hw_prune_capacity", 0) or 0)
+    if configured > 0:
+        return configured
+    return device_tile_capacity(model.device) if model.device.type == "cuda" else None
+
+
 class HardwarePruner:
     """Runs (b)-(d) on gsplat ``DefaultStrategy``'s schedule.
 
@@ -506,13 +515,10 @@ class HardwarePruner:
         if enabled and dist:
             _log("bytesplat: hardware-aware pruning is not supported with sharded training yet; off")
             enabled = False
-        capacity: Optional[int] = settings.capacity if settings.capacity > 0 else None
+        capacity = model_tile_capacity(model) if enabled else (settings.capacity if settings.capacity > 0 else None)
         if enabled and capacity is None:
-            if model.device.type == "cuda":
-                capacity = device_tile_capacity(model.device)
-            else:
-                _log("bytesplat: hw-prune on a CPU model without --pipeline.model.hw-prune-capacity: "
-                     "only low-contribution pruning runs (no device capacity)")
+            _log("bytesplat: hw-prune on a CPU model without --pipeline.model.hw-prune-capacity: "
+                 "only low-contribution pruning runs (no device capacity)")
         pruner = cls(settings, model.strategy, int(getattr(model, "num_train_data", 1) or 1), enabled, capacity)
         if enabled:
             _log(f"bytesplat: hardware-aware pruning on (tile capacity {capacity}, every {pruner.every} steps "

@@ -13,12 +13,12 @@ from typing import Any, Dict, Optional
 
 import torch
 
+from bytesplat_ns.pruning import model_tile_capacity, tile_entries
+
 
 @torch.no_grad()
 def tile_occupancy(info: Dict[str, Any], capacity: int) -> Dict[str, float]:
     """Tile-list statistics of one render's ``info`` (radii, means2d, depths, width, height)."""
-    from bytesplat_ns.pruning import tile_entries
-
     keys, _, n_tiles = tile_entries(info)
     counts = torch.bincount(keys, minlength=n_tiles).float()
     if counts.numel() == 0:
@@ -33,17 +33,6 @@ def tile_occupancy(info: Dict[str, Any], capacity: int) -> Dict[str, float]:
     )
 
 
-def _capacity(model: Any) -> Optional[int]:
-    configured = int(getattr(model.config, "hw_prune_capacity", 0) or 0)
-    if configured > 0:
-        return configured
-    if model.device.type != "cuda":
-        return None
-    from bytesplat_ns.pruning import device_tile_capacity
-
-    return device_tile_capacity(model.device)
-
-
 def record_tile_occupancy(model: Any, step: int) -> Optional[Dict[str, float]]:
     """Called from the model's post-backward hook; logs every ``tile_stats_every`` steps."""
     every = int(getattr(model.config, "tile_stats_every", 0) or 0)
@@ -51,7 +40,7 @@ def record_tile_occupancy(model: Any, step: int) -> Optional[Dict[str, float]]:
     if every <= 0 or step % every != 0 or not info or "radii" not in info or "means2d" not in info:
         return None
     if not hasattr(model, "_tile_capacity"):
-        model._tile_capacity = _capacity(model)
+        model._tile_capacity = model_tile_capacity(model)
     if model._tile_capacity is None:
         return None  # CPU without a configured capacity: nothing to compare against
     stats = tile_occupancy(info, model._tile_capacity)

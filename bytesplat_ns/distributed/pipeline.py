@@ -73,7 +73,7 @@ from nerfstudio.utils.misc import step_check
 from nerfstudio.utils.rich_utils import CONSOLE
 
 from bytesplat_ns.distributed.communicators import CommStats, make_communicator
-from bytesplat_ns.distributed.pixel import CellState, PixelConfig, pixel_render_loss
+from bytesplat_ns.distributed.pixel import CellState, PixelConfig, pixel_render_loss, resolve_renderer
 from bytesplat_ns.distributed.exchange import ExchangeStats, all_reduce_, comm_device, rank_and_world, wrap_failure
 from bytesplat_ns.distributed.runtime import StepWatchdog
 from bytesplat_ns.distributed.sharding import ShardLayout, gather_layout, gather_to_rank0, rebalance
@@ -211,10 +211,9 @@ class ShardedPipeline(VanillaPipeline):
 
     @property
     def compositor(self) -> str:
-        """The compositor in use: ``auto`` resolved against this rank's device."""
-        if self.config.compositor == "auto":
-            return "fused" if self._on_cuda() else "reference"
-        return self.config.compositor
+        """The compositor in use: ``auto`` resolved against this rank's device (the pixel exchange's
+        cell-renderer rule, which is the same: fused on CUDA, reference elsewhere)."""
+        return resolve_renderer(self.config.compositor, torch.device(self.device))
 
     def _share_initial_gaussians(self) -> None:
         """Broadcast rank 0's Gaussians (ranks seed their RNGs differently), keep this rank's shard."""
@@ -506,7 +505,7 @@ class ShardedPipeline(VanillaPipeline):
         self.cells.cell_of = torch.full((n,), self._my_cell(), dtype=torch.int64, device=params["means"].device)
         cfg = PixelConfig(geometric=self.config.pixel_geometric, transmittance=self.config.pixel_transmittance)
         fwd = pixel_render_loss(
-            params, self.cells, views, self._sh_degree(), cfg, lambda pred, gt: splatfacto_loss(pred, gt, lam), absgrad=absgrad,
+            params, self.cells, views, self._sh_degree(), cfg, functools.partial(splatfacto_loss, ssim_lambda=lam), absgrad=absgrad,
             renderer=self.compositor,
         )
         info = fwd.infos.get(self._my_cell())
