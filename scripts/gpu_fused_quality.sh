@@ -11,7 +11,6 @@ OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
 ITERS=${ITERS:-3000}; SCENE=${SCENE:-medium}; CHECK=${CHECK:-500}
 METHODS=${METHODS:-bytesplat:gsplat bytesplat:fused}
 source scripts/gpu_setup.sh 2>&1 || exit 1
-so=$(ls $TORCH_EXTENSIONS_DIR/gsplat_cuda/gsplat_cuda.so 2>/dev/null) && [[ ! -f .ext/gsplat_cuda.so ]] && cp "$so" "$OUT/"
 
 stamp "fused GPU tests (background) + training benchmark: $METHODS ($SCENE, $ITERS iterations)"
 ( BYTESPLAT_TEST_GSPLAT_PROJECTION=1 timeout ${TEST_TIMEOUT:-420} $PY -m pytest -q -p no:cacheprovider -o addopts="" \

@@ -19,7 +19,6 @@ ITERS=${ITERS:-3000}
 exec > >(tee -a "$OUT/log.txt") 2>&1
 source scripts/gpu_setup.sh || exit 1
 left() { echo $(( BUDGET - $(date +%s) + T0 )); }
-so=$(ls $TORCH_EXTENSIONS_DIR/gsplat_cuda/gsplat_cuda.so 2>/dev/null) && [[ ! -f .ext/gsplat_cuda.so ]] && cp "$so" "$OUT/"
 
 gpu0() {
   export CUDA_VISIBLE_DEVICES=0

@@ -1,5 +1,5 @@
-# Sourced by the single-GPU scripts: packages (gpu_packages.sh), then JIT builds of gsplat and of
-# our kernels in parallel.
+# Sourced by the single-GPU scripts (after they set OUT): packages (gpu_packages.sh), then JIT
+# builds of gsplat and of our kernels in parallel.
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 MAX_JOBS=${MAX_JOBS:-16}
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/ext} BYTESPLAT_CACHE=${BYTESPLAT_CACHE:-/tmp/bytesplat_cache}
 PY=${PYTHON:-python3}
@@ -18,3 +18,7 @@ ext = load_extension()
 print('fused ext ok in %.0fs, capacity(2 blocks/SM)=%d' % (time.time() - t, ext.fused_capacity(2)))" > /tmp/fused_build.log 2>&1 ) &
 # wait on these two only: a bare `wait` would also wait on the caller's process substitutions
 wait $GSPLAT_BUILD_PID $!; tail -n 3 /tmp/gsplat_build.log /tmp/fused_build.log
+# A fresh gsplat build goes back through $OUT, for later runs to carry in .ext/ (gpu_packages.sh).
+so=$TORCH_EXTENSIONS_DIR/gsplat_cuda/gsplat_cuda.so
+if [[ -n "$OUT" && -f "$so" && ! -f .ext/gsplat_cuda.so ]]; then cp "$so" "$OUT/"; fi
+true  # the caller's `source ... || exit 1` sees this script's last status
