@@ -5,11 +5,15 @@
 #          step's fused loss compositor, sparse-grad kernels, pruning), then `bytesplat-bench raster`
 #          (1M and 4M Gaussians, 1920x1080, SH 3), then Nsight Compute DRAM bytes of the
 #          raster+loss stage, fused vs gsplat (when ncu is installed);
-#   GPU 1: hardware-aware pruning side by side (fused backend, hw-prune off vs on, tile occupancy
-#          every 100 steps) on the built-in medium scene, then on the large one while time remains;
-#   both:  `bytesplat-bench distributed` under torchrun (1 vs 2 ranks, dense / sparse-grad, gsplat).
-# Writes at most 8 files to $OUT: tests.log raster.json dram.json prune_medium.json
-# prune_large.json distributed.json log.txt (+ gsplat_cuda.so when none was carried).
+#   GPU 1: GPU1=train (default): full training side by side, splatfacto vs bytesplat (fused, gsplat
+#          backends), same seed and iterations, on the built-in large scene, then medium while time
+#          remains; GPU1=prune: hardware-aware pruning off vs on (fused, tile occupancy every 100
+#          steps) on the medium scene, then the large one;
+#   both:  `bytesplat-bench distributed` under torchrun (1 vs 2 ranks, dense / sparse-grad / pixel,
+#          gsplat distributed).
+# DRAM=0 skips the Nsight Compute stage. Writes at most 8 files to $OUT: tests.log raster.json
+# dram.json {train,prune}_{large,medium}.json distributed.json log.txt (+ gsplat_cuda.so when none
+# was carried).
 #   device tool: kind nvidia-h200-x2 (or nvidia-h200), carry [".whl", ".ext"], timeout_s 540
 set -o pipefail
 OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
@@ -63,31 +67,45 @@ prune() {  # prune SCENES...
   done
 }
 
+train() {  # train SCENES...: the full-iteration comparison against splatfacto (issue 3)
+  for scene in "$@"; do
+    t=$(( $(left) - ${PRUNE_RESERVE:-110} )); (( t < 60 )) && { stamp "no time left for the $scene scene"; break; }
+    stamp "splatfacto vs bytesplat, $scene scene, $ITERS iterations (timeout ${t}s)"
+    timeout $t $PY -m bytesplat_ns.bench.train --scene $scene --iterations $ITERS --num-downscales 0 \
+      --methods splatfacto bytesplat:fused bytesplat:gsplat --work-dir /tmp/train_runs \
+      --out "$OUT/train_$scene.json" > /tmp/train_$scene.log 2>&1
+    stamp "training $scene rc=$?"; grep -E "Error" /tmp/train_$scene.log | head -5
+  done
+}
+GPU1=${GPU1:-train}
+gpu1() { if [[ $GPU1 == prune ]]; then prune medium large; else train large medium; fi; }
+(( ${DRAM:-1} )) || dram() { stamp "DRAM stage skipped (DRAM=0)"; }
+
 NGPU=$(nvidia-smi -L | wc -l)
 if (( NGPU >= 2 )); then
   ( gpu0; dram ) > /tmp/gpu0.log 2>&1 &
   P0=$!
-  ( export CUDA_VISIBLE_DEVICES=1; prune medium large ) > /tmp/gpu1.log 2>&1 &
+  ( export CUDA_VISIBLE_DEVICES=1; gpu1 ) > /tmp/gpu1.log 2>&1 &
   P1=$!
   wait $P0 $P1
   cat /tmp/gpu0.log /tmp/gpu1.log
 else  # one GPU: one stage at a time (the timings must not share the GPU), most needed first
-  gpu0; prune medium; dram; prune large
+  gpu0; gpu1; dram
 fi
 
-TB=$(( $(left) - 10 )); (( TB > 150 )) && TB=150
+TB=$(( $(left) - 10 )); (( TB > 240 )) && TB=240
 if (( NGPU >= 2 && TB > 40 )); then
   stamp "both GPUs: distributed benchmark (timeout ${TB}s)"
   timeout $TB $PY -m torch.distributed.run --standalone --nproc-per-node 2 -m bytesplat_ns.bench.cli distributed \
     --num-gaussians 1000000 4000000 --views 8 --width 1920 --height 1080 --warmup 3 --repeats 10 \
-    --out "$OUT/distributed.json" > /tmp/dist.log 2>&1
+    --communicators dense sparse-grad pixel --out "$OUT/distributed.json" > /tmp/dist.log 2>&1
   stamp "distributed rc=$?"; grep -vE "^\s*$" /tmp/dist.log | tail -n 16 | cut -c1-400
 fi
 $PY - "$OUT" <<'EOF'
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
-for f in sorted(out.glob("prune_*.json")):
+for f in sorted(out.glob("prune_*.json")) + sorted(out.glob("train_*.json")):
     for r in json.loads(f.read_text())["runs"]:
         occ = r.get("tile_occupancy", [])
         late = [e["over_capacity_share"] for e in occ if e["step"] >= 600]
