@@ -34,13 +34,13 @@ from bytesplat_ns.raster._build import CudaBuildError, load_extension
 
 TILE_SIZE = 16
 # Which schedule fused_render_loss uses by default (see its docstring and docs/fused_ssim.md).
-# Measured on an H200 (1920x1080, docs/benchmarks/raster_fused_colmajor.json): two launches
-# 11.0 / 26.3 ms vs one launch 11.8 / 27.0 ms at 1M / 4M Gaussians: the one-launch kernel's
-# neighbour wait costs more than re-rendering the forward, so two launches are the default.
-DEFAULT_MODE = "two_launch"
+# Measured on an H200 (1920x1080, SH 3, raster + loss fwd+bwd, docs/benchmarks/raster_h200.json):
+# split 4.77 / 10.26 ms vs two launches 9.02 / 21.75 ms vs one launch 8.96 / 21.05 ms at 1M / 4M
+# Gaussians: the compositing kernels run at their own occupancy once the SSIM scratch lives in a
+# separate small kernel, which outweighs the per-pixel state's round trip through DRAM.
+DEFAULT_MODE = "split"
 # The schedules fused_render_loss can run (docs/fused_ssim.md): the fused kernel once or twice, or
-# "split": render_fwd -> loss_grad (cuda/loss_grad.cu) -> render_bwd, three plain launches, the
-# backward at render_bwd's occupancy (not yet measured; the GPU benchmark decides the default).
+# "split": render_fwd -> loss_grad (cuda/loss_grad.cu) -> render_bwd, three plain launches.
 FUSED_MODES = ("one_launch", "two_launch", "split")
 # Gaussians per shared-memory batch of render_fwd/render_bwd (cuda/render.cu kBatch): what the
 # split schedule reports as its "capacity".
