@@ -34,3 +34,20 @@ def test_cpu_run_writes_per_method_results(tmp_path):
     assert [e["step"] for e in run["tile_occupancy"]] == [0.0, 2.0]
     assert all(e["capacity"] == 8 for e in run["tile_occupancy"]) and run["hw_prune_steps"] == []
     assert report["environment"]["command"].startswith("python -m bytesplat_ns.bench.train --scene small --iterations 4")
+
+
+def test_profile_train_reports_host_and_device_time(tmp_path):
+    """bench.profile_train: the real loop body under the profiler after a real warm-up; on CPU the
+    device columns are empty and the host table names the model's torch ops."""
+    from bytesplat_ns.bench.profile_train import main as profile_main
+
+    out = tmp_path / "profile.json"
+    report = profile_main(["--scene", "small", "--methods", "bytesplat:reference@hw_prune=off", "--warmup-iters", "3",
+                           "--profile-iters", "2", "--top", "5", "--work-dir", str(tmp_path / "w"), "--out", str(out)])
+    (run,) = json.loads(out.read_text())["runs"]
+    assert run == report["runs"][0]
+    assert run["label"] == "bytesplat-reference-hw_prune-off" and run["num_gaussians"] > 0
+    assert run["profiled_steps"] == [3, 6]  # after the warm-up's steps 0..2, two timed then two profiled
+    assert run["wall_ms_per_iteration"] > 0 and run["device_busy_ms_per_iteration"] == 0
+    assert len(run["top_host"]) == 5 and all(r["name"].startswith("aten::") or r["calls"] > 0 for r in run["top_host"])
+    assert run["top_device"] == []

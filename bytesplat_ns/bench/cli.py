@@ -4,6 +4,8 @@
         --out docs/benchmarks/raster.json
     bytesplat-bench train ...   (forwards to ``python -m bytesplat_ns.bench.train``)
     bytesplat-bench distributed ...   (multi-GPU side by side: ``bytesplat_ns.bench.distributed``)
+    bytesplat-bench profile ...   (where a training iteration's time goes, host vs GPU:
+        ``bytesplat_ns.bench.profile_train``)
     bytesplat-bench matrix --out-dir outputs/bench_matrix ...
         (all of the above over backends x strategies x GPU counts x scene sizes, each piece in its
         own process, then the plots: ``bytesplat_ns.bench.matrix``)
@@ -60,6 +62,11 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         train_main(rest)
         return 0
+    if cmd == "profile":
+        from bytesplat_ns.bench.profile_train import main as profile_main
+
+        profile_main(rest)
+        return 0
     if cmd == "distributed":
         from bytesplat_ns.bench.distributed import main as distributed_main
 
@@ -73,7 +80,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         from bytesplat_ns.bench.plots import main as plots_main
 
         return plots_main(rest)
-    print(f"bytesplat-bench: unknown benchmark '{cmd}' (choose raster, train, distributed, matrix or plots)",
+    print(f"bytesplat-bench: unknown benchmark '{cmd}' (choose raster, train, profile, distributed, matrix or plots)",
           file=sys.stderr)
     return 2
 

@@ -20,7 +20,7 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -75,9 +75,23 @@ def set_model_option(model_config, item: str) -> None:
     setattr(model_config, key, parsed)
 
 
-def train_and_evaluate(label: str, config, data: Path, iterations: int, out_dir: Path, seed: int, device: str) -> dict:
-    from nerfstudio.utils.rich_utils import CONSOLE
+def method_from_entry(entry: str, configure: Optional[Callable] = None):
+    """``method[:rasterizer][@field=value,...]`` -> (label, config); ``configure(config)`` (the
+    command's options for every method) runs before the entry's own field=value overrides."""
+    spec, _, overrides = entry.partition("@")
+    name, _, rasterizer = spec.partition(":")
+    config = method_config(name, rasterizer or None)
+    if configure is not None:
+        configure(config)
+    for item in filter(None, overrides.split(",")):
+        set_model_option(config.pipeline.model, item)
+    label = entry.replace(":", "-").replace("@", "-").replace(",", "-").replace("=", "-")
+    return label, config
 
+
+def setup_trainer(label: str, config, data: Path, iterations: int, out_dir: Path, seed: int, device: str):
+    """A ready trainer for ``config`` on ``data``: no viewer, no evaluation or saving while it
+    trains, seeded. Returns (trainer, lpips_status)."""
     from bytesplat_ns.compat import offline_safe_lpips
 
     config.pipeline.datamanager.data = data
@@ -101,6 +115,13 @@ def train_and_evaluate(label: str, config, data: Path, iterations: int, out_dir:
     with offline_safe_lpips() as lpips_status:  # splatfacto builds LPIPS too; offline it must not crash
         trainer = config.setup(local_rank=0, world_size=1)
         trainer.setup()
+    return trainer, lpips_status
+
+
+def train_and_evaluate(label: str, config, data: Path, iterations: int, out_dir: Path, seed: int, device: str) -> dict:
+    from nerfstudio.utils.rich_utils import CONSOLE
+
+    trainer, lpips_status = setup_trainer(label, config, data, iterations, out_dir, seed, device)
     CONSOLE.rule(f"[bold]{label}: {iterations} iterations")
     if device == "cuda":
         torch.cuda.synchronize()
@@ -165,19 +186,17 @@ def main(argv: Optional[List[str]] = None) -> dict:
     data = args.data if args.data is not None else ensure_scene(SceneSpec(size=args.scene))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     report = {"environment": environment(argv), "scene": str(data), "runs": []}
-    for entry in args.methods:
-        spec, _, overrides = entry.partition("@")
-        name, _, rasterizer = spec.partition(":")
-        config = method_config(name, rasterizer or None)
-        if args.tile_stats_every and hasattr(config.pipeline.model, "tile_stats_every"):
-            config.pipeline.model.tile_stats_every = args.tile_stats_every
+    def configure(config) -> None:
+        model = config.pipeline.model
+        if args.tile_stats_every and hasattr(model, "tile_stats_every"):
+            model.tile_stats_every = args.tile_stats_every
         if args.num_downscales is not None:
-            config.pipeline.model.num_downscales = args.num_downscales
-        if args.hw_prune is not None and hasattr(config.pipeline.model, "hw_prune"):
-            config.pipeline.model.hw_prune = args.hw_prune
-        for item in filter(None, overrides.split(",")):  # per method, after the global options
-            set_model_option(config.pipeline.model, item)
-        label = entry.replace(":", "-").replace("@", "-").replace(",", "-").replace("=", "-")
+            model.num_downscales = args.num_downscales
+        if args.hw_prune is not None and hasattr(model, "hw_prune"):
+            model.hw_prune = args.hw_prune
+
+    for entry in args.methods:
+        label, config = method_from_entry(entry, configure)
         report["runs"].append(train_and_evaluate(label, config, data, args.iterations, args.work_dir, args.seed, device))
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2))  # after every run: a cut-short job keeps its results

@@ -1,0 +1,129 @@
+"""Where a training iteration's time goes: nerfstudio's loop body under torch.profiler.
+
+For each method entry (as ``bytesplat_ns.bench.train``'s ``--methods``), on the same scene and seed:
+train ``--warmup-iters`` iterations through the real trainer (densification included, so the
+Gaussian count is a trained one), then run ``--profile-iters`` more iterations of the trainer's loop
+body (callbacks before, ``train_iteration``, callbacks after) and report
+
+- wall ms per iteration, and the GPU's busy ms per iteration (sum of kernel times): when wall is
+  well above busy, the step is bound by the host (Python, launches, synchronisations), not the GPU;
+- the ops with the largest host time and the largest device time, and the number of host-device
+  synchronisations (``cudaStreamSynchronize``, ``cudaDeviceSynchronize``, blocking copies).
+
+    python -m bytesplat_ns.bench.profile_train --scene large --warmup-iters 1000 --profile-iters 30 \\
+        --methods splatfacto bytesplat:fused --out profile.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import torch
+
+SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy ")
+
+
+def loop_body(trainer, step: int) -> None:
+    """One iteration as nerfstudio's Trainer.train runs it, without its logging and viewer."""
+    from nerfstudio.engine.callbacks import TrainingCallbackLocation
+
+    trainer.pipeline.train()
+    for callback in trainer.callbacks:
+        callback.run_callback_at_location(step, location=TrainingCallbackLocation.BEFORE_TRAIN_ITERATION)
+    trainer.train_iteration(step)
+    for callback in trainer.callbacks:
+        callback.run_callback_at_location(step, location=TrainingCallbackLocation.AFTER_TRAIN_ITERATION)
+
+
+def _table(events, key: str, top: int) -> List[Dict]:
+    rows = sorted(events, key=lambda e: getattr(e, key), reverse=True)[:top]
+    return [{"name": e.key, "calls": e.count, "host_ms": e.self_cpu_time_total / 1e3,
+             "device_ms": getattr(e, "self_device_time_total", 0.0) / 1e3} for e in rows]
+
+
+def profile_method(label: str, config, data: Path, warmup: int, iters: int, work_dir: Path, seed: int,
+                   top: int) -> Dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    from bytesplat_ns.bench.train import setup_trainer
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    trainer, _ = setup_trainer(label, config, data, warmup, work_dir, seed, device)
+    trainer.train()  # the warm-up: the real loop, so densification has grown the scene
+    step0 = trainer.step + 1
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync()
+    t = time.perf_counter()
+    for i in range(iters):  # timed without the profiler's own overhead
+        loop_body(trainer, step0 + i)
+    sync()
+    wall_ms = 1e3 * (time.perf_counter() - t) / iters
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for i in range(iters):
+            loop_body(trainer, step0 + iters + i)
+        sync()
+    events = prof.key_averages()
+    kernels = [e for e in events if getattr(e, "device_type", None) is not None and "CUDA" in str(e.device_type)]
+    busy_ms = sum(e.self_device_time_total for e in kernels) / 1e3 / iters
+    syncs = {e.key: e.count / iters for e in events if e.key.startswith(SYNC_EVENTS)}
+    result = {
+        "label": label,
+        "num_gaussians": int(trainer.pipeline.model.num_points),
+        "profiled_steps": [step0, step0 + 2 * iters - 1],
+        "wall_ms_per_iteration": wall_ms,
+        "device_busy_ms_per_iteration": busy_ms,
+        "syncs_per_iteration": syncs,
+        "top_host": _table(events, "self_cpu_time_total", top),
+        "top_device": _table(events, "self_device_time_total", top) if device == "cuda" else [],
+    }
+    del trainer
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return result
+
+
+def main(argv: Optional[List[str]] = None) -> Dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scene", default="large", choices=["small", "medium", "large"])
+    p.add_argument("--methods", nargs="+", default=["splatfacto", "bytesplat:fused"])
+    p.add_argument("--warmup-iters", type=int, default=1000)
+    p.add_argument("--profile-iters", type=int, default=30)
+    p.add_argument("--num-downscales", type=int, default=0)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--top", type=int, default=25)
+    p.add_argument("--work-dir", type=Path, default=Path("outputs/bench_profile"))
+    p.add_argument("--out", type=Path, default=None)
+    a = p.parse_args(argv)
+
+    import bytesplat_ns  # noqa: F401  (registers the torch.load allow-list)
+    from bytesplat_ns.bench.train import environment, method_from_entry
+    from bytesplat_ns.data.scene import SceneSpec, ensure_scene
+
+    def configure(config) -> None:
+        config.pipeline.model.num_downscales = a.num_downscales
+
+    data = ensure_scene(SceneSpec(size=a.scene))
+    report = {"environment": environment(argv), "scene": a.scene, "runs": []}
+    for entry in a.methods:
+        label, config = method_from_entry(entry, configure)
+        r = profile_method(label, config, data, a.warmup_iters, a.profile_iters, a.work_dir, a.seed, a.top)
+        report["runs"].append(r)
+        print(f"{label}: {r['num_gaussians']} Gaussians, wall {r['wall_ms_per_iteration']:.2f} ms/it, "
+              f"GPU busy {r['device_busy_ms_per_iteration']:.2f} ms/it, syncs/it {r['syncs_per_iteration']}", flush=True)
+        for row in r["top_host"][:12]:
+            print(f"   host {row['host_ms'] / a.profile_iters:7.3f} ms/it  x{row['calls'] / a.profile_iters:5.1f}  {row['name'][:70]}")
+        for row in r["top_device"][:12]:
+            print(f"    dev {row['device_ms'] / a.profile_iters:7.3f} ms/it  x{row['calls'] / a.profile_iters:5.1f}  {row['name'][:70]}")
+        if a.out:
+            a.out.parent.mkdir(parents=True, exist_ok=True)
+            a.out.write_text(json.dumps(report, indent=1))
+    return report
+
+
+if __name__ == "__main__":
+    main()
