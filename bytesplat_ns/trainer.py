@@ -6,7 +6,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Type
+from typing import Optional, Tuple, Type
 
 import torch
 from nerfstudio.engine.trainer import Trainer, TrainerConfig
@@ -94,17 +94,27 @@ def read_checkpoint(path: Path) -> dict:
     return state
 
 
+def resume_pipeline(trainer) -> Tuple[Optional[dict], Optional[Path]]:
+    """The first half of every resume: read the checkpoint the config names, set the start step and
+    load the pipeline. Returns the checkpoint (its optimizer states are the caller's) and its path,
+    or (None, None) when there is nothing to load."""
+    path = checkpoint_to_load(trainer.config)
+    if path is None:
+        CONSOLE.print("No Nerfstudio checkpoint to load, so training from scratch.")
+        return None, None
+    state = read_checkpoint(path)
+    trainer._start_step = state["step"] + 1
+    trainer.pipeline.load_pipeline(state["pipeline"], state["step"])
+    return state, path
+
+
 class ByteSplatTrainer(Trainer):
     config: ByteSplatTrainerConfig
 
     def _load_checkpoint(self) -> None:
-        path = checkpoint_to_load(self.config)
-        if path is None:
-            CONSOLE.print("No Nerfstudio checkpoint to load, so training from scratch.")
+        state, path = resume_pipeline(self)
+        if state is None:
             return
-        state = read_checkpoint(path)
-        self._start_step = state["step"] + 1
-        self.pipeline.load_pipeline(state["pipeline"], state["step"])
         self._follow_replaced_parameters()
         self.optimizers.load_optimizers(state["optimizers"])
         if "schedulers" in state and self.config.load_scheduler:

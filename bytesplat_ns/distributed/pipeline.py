@@ -89,8 +89,7 @@ from bytesplat_ns.errors import BytesplatError
 from bytesplat_ns.trainer import (
     ByteSplatTrainer,
     ByteSplatTrainerConfig,
-    checkpoint_to_load,
-    read_checkpoint,
+    resume_pipeline,
     write_checkpoint,
 )
 
@@ -811,13 +810,9 @@ class ShardedTrainer(ByteSplatTrainer):
         write_checkpoint(state, self.checkpoint_dir, step, self.config.save_only_latest_checkpoint)
 
     def _load_checkpoint(self) -> None:
-        path = checkpoint_to_load(self.config)
-        if path is None:
-            CONSOLE.print("No Nerfstudio checkpoint to load, so training from scratch.")
+        state, path = resume_pipeline(self)
+        if state is None:
             return
-        state = read_checkpoint(path)
-        self._start_step = state["step"] + 1
-        self.pipeline.load_pipeline(state["pipeline"], state["step"])
         params = self.pipeline.model.gauss_params
         total = int(_strip_module(state["pipeline"])["_model.gauss_params.means"].shape[0])
         start, end = ShardLayout.even(total, self.pipeline.world_size).range(self.pipeline.rank)
