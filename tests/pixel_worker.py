@@ -14,7 +14,7 @@ from typing import Dict
 
 import torch
 
-from tests.distributed_worker import WireCounter  # one byte counter for every distributed worker
+from tests.distributed_worker import WireCounter, look_at  # shared by every distributed worker
 
 SEED = 11
 WIDTH, HEIGHT = 32, 24
@@ -26,20 +26,6 @@ SCALE_COUNTS = (800, 3200, 12800)  # 1x, 4x, 16x
 TRAIN_STEPS = 3
 TRAIN_LRS = {"means": 1.6e-4, "features_dc": 0.0025, "features_rest": 0.0025 / 20, "opacities": 0.05, "scales": 0.005, "quats": 0.001}
 EYES = [(0.2, 0.4, -3.2), (2.9, -0.5, -1.8), (-2.8, 0.6, -1.5), (0.4, -2.6, -1.9)]
-
-
-def look_at(eye, target=(0.0, 0.0, 0.0), up=(0.0, -1.0, 0.0)) -> torch.Tensor:
-    """OpenCV world-to-camera matrix (x right, y down, z forward)."""
-    eye = torch.tensor(eye, dtype=torch.float64)
-    z = torch.tensor(target, dtype=torch.float64) - eye
-    z = z / z.norm()
-    x = torch.linalg.cross(z, torch.tensor(up, dtype=torch.float64))
-    x = x / x.norm()
-    y = torch.linalg.cross(z, x)
-    m = torch.eye(4, dtype=torch.float64)
-    m[:3, :3] = torch.stack([x, y, z])
-    m[:3, 3] = -m[:3, :3] @ eye
-    return m.float()
 
 
 def raw_gaussians(n: int, seed: int, small: bool) -> Dict[str, torch.Tensor]:
