@@ -3,7 +3,9 @@
 Every method trains in this one process, one after the other, on the same data, seed and iteration
 count; then each is evaluated on all held-out views with the same code. Writes one JSON file with
 wall time per iteration, final eval PSNR/SSIM(/LPIPS when its weights are available), Gaussian
-count, GPU, versions and the exact command.
+count, GPU, versions and the exact command. Each method's nerfstudio run directory (config.yml,
+dataparser_transforms.json, the final checkpoint) stays under ``--work-dir``; the JSON names it
+(``run_dir``) for ``bytesplat-bench raster/distributed --trained RUN_DIR``.
 
     python -m bytesplat_ns.bench.train --scene small --iterations 7000 --out docs/benchmarks/train_builtin.json
 """
@@ -122,6 +124,11 @@ def train_and_evaluate(label: str, config, data: Path, iterations: int, out_dir:
     from nerfstudio.utils.rich_utils import CONSOLE
 
     trainer, lpips_status = setup_trainer(label, config, data, iterations, out_dir, seed, device)
+    # What ns-train leaves in a run directory: config.yml (saved here, as ns-train's main does),
+    # dataparser_transforms.json and the final checkpoint (both written by trainer.train(), which
+    # saves a checkpoint at its last step whatever steps_per_save is). `bytesplat-bench raster /
+    # distributed --trained <run_dir>` load the trained scene from it.
+    config.save_config()
     CONSOLE.rule(f"[bold]{label}: {iterations} iterations")
     if device == "cuda":
         torch.cuda.synchronize()
@@ -130,6 +137,10 @@ def train_and_evaluate(label: str, config, data: Path, iterations: int, out_dir:
     if device == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
+    from bytesplat_ns.trainer import latest_checkpoint
+
+    run_dir = Path(trainer.base_dir).resolve()
+    checkpoint = latest_checkpoint(run_dir / config.relative_model_dir)  # a clear error if none was written
     pipeline = trainer.pipeline
     pipeline.eval()
     metrics = pipeline.get_average_eval_image_metrics(step=iterations)
@@ -137,6 +148,8 @@ def train_and_evaluate(label: str, config, data: Path, iterations: int, out_dir:
         metrics.pop("lpips", None)
     result = {
         "label": label,
+        "run_dir": str(run_dir),
+        "checkpoint": str(checkpoint),
         "iterations": iterations,
         "train_seconds": seconds,
         "ms_per_iteration": 1000.0 * seconds / iterations,
@@ -147,6 +160,7 @@ def train_and_evaluate(label: str, config, data: Path, iterations: int, out_dir:
         "hw_prune_steps": [dict(s) for s in getattr(getattr(pipeline.model, "hw_pruner", None), "history", [])],
     }
     CONSOLE.print(result)
+    print(f"bytesplat-bench train: {label}: run directory {run_dir}", flush=True)
     del trainer, pipeline
     if device == "cuda":
         torch.cuda.empty_cache()
@@ -177,13 +191,17 @@ def main(argv: Optional[List[str]] = None) -> dict:
         help="bytesplat methods' hardware-aware pruning (off: compare the rasterizers alone)",
     )
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/train_builtin.json"))
-    parser.add_argument("--work-dir", type=Path, default=Path("outputs/bench"))
+    parser.add_argument("--work-dir", type=Path, default=Path("outputs/bench"),
+                        help="where each method's nerfstudio run directory goes: WORK_DIR/<label>/<method>/bench "
+                        "(config.yml, dataparser_transforms.json, nerfstudio_models/step-*.ckpt; the JSON's "
+                        "run_dir), for `bytesplat-bench raster/distributed --trained RUN_DIR`")
     args = parser.parse_args(argv)
 
     import bytesplat_ns  # noqa: F401  (registers the torch.load allow-list and error hook)
     from bytesplat_ns.data.scene import SceneSpec, ensure_scene
 
-    data = args.data if args.data is not None else ensure_scene(SceneSpec(size=args.scene))
+    # absolute: the saved config.yml must find the data from any working directory
+    data = (args.data if args.data is not None else ensure_scene(SceneSpec(size=args.scene))).resolve()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     report = {"environment": environment(argv), "scene": str(data), "runs": []}
     def configure(config) -> None:
@@ -197,7 +215,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
 
     for entry in args.methods:
         label, config = method_from_entry(entry, configure)
-        report["runs"].append(train_and_evaluate(label, config, data, args.iterations, args.work_dir, args.seed, device))
+        report["runs"].append(train_and_evaluate(label, config, data, args.iterations, args.work_dir.resolve(), args.seed, device))
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=2))  # after every run: a cut-short job keeps its results
     print(json.dumps(report, indent=2))
