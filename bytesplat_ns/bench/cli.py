@@ -2,6 +2,9 @@
 
     bytesplat-bench raster --num-gaussians 1000000 4000000 --width 1920 --height 1080 \
         --out docs/benchmarks/raster.json
+    bytesplat-bench raster --trained RUN_DIR --trained-scale 2.4 --out raster_trained.json
+        (a trained scene instead of random Gaussians: RUN_DIR is a finished ns-train / bytesplat-bench
+        train run; raster and distributed both take --trained)
     bytesplat-bench train ...   (forwards to ``python -m bytesplat_ns.bench.train``)
     bytesplat-bench distributed ...   (multi-GPU side by side: ``bytesplat_ns.bench.distributed``)
     bytesplat-bench profile ...   (where a training iteration's time goes, host vs GPU:
@@ -26,11 +29,22 @@ from typing import List, Optional
 
 def _raster(argv: List[str]) -> int:
     p = argparse.ArgumentParser(prog="bytesplat-bench raster",
-                                description="gsplat 1.4.0 vs fused: rasterization + loss, forward + backward")
-    p.add_argument("--num-gaussians", type=int, nargs="+", default=[1_000_000])
-    p.add_argument("--width", type=int, default=1920)
-    p.add_argument("--height", type=int, default=1080)
-    p.add_argument("--sh-degree", type=int, default=3)
+                                description="gsplat 1.4.0 vs fused: rasterization + loss, forward + backward, "
+                                "on random Gaussians (--num-gaussians) or on a trained scene (--trained)")
+    p.add_argument("--num-gaussians", type=int, nargs="+", default=None,
+                   help="random scenes of these sizes (default 1000000)")
+    p.add_argument("--width", type=int, default=None, help="random scenes' image width (default 1920)")
+    p.add_argument("--height", type=int, default=None, help="random scenes' image height (default 1080)")
+    p.add_argument("--sh-degree", type=int, default=None, help="default: 3, or the trained model's degree")
+    p.add_argument("--trained", type=str, default=None, metavar="RUN_DIR",
+                   help="benchmark a trained scene instead: the Gaussians of a finished nerfstudio run of bytesplat or "
+                   "splatfacto (the directory with config.yml, dataparser_transforms.json, nerfstudio_models/; "
+                   "`bytesplat-bench train` records it as run_dir), rendered from one of its train cameras "
+                   "against that view's real image")
+    p.add_argument("--trained-view", type=int, default=0, help="--trained: which train view (index in the train split)")
+    p.add_argument("--trained-scale", type=float, default=1.0,
+                   help="--trained: render at this multiple of the view's resolution (intrinsics scaled, ground truth "
+                   "resized), e.g. 2.4 turns 800x600 into 1920x1440")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--skip-gsplat", action="store_true", help="time only the fused backend")
@@ -39,13 +53,24 @@ def _raster(argv: List[str]) -> int:
     p.add_argument("--raster-only", action="store_true", help="skip the full (projection included) timings")
     p.add_argument("--out", type=str, default=None, help="JSON output path")
     a = p.parse_args(argv)
+    if a.trained is not None:
+        given = [f for f, v in (("--num-gaussians", a.num_gaussians), ("--width", a.width), ("--height", a.height)) if v is not None]
+        if given:
+            p.error(f"{', '.join(given)} cannot be combined with --trained (the trained scene sets them; "
+                    "--trained-scale changes the resolution)")
+        from bytesplat_ns.bench.trained import run_paths
+
+        run_paths(a.trained)  # a bad directory: one clear error line now, before anything else runs
+    elif a.trained_view != 0 or a.trained_scale != 1.0:
+        p.error("--trained-view and --trained-scale need --trained")
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     from bytesplat_ns.bench.raster import run
 
     command = "bytesplat-bench raster " + " ".join(shlex.quote(x) for x in argv)
-    run(a.num_gaussians, a.width, a.height, a.sh_degree, a.warmup, a.repeats, a.out, command, a.skip_gsplat,
-        a.projection, a.raster_only)
+    run(a.num_gaussians or [1_000_000], a.width or 1920, a.height or 1080, a.sh_degree, a.warmup, a.repeats, a.out,
+        command, a.skip_gsplat, a.projection, a.raster_only, trained=a.trained, trained_view=a.trained_view,
+        trained_scale=a.trained_scale)
     return 0
 
 

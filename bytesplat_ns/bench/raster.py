@@ -13,6 +13,10 @@ Measured per Gaussian count (median ms over ``repeats`` after ``warmup``, CUDA e
   loss: the path a custom loss takes.
 
 The loss values of both paths are reported so the comparison is visibly like for like.
+
+The scene is ``synthetic_scene`` (N random Gaussians) or, with ``trained=RUN_DIR``, the Gaussians
+of a finished nerfstudio run rendered from one of its train cameras against that view's real image
+(``bench.trained.raster_scene``; rows say ``"scene": "trained:<run dir>"``).
 """
 
 from __future__ import annotations
@@ -118,13 +122,16 @@ def gsplat_extension_error(skip_gsplat: bool = False) -> Optional[str]:
 
 
 class StageInputs:
-    """One synthetic scene, projected once (``projection``) and binned once: the identical 2D inputs
-    both raster+loss stages start from."""
+    """One scene (``synthetic_scene``'s N random Gaussians, or ``scene``: a dict of the same form,
+    e.g. ``bench.trained.raster_scene``), projected once (``projection``) and binned once: the
+    identical 2D inputs both raster+loss stages start from."""
 
-    def __init__(self, n: int, width: int, height: int, sh_degree: int, projection: str = "gsplat"):
-        self.scene = synthetic_scene(n, width, height, sh_degree)
-        self.W, self.H, self.sh_degree = width, height, sh_degree
+    def __init__(self, n: int, width: int, height: int, sh_degree: int, projection: str = "gsplat",
+                 scene: Optional[Dict] = None):
+        self.scene = synthetic_scene(n, width, height, sh_degree) if scene is None else scene
         s = self.scene
+        width, height, sh_degree = s["width"], s["height"], s["sh_degree"]
+        self.W, self.H, self.sh_degree = width, height, sh_degree
         self.params = {k: s[k].clone().requires_grad_(True) for k in ("means", "quats", "scales", "opacities", "colors")}
         with torch.no_grad():
             self.radii, m2, self.depths, con, col, op = project(
@@ -169,12 +176,14 @@ class StageInputs:
 
 
 def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repeats: int,
-              skip_gsplat: bool = False, projection: str = "gsplat", raster_only: bool = False) -> Dict:
-    inp = StageInputs(n, width, height, sh_degree, projection)
-    s, W, H, args3d = inp.scene, width, height, inp.args3d
+              skip_gsplat: bool = False, projection: str = "gsplat", raster_only: bool = False,
+              scene: Optional[Dict] = None, scene_label: str = "synthetic") -> Dict:
+    inp = StageInputs(n, width, height, sh_degree, projection, scene=scene)
+    scene = None  # inp holds it (freed below)
+    s, W, H, sh_degree, args3d = inp.scene, inp.W, inp.H, inp.sh_degree, inp.args3d
     m2, con, col, op, radii, depths = inp.m2, inp.con, inp.col, inp.op, inp.radii, inp.depths
     offsets, fids = inp.offsets, inp.fids
-    out: Dict = {"num_gaussians": n}
+    out: Dict = {"scene": scene_label, "num_gaussians": int(s["means"].shape[0])}
     counts = (offsets[1:] - offsets[:-1]).float()
     out["visible"] = int((radii > 0).sum())
     out["intersections"] = int(fids.numel())
@@ -258,11 +267,27 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
     return out
 
 
-def run(num_gaussians: List[int], width: int, height: int, sh_degree: int = 3, warmup: int = 5,
+def run(num_gaussians: List[int], width: int, height: int, sh_degree: Optional[int] = 3, warmup: int = 5,
         repeats: int = 20, out: Optional[str] = None, command: Optional[str] = None,
-        skip_gsplat: bool = False, projection: str = "gsplat", raster_only: bool = False) -> Dict:
+        skip_gsplat: bool = False, projection: str = "gsplat", raster_only: bool = False,
+        trained: Optional[str] = None, trained_view: int = 0, trained_scale: float = 1.0) -> Dict:
+    """One row per Gaussian count (synthetic scenes), or one row for the trained run ``trained``
+    (its view ``trained_view`` at ``trained_scale`` x its resolution; ``num_gaussians``, ``width``
+    and ``height`` are then the run's; ``sh_degree`` None: the model's)."""
     if not torch.cuda.is_available():
         raise SystemExit("bytesplat-bench raster needs a CUDA GPU.")
+    scene, scene_label, trained_info = None, "synthetic", None
+    if trained is not None:
+        from bytesplat_ns.bench.trained import load_run, raster_scene
+
+        run_ = load_run(trained)
+        scene = raster_scene(run_, trained_view, trained_scale, sh_degree, device="cuda")
+        scene_label = f"trained:{run_.run_dir}"
+        num_gaussians, width, height, sh_degree = [run_.num_gaussians], scene["width"], scene["height"], scene["sh_degree"]
+        trained_info = dict(run_.describe(), view=trained_view, scale=trained_scale,
+                            image=str(run_.dataset.image_filenames[trained_view]))
+        run_ = None
+    sh_degree = 3 if sh_degree is None else sh_degree
     try:
         import gsplat
 
@@ -286,11 +311,15 @@ def run(num_gaussians: List[int], width: int, height: int, sh_degree: int = 3, w
         "repeats": repeats,
         "ssim_lambda": 0.2,
         "projection": projection,
+        "scene": scene_label,
         "runs": [],
     }
+    if trained_info is not None:
+        result["trained"] = trained_info
     for n in num_gaussians:
         r = bench_one(n, width, height, sh_degree, warmup, repeats, skip_gsplat=skip_gsplat,
-                      projection=projection, raster_only=raster_only)
+                      projection=projection, raster_only=raster_only, scene=scene, scene_label=scene_label)
+        scene = None  # bench_one frees it
         result["runs"].append(r)
         print(json.dumps(r), flush=True)
         if out:  # write after every size so a cut-off run keeps what it measured
