@@ -32,6 +32,17 @@ Launch:
     bytesplat-bench distributed --spawn 2 --device cpu --num-gaussians 2000 --width 64 --height 48
         # runs the ranks itself (torch.multiprocessing, gloo): CPU smoke test
 
+On a trained scene (``--trained RUN_DIR``: a finished ``ns-train bytesplat``/splatfacto run, e.g. the
+``run_dir`` of ``bytesplat-bench train``) the Gaussians are the run's (split into even contiguous
+shards by index, as the random ones) and the B views its train cameras with their real images
+(``--trained-views`` picks them, default B spread evenly over the train split; ``--trained-scale``
+changes the resolution); rows say ``"scene": "trained:<run dir>"``. Occlusion in a real scene is what
+lets sparse-grad send fewer gradient records than dense: on the random scenes nearly every record
+sent forward gets a non-zero gradient back.
+
+    bytesplat-bench distributed --trained outputs/bench/bytesplat-fused/bytesplat/bench --views 8 \
+        --trained-scale 2 --out distributed_trained.json
+
 Without a launcher (one process) only the 1-rank rows run. ``--communicators ... pixel`` adds the
 pixel exchange (each rank renders its cell with ``--compositor``'s renderer: fused on CUDA, the
 reference rasterizer on the CPU, where only small images are practical).
@@ -420,21 +431,36 @@ def _nccl_version() -> Optional[str]:
 def run_rank(args, rank: int, world: int, device: torch.device, command: str) -> Optional[Dict]:
     """The whole benchmark on one rank (inside an initialised process group). Rank 0 returns the
     report, and writes it (``args.out``) after each Gaussian count: a job cut short keeps what it measured."""
-    sh, B = args.sh_degree, args.views
+    B = args.views
     compositor = args.compositor
     if compositor == "auto":
         compositor = "fused" if device.type == "cuda" else "reference"
     names = (torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu")
     gpus = _gather_errors(names, None) if world > 1 else [names]
+    scenes: List = [(N, None) for N in args.num_gaussians]  # (N, scene): None = make_scene's random one
+    source, distribution, trained_info = "synthetic", ("bench.raster.synthetic_scene: frustum of the reference camera, "
+                                                       "depth 2..20; views: yaw within +-3.4 deg, shifts <= 0.3"), None
+    if args.trained is not None:
+        from bytesplat_ns.bench.trained import load_run, spread_views, views_scene
+
+        run_ = load_run(args.trained)  # every rank: the same deterministic load
+        picks = list(args.trained_views) if args.trained_views else spread_views(run_, B)
+        scene = views_scene(run_, picks, args.trained_scale, args.sh_degree)
+        scenes = [(run_.num_gaussians, scene)]
+        args.width, args.height, args.sh_degree = scene["width"], scene["height"], scene["sh_degree"]
+        source = f"trained:{run_.run_dir}"
+        distribution = f"{source}: its Gaussians, train views {picks} (real images) at {args.trained_scale} x resolution"
+        trained_info = dict(run_.describe(), views=picks, scale=args.trained_scale,
+                            images=[str(run_.dataset.image_filenames[i]) for i in picks])
+        run_ = scene = None
+    sh = args.sh_degree
     report = {
         "benchmark": "bytesplat-bench distributed",
         "command": command,
         "complete": False,
         "environment": dict(environment(device), devices=gpus, world_size=world),
-        "scene": {"num_gaussians": list(args.num_gaussians), "width": args.width, "height": args.height, "views_per_step": B,
-                  "sh_degree": sh, "seed": args.seed,
-                  "distribution": "bench.raster.synthetic_scene: frustum of the reference camera, depth 2..20; "
-                                  "views: yaw within +-3.4 deg, shifts <= 0.3"},
+        "scene": {"num_gaussians": [N for N, _ in scenes], "width": args.width, "height": args.height, "views_per_step": B,
+                  "sh_degree": sh, "seed": args.seed, "source": source, "distribution": distribution},
         "settings": {"warmup": args.warmup, "repeats": args.repeats, "compositor": compositor, "absgrad": args.absgrad,
                      "loss": "mean over views of 0.8 L1 + 0.2 (1 - SSIM) (splatfacto)", "optimizer": "Adam per parameter, scaled for B",
                      "timing": "per step: synchronize + barrier, wall clock until all devices finished; slowest rank; median",
@@ -442,16 +468,21 @@ def run_rank(args, rank: int, world: int, device: torch.device, command: str) ->
         "results": [],
         "comparison": {},
     }
+    if trained_info is not None:
+        report["scene"]["trained"] = trained_info
     one = dist.new_group([0]) if world > 1 else None  # the 1-rank configurations: rank 0 alone
-    for N in args.num_gaussians:
+    for i in range(len(scenes)):
+        N, scene = scenes[i]
+        scenes[i] = (N, None)  # _run_scene's frame holds the only reference
         if rank == 0:
             print(f"bytesplat-bench distributed: N={N} B={B} {args.width}x{args.height} SH {sh}, world {world} ({device.type}), "
-                  f"compositor {compositor}, {args.warmup}+{args.repeats} steps", flush=True)
-        rows = _run_scene(args, N, rank, world, device, one, compositor)
+                  f"{source}, compositor {compositor}, {args.warmup}+{args.repeats} steps", flush=True)
+        rows = _run_scene(args, N, rank, world, device, one, compositor, scene, source)
+        scene = None
         if rank == 0:
             report["results"] += rows
             report["comparison"][str(N)] = compare(rows, world)
-            if N == args.num_gaussians[-1]:
+            if i == len(scenes) - 1:
                 report["complete"] = True
             _write(report, args.out)
     if rank == 0:
@@ -459,13 +490,17 @@ def run_rank(args, rank: int, world: int, device: torch.device, command: str) ->
     return report if rank == 0 else None
 
 
-def _run_scene(args, N: int, rank: int, world: int, device: torch.device, one, compositor: str) -> List[Dict]:
+def _run_scene(args, N: int, rank: int, world: int, device: torch.device, one, compositor: str,
+               scene: Optional[Dict] = None, source: str = "synthetic") -> List[Dict]:
+    """Every configuration on one scene: ``scene`` (make_scene's form, e.g. a trained one), or
+    make_scene's random one of N Gaussians."""
     from bytesplat_ns.distributed import assign_views, make_communicator
     from bytesplat_ns.distributed.sharding import ShardLayout
 
     torch.manual_seed(args.seed)
     sh, B = args.sh_degree, args.views
-    scene = make_scene(N, args.width, args.height, B, sh, args.seed)
+    if scene is None:
+        scene = make_scene(N, args.width, args.height, B, sh, args.seed)
     results: List[Dict] = []
     rank_groups = [(1, one)] + ([(world, None)] if world > 1 else [])
     layouts = {R: ShardLayout.even(N, R) for R, _ in rank_groups}
@@ -477,7 +512,8 @@ def _run_scene(args, N: int, rank: int, world: int, device: torch.device, one, c
     for R, group in rank_groups:
         comms = ["dense"] if R == 1 else list(args.communicators)
         for name in comms:
-            label = {"num_gaussians": N, "impl": "bytesplat", "communicator": name if R > 1 else "none (1 rank)", "compositor": compositor}
+            label = {"scene": source, "num_gaussians": N, "impl": "bytesplat", "communicator": name if R > 1 else "none (1 rank)",
+                     "compositor": compositor}
             if name == "pixel":
                 label["compositor"] = f"{compositor} (cell renderer; partials composited in PyTorch)"
 
@@ -496,7 +532,7 @@ def _run_scene(args, N: int, rank: int, world: int, device: torch.device, one, c
                 results.append(rec)
         if args.skip_gsplat:
             continue
-        label = {"num_gaussians": N, "impl": "gsplat",
+        label = {"scene": source, "num_gaussians": N, "impl": "gsplat",
                  "communicator": "gsplat distributed=True, packed" if R > 1 else "none (1 rank), packed"}
         reason = None
         if device.type != "cuda":
@@ -599,11 +635,22 @@ def print_table(report: Dict) -> None:
 def parse_args(argv: Optional[List[str]] = None):
     p = argparse.ArgumentParser(prog="bytesplat-bench distributed", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--num-gaussians", type=int, nargs="+", default=[1_000_000], help="one scene per count, in this order")
-    p.add_argument("--views", type=int, default=8, help="B: views per step (the batch), spread over the ranks")
-    p.add_argument("--width", type=int, default=1920)
-    p.add_argument("--height", type=int, default=1080)
-    p.add_argument("--sh-degree", type=int, default=3)
+    p.add_argument("--num-gaussians", type=int, nargs="+", default=None,
+                   help="random scenes: one per count, in this order (default 1000000)")
+    p.add_argument("--views", type=int, default=None,
+                   help="B: views per step (the batch), spread over the ranks (default 8, or len(--trained-views))")
+    p.add_argument("--width", type=int, default=None, help="random scenes' image width (default 1920)")
+    p.add_argument("--height", type=int, default=None, help="random scenes' image height (default 1080)")
+    p.add_argument("--sh-degree", type=int, default=None, help="default: 3, or the trained model's degree")
+    p.add_argument("--trained", type=str, default=None, metavar="RUN_DIR",
+                   help="a trained scene instead of random Gaussians: a finished nerfstudio run of bytesplat or "
+                   "splatfacto (the directory with config.yml, dataparser_transforms.json, nerfstudio_models/; "
+                   "`bytesplat-bench train` records it as run_dir); its train cameras and images are the views")
+    p.add_argument("--trained-views", type=int, nargs="+", default=None, metavar="INDEX",
+                   help="--trained: these train views (indices in the train split; same image size) as the batch "
+                   "(default: --views of them spread evenly over the split)")
+    p.add_argument("--trained-scale", type=float, default=1.0,
+                   help="--trained: render at this multiple of the views' resolution (intrinsics scaled, images resized)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=10)
@@ -617,7 +664,25 @@ def parse_args(argv: Optional[List[str]] = None):
     p.add_argument("--spawn", type=int, default=0,
                    help="run this many ranks here with torch.multiprocessing (gloo on the CPU, NCCL on GPUs) instead of torchrun")
     p.add_argument("--out", type=Path, default=None, help="JSON output path (written by rank 0)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.trained is not None:
+        given = [f for f, v in (("--num-gaussians", args.num_gaussians), ("--width", args.width), ("--height", args.height))
+                 if v is not None]
+        if given:
+            p.error(f"{', '.join(given)} cannot be combined with --trained (the trained scene sets them; "
+                    "--trained-scale changes the resolution)")
+        if args.trained_views is not None:
+            if args.views is not None and args.views != len(args.trained_views):
+                p.error(f"--views {args.views} but {len(args.trained_views)} --trained-views")
+            args.views = len(args.trained_views)
+    elif args.trained_views is not None or args.trained_scale != 1.0:
+        p.error("--trained-views and --trained-scale need --trained")
+    args.num_gaussians = args.num_gaussians or [1_000_000]
+    args.views = 8 if args.views is None else args.views
+    args.width = 1920 if args.width is None else args.width
+    args.height = 1080 if args.height is None else args.height
+    args.sh_degree = 3 if args.sh_degree is None and args.trained is None else args.sh_degree
+    return args
 
 
 def _write(report: Dict, out: Optional[Path]) -> None:
@@ -671,6 +736,10 @@ def _main_in_group(args, command: str) -> Optional[Dict]:
 def main(argv: Optional[List[str]] = None) -> Optional[Dict]:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    if args.trained is not None:
+        from bytesplat_ns.bench.trained import run_paths
+
+        run_paths(args.trained)  # a bad directory: one clear error line, before any rank starts
     launcher = "torchrun ... -m bytesplat_ns.bench.cli distributed " if "WORLD_SIZE" in os.environ else "bytesplat-bench distributed "
     command = launcher + " ".join(shlex.quote(a) for a in argv)
     if args.spawn and args.spawn > 0 and "WORLD_SIZE" not in os.environ:
