@@ -40,8 +40,7 @@ changes the resolution); rows say ``"scene": "trained:<run dir>"``. Occlusion in
 lets sparse-grad send fewer gradient records than dense: on the random scenes nearly every record
 sent forward gets a non-zero gradient back.
 
-    bytesplat-bench distributed --trained outputs/bench/bytesplat-fused/bytesplat/bench --views 8 \
-        --trained-scale 2 --out distributed_trained.json
+    bytesplat-bench distributed --trained outputs/bench/bytesplat-fused/bytesplat/bench --views 8 --trained-scale 2
 
 Without a launcher (one process) only the 1-rank rows run. ``--communicators ... pixel`` adds the
 pixel exchange (each rank renders its cell with ``--compositor``'s renderer: fused on CUDA, the
