@@ -196,6 +196,8 @@ def load_run(run_dir: Union[str, Path]) -> TrainedRun:
     dm_config = config.pipeline.datamanager
     if config.method_name in all_methods:  # as eval_setup does: the datamanager class of the method
         dm_config._target = all_methods[config.method_name].pipeline.datamanager._target
+    if hasattr(dm_config.dataparser, "load_3D_points"):
+        dm_config.dataparser.load_3D_points = False  # cameras and images only (no open3d/PLY read; same frame)
     try:
         datamanager = dm_config.setup(device="cpu", test_mode="test")
     except BytesplatError:
