@@ -210,13 +210,17 @@ def test_raster_bench_on_the_trained_scene(monkeypatch, tmp_path, trained):
     assert seen["visible"] > 0 and seen["lists"] >= seen["visible"]
 
 
-def test_distributed_bench_one_process_on_the_trained_scene(monkeypatch, tmp_path, trained):
+def test_distributed_bench_one_process_on_the_trained_scene(tmp_path, trained):
+    import os
+
     import torch.distributed as dist
 
     from bytesplat_ns.bench.distributed import main
 
-    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(key, raising=False)  # the 1-process path sets them: restored afterwards
+    # The 1-process path sets torchrun's variables for its own one-rank group; left behind, they
+    # would make later in-process launches (e.g. --spawn) believe they run under torchrun.
+    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    saved = {k: os.environ.pop(k) for k in keys if k in os.environ}
     run_dir, n = trained[1]["run_dir"], trained[1]["num_gaussians"]
     out = tmp_path / "d.json"
     try:
@@ -225,6 +229,9 @@ def test_distributed_bench_one_process_on_the_trained_scene(monkeypatch, tmp_pat
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+        for k in keys:
+            os.environ.pop(k, None)
+        os.environ.update(saved)
     report = json.loads(out.read_text())
     scene = report["scene"]
     assert scene["source"] == f"trained:{run_dir}" and scene["num_gaussians"] == [n]
