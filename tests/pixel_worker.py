@@ -236,8 +236,8 @@ def main() -> None:
             params, gids, cells = local_part(g, tree, rank, world, device)
             opts = make_adam_optimizers(params, TRAIN_LRS, NUM_VIEWS)
             losses = [pixel_step(params, opts, cells, dv, SH_DEGREE, renderer="fused").loss for _ in range(TRAIN_STEPS)]
-            with torch.no_grad():
-                params["means"][:, 0] += 0.25
+            with torch.no_grad():  # beyond the margin this scene keeps from every face: some must migrate
+                params["means"][:, 0] += 2 * BORDER_MARGIN
             extra = {"gids": gids.to(torch.float64).to(device)}
             cell_of, sent = migrate(params, opts, tree, cells.ranks_of_cells, extra=extra)
             cells.cell_of = cell_of
