@@ -22,9 +22,11 @@ from nerfstudio.models.splatfacto import (
 from nerfstudio.utils.rich_utils import CONSOLE
 
 from bytesplat_ns.compat import offline_safe_lpips
+from bytesplat_ns.data.datamanager import host_image_size
 from bytesplat_ns.errors import BytesplatError
 from bytesplat_ns.raster import rasterize, resolve_backend
 from bytesplat_ns.raster.fused import SSIM_WIN_SIZE
+from bytesplat_ns.strategy import SyncFreeDefaultStrategy
 
 GAUSSIAN_PARAM_NAMES = ("means", "scales", "quats", "features_dc", "features_rest", "opacities")
 
@@ -65,7 +67,8 @@ def viewmat_from_camera_to_world(camera_to_world: torch.Tensor) -> torch.Tensor:
     Plain torch on purpose: splatfacto ``torch.compile``s this, which costs a C++ toolchain and
     seconds of compile on CPU for a handful of multiplies.
     """
-    rotation = camera_to_world[:, :3, :3] * camera_to_world.new_tensor([1.0, -1.0, -1.0])  # flip y, z
+    # flip y, z (negating columns, not multiplying by a tensor built on the host: no device copy)
+    rotation = torch.cat([camera_to_world[:, :3, :1], -camera_to_world[:, :3, 1:3]], dim=2)
     translation = camera_to_world[:, :3, 3:4]
     rotation_inv = rotation.transpose(1, 2)
     viewmat = torch.zeros(camera_to_world.shape[0], 4, 4, device=camera_to_world.device, dtype=camera_to_world.dtype)
@@ -96,6 +99,8 @@ class ByteSplatModel(SplatfactoModel):
             self.seed_points = seed_points
             self.config.num_random = num_random
         self.lpips_available = lpips_status.available
+        # the same densification, without the three GPU waits per step of gsplat's statistics update
+        self.strategy = SyncFreeDefaultStrategy.like(self.strategy)
         if seeded:
             assert seed_points is not None
             self.gauss_params = torch.nn.ParameterDict(self._gaussians_from_seed(*seed_points))
@@ -178,11 +183,7 @@ class ByteSplatModel(SplatfactoModel):
         if gaussians is None:
             return self.get_empty_outputs(int(camera.width.item()), int(camera.height.item()), self.background_color)
 
-        scale_factor = self._get_downscale_factor()
-        camera.rescale_output_resolution(1 / scale_factor)
-        intrinsics = camera.get_intrinsics_matrices().to(self.device)
-        width, height = int(camera.width.item()), int(camera.height.item())
-        camera.rescale_output_resolution(scale_factor)
+        intrinsics, width, height = self._intrinsics_and_size(camera, self._get_downscale_factor())
         self.last_size = (height, width)
         viewmat = viewmat_from_camera_to_world(camera_to_world.to(self.device))
 
@@ -205,6 +206,27 @@ class ByteSplatModel(SplatfactoModel):
             # (or renders the usual way there when the batch carries a mask).
             return {"fused_pending": (raster_args, sh_degree, camera.metadata), "background": self._get_background_color()}
         return self._render_outputs(raster_args, sh_degree, self._get_background_color(), camera.metadata)
+
+    def _intrinsics_and_size(self, camera: Cameras, scale_factor: float) -> Tuple[torch.Tensor, int, int]:
+        """K [1,3,3] on the model's device and (width, height) at ``1 / scale_factor`` resolution,
+        exactly as ``camera.rescale_output_resolution(1 / scale_factor)`` gives them. Training cameras
+        carry their size on the host (data/datamanager.py), so a training step reads nothing back
+        from the GPU; other cameras (viewer, eval) take nerfstudio's path."""
+        host = host_image_size(camera)
+        if host is None:
+            camera.rescale_output_resolution(1 / scale_factor)
+            intrinsics = camera.get_intrinsics_matrices().to(self.device)
+            width, height = int(camera.width.item()), int(camera.height.item())
+            camera.rescale_output_resolution(scale_factor)
+            return intrinsics, width, height
+        intrinsics = camera.get_intrinsics_matrices().to(self.device)
+        if scale_factor == 1:
+            return intrinsics, host[0], host[1]
+        # rescale_output_resolution's arithmetic: float32 factor, sizes truncated to int64
+        factor = torch.tensor([1 / scale_factor])  # host tensor: the sizes stay on the CPU
+        intrinsics = torch.cat([intrinsics[:, :2] * (1 / scale_factor), intrinsics[:, 2:]], 1)
+        width, height = (int((torch.tensor([v]) * factor).to(torch.int64)) for v in host)
+        return intrinsics, width, height
 
     def _render_outputs(self, raster_args: Tuple, sh_degree: Optional[int], background: torch.Tensor,
                         metadata: Optional[Dict]) -> Dict[str, Union[torch.Tensor, List]]:

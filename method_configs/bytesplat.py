@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import torch
 from nerfstudio.configs.base_config import MachineConfig, ViewerConfig
-from nerfstudio.data.datamanagers.full_images_datamanager import FullImageDatamanagerConfig
 from nerfstudio.engine.optimizers import AdamOptimizerConfig
 from nerfstudio.engine.schedulers import ExponentialDecaySchedulerConfig
 from nerfstudio.pipelines.base_pipeline import VanillaPipelineConfig
 from nerfstudio.plugins.types import MethodSpecification
 
+from bytesplat_ns.data.datamanager import BytesplatDatamanagerConfig
 from bytesplat_ns.data.dataparser import BytesplatSceneDataParserConfig
 from bytesplat_ns.model import ByteSplatModelConfig
 from bytesplat_ns.trainer import ByteSplatTrainerConfig
@@ -58,7 +58,7 @@ bytesplat_config = ByteSplatTrainerConfig(
     mixed_precision=False,
     machine=MachineConfig(device_type=default_device_type()),
     pipeline=VanillaPipelineConfig(
-        datamanager=FullImageDatamanagerConfig(
+        datamanager=BytesplatDatamanagerConfig(
             dataparser=BytesplatSceneDataParserConfig(),
             cache_images_type="uint8",
         ),

@@ -51,3 +51,4 @@ def test_profile_train_reports_host_and_device_time(tmp_path):
     assert run["wall_ms_per_iteration"] > 0 and run["device_busy_ms_per_iteration"] == 0
     assert len(run["top_host"]) == 5 and all(r["name"].startswith("aten::") or r["calls"] > 0 for r in run["top_host"])
     assert run["top_device"] == []
+    assert report["environment"]["command"].startswith("python -m bytesplat_ns.bench.profile_train --scene small")

@@ -108,7 +108,7 @@ def main(argv: Optional[List[str]] = None) -> Dict:
         config.pipeline.model.num_downscales = a.num_downscales
 
     data = ensure_scene(SceneSpec(size=a.scene))
-    report = {"environment": environment(argv), "scene": a.scene, "runs": []}
+    report = {"environment": environment(argv, "python -m bytesplat_ns.bench.profile_train"), "scene": a.scene, "runs": []}
     for entry in a.methods:
         label, config = method_from_entry(entry, configure)
         r = profile_method(label, config, data, a.warmup_iters, a.profile_iters, a.work_dir, a.seed, a.top)

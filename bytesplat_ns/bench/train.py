@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 
-def environment(args: Optional[List[str]] = None) -> Dict[str, str]:
+def environment(args: Optional[List[str]] = None, prog: str = "python -m bytesplat_ns.bench.train") -> Dict[str, str]:
     """Versions and hardware, recorded next to every number."""
     import gsplat
     import nerfstudio  # noqa: F401
@@ -42,7 +42,7 @@ def environment(args: Optional[List[str]] = None) -> Dict[str, str]:
         "gsplat": gsplat.__version__,
         "nerfstudio": version("nerfstudio"),
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu",
-        "command": "python -m bytesplat_ns.bench.train " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if args is None else args)),
+        "command": prog + " " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if args is None else args)),
     }
     return info
 

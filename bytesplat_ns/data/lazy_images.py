@@ -36,14 +36,14 @@ from typing import Dict, Iterator, List, Literal, Sequence, Tuple, Type
 
 import torch
 from nerfstudio.cameras.cameras import Cameras
-from nerfstudio.data.datamanagers.full_images_datamanager import FullImageDatamanager, FullImageDatamanagerConfig
 from nerfstudio.data.datasets.base_dataset import InputDataset
 
+from bytesplat_ns.data.datamanager import BytesplatDatamanager, BytesplatDatamanagerConfig
 from bytesplat_ns.errors import BytesplatError
 
 
 @dataclass
-class LazyImageDatamanagerConfig(FullImageDatamanagerConfig):
+class LazyImageDatamanagerConfig(BytesplatDatamanagerConfig):
     """FullImageDatamanager that decodes images on demand with a small LRU cache (large scenes)."""
 
     _target: Type = field(default_factory=lambda: LazyImageDatamanager)
@@ -137,7 +137,7 @@ class _EvalViews(Sequence):
             yield self[i]
 
 
-class LazyImageDatamanager(FullImageDatamanager[InputDataset]):
+class LazyImageDatamanager(BytesplatDatamanager):
     config: LazyImageDatamanagerConfig
 
     def __init__(self, config: LazyImageDatamanagerConfig, *args, **kwargs):

@@ -412,7 +412,9 @@ class ShardedPipeline(VanillaPipeline):
         from bytesplat_ns.model import viewmat_from_camera_to_world
 
         model = self.model
-        cameras = cams[torch.tensor(indices, dtype=torch.long)].to(self.device)
+        # rescaled and read on the host, then two copies to the device (not one blocking copy per
+        # camera field, plus the size read-back)
+        cameras = cams[torch.tensor(indices, dtype=torch.long)].to("cpu")
         scale = model._get_downscale_factor()
         cameras.rescale_output_resolution(1 / scale)
         widths = {int(w) for w in cameras.width.reshape(-1).tolist()}

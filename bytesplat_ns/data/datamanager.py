@@ -1,0 +1,65 @@
+"""nerfstudio's full-image datamanager without the per-step host-device synchronisations.
+
+``FullImageDatamanager.next_train`` copies the step's camera to the GPU (``Cameras.to``: one blocking
+copy per camera field, each a full stream synchronisation), and the model then reads the image size
+back with ``.item()`` (two more). On a scene the GPU trains in a few milliseconds per step, those
+stalls are a large share of the iteration (`bytesplat-bench profile`). Here the training cameras are
+copied to the device once and sliced there, and each training camera carries its image size as
+host integers (``HOST_SIZE_KEY`` in its metadata) so the model never has to ask the GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Tuple, Type
+
+from nerfstudio.cameras.cameras import Cameras
+from nerfstudio.data.datamanagers.full_images_datamanager import FullImageDatamanager, FullImageDatamanagerConfig
+
+# metadata key of a training camera: its full-resolution (width, height) as Python ints
+HOST_SIZE_KEY = "bytesplat_host_size"
+
+
+def host_image_size(camera: Cameras) -> Optional[Tuple[int, int]]:
+    """(width, height) at full resolution when the camera carries them on the host, else None."""
+    return (camera.metadata or {}).get(HOST_SIZE_KEY)
+
+
+@dataclass
+class BytesplatDatamanagerConfig(FullImageDatamanagerConfig):
+    _target: Type = field(default_factory=lambda: BytesplatDatamanager)
+
+
+class BytesplatDatamanager(FullImageDatamanager):
+    config: BytesplatDatamanagerConfig
+
+    _device_cameras: Optional[Cameras] = None
+    _device_cameras_of: Optional[Cameras] = None
+    _host_sizes: Tuple[Tuple[int, int], ...] = ()
+
+    def _train_cameras_on_device(self) -> Cameras:
+        # train_cameras can be replaced after construction (undistortion when the images are cached):
+        # copy again whenever the object changes.
+        if self._device_cameras_of is not self.train_cameras:
+            cameras = self.train_cameras
+            self._host_sizes = tuple(zip((int(w) for w in cameras.width.reshape(-1).tolist()),
+                                         (int(h) for h in cameras.height.reshape(-1).tolist())))
+            self._device_cameras = cameras.to(self.device)
+            self._device_cameras_of = cameras
+        assert self._device_cameras is not None
+        return self._device_cameras
+
+    def next_train(self, step: int) -> Tuple[Cameras, Dict]:
+        """As ``FullImageDatamanager.next_train`` (same order of images, same camera values), with
+        the camera sliced from the device-resident copy."""
+        image_idx = self.train_unseen_cameras.pop(0)
+        if len(self.train_unseen_cameras) == 0:
+            self.train_unseen_cameras = self.sample_train_cameras()
+        data = self.cached_train[image_idx].copy()  # a copy: the cached dict must not change
+        data["image"] = data["image"].to(self.device)
+        assert len(self.train_cameras.shape) == 1, "Assumes single batch dimension"
+        camera = self._train_cameras_on_device()[image_idx : image_idx + 1]
+        camera.metadata = dict(camera.metadata or {})
+        camera.metadata["cam_idx"] = image_idx
+        camera.metadata[HOST_SIZE_KEY] = self._host_sizes[image_idx]
+        return camera, data
