@@ -204,7 +204,8 @@ def test_gsplat_step_plumbing_with_a_stand_in_rasterizer(monkeypatch, distribute
 
 def test_torchrun_style_launch(tmp_path):
     """Under a launcher with torchrun's environment contract (one process per rank), through the
-    ``bytesplat-bench`` entry point: every rank exits 0 and rank 0 writes the JSON."""
+    ``bytesplat-bench`` entry point: every rank exits 0 and rank 0 writes the JSON (with
+    ``--skip-one-rank``, the all-ranks row alone)."""
     import sys
 
     from bytesplat_ns.distributed.launch import launch_local
@@ -212,9 +213,9 @@ def test_torchrun_style_launch(tmp_path):
     out = tmp_path / "d.json"
     cmd = [sys.executable, "-m", "bytesplat_ns.bench.cli", "distributed", "--device", "cpu", "--num-gaussians", "600",
            "--width", "32", "--height", "24", "--views", "2", "--warmup", "0", "--repeats", "1",
-           "--communicators", "sparse-grad", "--skip-gsplat", "--out", str(out)]
+           "--communicators", "sparse-grad", "--skip-gsplat", "--skip-one-rank", "--out", str(out)]
     results = launch_local(cmd, 2, timeout_s=120)
     assert [r.returncode for r in results] == [0, 0], [r.stderr[-2000:] for r in results]
     report = json.loads(out.read_text())
     assert report["complete"] is True and report["command"].startswith("torchrun")
-    assert [(r["impl"], r["ranks"], r["status"]) for r in report["results"]] == [("bytesplat", 1, "ok"), ("bytesplat", 2, "ok")]
+    assert [(r["impl"], r["ranks"], r["status"]) for r in report["results"]] == [("bytesplat", 2, "ok")]  # --skip-one-rank

@@ -501,7 +501,7 @@ def _run_scene(args, N: int, rank: int, world: int, device: torch.device, one, c
     if scene is None:
         scene = make_scene(N, args.width, args.height, B, sh, args.seed)
     results: List[Dict] = []
-    rank_groups = [(1, one)] + ([(world, None)] if world > 1 else [])
+    rank_groups = ([] if args.skip_one_rank and world > 1 else [(1, one)]) + ([(world, None)] if world > 1 else [])
     layouts = {R: ShardLayout.even(N, R) for R, _ in rank_groups}
 
     def shard_rows(R: int) -> Tensor:
@@ -659,6 +659,8 @@ def parse_args(argv: Optional[List[str]] = None):
     p.add_argument("--absgrad", action="store_true",
                    help="also return |dL/dmeans2d| (splatfacto's densification statistic; gsplat's distributed mode cannot)")
     p.add_argument("--skip-gsplat", action="store_true")
+    p.add_argument("--skip-one-rank", action="store_true",
+                   help="only the all-ranks rows (capacity runs: the one-rank rows cannot fit what all ranks hold)")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
     p.add_argument("--spawn", type=int, default=0,
                    help="run this many ranks here with torch.multiprocessing (gloo on the CPU, NCCL on GPUs) instead of torchrun")

@@ -140,8 +140,14 @@ def project(
         )
         if sh_degree is not None:
             dirs = means[None, :, :] - torch.inverse(viewmats)[:, None, :3, 3]
-            shs = colors.expand(C, -1, -1, -1) if colors.dim() == 3 else colors
-            rgb = spherical_harmonics(sh_degree, dirs, shs, masks=radii > 0)
+            if colors.dim() == 3 and C > 1:
+                # One camera at a time: gsplat makes its coefficients contiguous, so a [C,N,K,3]
+                # broadcast would be materialised, and its gradient too (2 x 36 GiB for 50M
+                # Gaussians, SH 3, 4 views: what capped the sharded step's capacity).
+                rgb = torch.stack([spherical_harmonics(sh_degree, dirs[c], colors, masks=radii[c] > 0) for c in range(C)])
+            else:
+                shs = colors.expand(C, -1, -1, -1) if colors.dim() == 3 else colors
+                rgb = spherical_harmonics(sh_degree, dirs, shs, masks=radii > 0)
             rgb = torch.clamp_min(rgb + 0.5, 0.0)
     elif projection == "torch":
         from bytesplat_ns.raster.projection import camera_centers, project_gaussians
