@@ -69,17 +69,8 @@ gpu1() {
     rc=$?; stamp "GPU 1: $m rc=$rc"; grep -E "Error" /tmp/train.log | head -3
     [[ $m == bytesplat:fused && $rc == 0 ]] && touch $TRAINED/done
   done
-  $PY - "$OUT/train_large.json" /tmp/train_*.json <<'EOF'
-import json, sys
-runs, env = [], None
-for f in sys.argv[2:]:
-    d = json.load(open(f)); env = env or d["environment"]; runs += d["runs"]
-json.dump({"environment": env, "note": "one bench.train process per method, same scene/seed/iterations, one after the other on GPU 1",
-           "runs": runs}, open(sys.argv[1], "w"), indent=1)
-for r in runs:
-    print(r["label"], "ms/it %.2f" % r["ms_per_iteration"], "psnr %.3f ssim %.4f" % (r["eval"]["psnr"], r["eval"]["ssim"]),
-          "N", r["num_gaussians"], "prune steps", len(r.get("hw_prune_steps", [])))
-EOF
+  $PY scripts/merge_train_json.py "$OUT/train_large.json" \
+    "one bench.train process per method, same scene/seed/iterations, one after the other on GPU 1" /tmp/train_*.json
 }
 
 ( gpu0 ) > /tmp/gpu0.log 2>&1 &
