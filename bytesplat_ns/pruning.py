@@ -14,9 +14,11 @@ Four parts, each usable on its own (``docs/pruning.md`` has the overview and the
     gets at any pixel, with gsplat's rules (alpha < 1/255 and sigma < 0 skipped; the Gaussian that
     stops a pixel counts with the weight it would have had, since it hides everything behind it).
     A score of exactly 0 means removing the Gaussian leaves every pixel of that view unchanged.
-    :func:`contribution_scores_2d` computes it in a no-grad pass over the projected Gaussians (the
-    ``info`` every backend returns), so it works with the reference, gsplat and fused backends
-    today. The fused kernel will produce it for free in its backward: see docs/pruning.md.
+    The fused backend's training step gathers it in its backward kernels when asked
+    (``fused_render_loss(contribution=True)`` -> ``info["contribution"]``, every schedule);
+    :func:`contribution_scores_2d` is the definition, the reference the kernel is tested against,
+    and the fallback for the reference and gsplat backends: a no-grad pass over the projected
+    Gaussians of the ``info`` every backend returns (:func:`scores_from_info` picks).
     :class:`HardwarePruner` keeps a running max over the training views of a window.
 (c) **Selection** (:func:`select_prune_mask`): first the Gaussians whose score is at or below a
     threshold, then, in each (view, tile) over capacity, the lowest-scoring remaining Gaussians
@@ -269,8 +271,8 @@ def scores_from_info(info: Dict[str, Any]) -> Tensor:
     """Per-Gaussian score [N] of the views of one rendered batch (max over its views).
 
     Uses ``info["contribution"]`` ([C,N], the same quantity) when the rasterizer computed it (the
-    fused kernel's backward is meant to, see docs/pruning.md); otherwise a no-grad pass of
-    :func:`contribution_scores_2d` over the projected Gaussians of ``info``."""
+    fused training step with ``contribution=True``: its backward kernels gather it); otherwise a
+    no-grad pass of :func:`contribution_scores_2d` over the projected Gaussians of ``info``."""
     given = info.get(CONTRIBUTION_INFO_KEY)
     if isinstance(given, Tensor):
         return given.detach().reshape(-1, given.shape[-1]).amax(0)

@@ -47,8 +47,9 @@ def test_kernel_layout_is_read_from_the_cuda_sources():
     # common.cuh documents the record as 40 bytes (float4 + float4 + float + int32)
     assert layout.bytes_per_gaussian == 40
     assert layout.granularity == 32
-    # SSIM scratch + gradient accumulators + reduction scratch: tens of KB, a multiple of 4 bytes
-    assert 10_000 < layout.fixed_bytes < 100_000 and layout.fixed_bytes % 4 == 0
+    # SSIM scratch + gradient (and pruning score) accumulators + reduction scratch, in floats:
+    # (2*36*36 + 36*26*5 + 26*26*3) + 32 * (11 + 1) + 3 * 8
+    assert layout.fixed_bytes == (9300 + 32 * 12 + 24) * 4 == 38832
     assert pruning.fused_blocks_per_sm() == 2
 
 
@@ -65,13 +66,15 @@ def test_constexpr_reader():
 
 
 def test_capacity_arithmetic():
-    lay = dict(bytes_per_gaussian=40, fixed_bytes=38704, granularity=32)
-    # H200, 2 blocks per SM: min(232448, 233472/2 - 1024) = 115712; (115712-38704)/40 = 1925 -> 1920
+    lay = dict(bytes_per_gaussian=40, fixed_bytes=38832, granularity=32)
+    # H200, 2 blocks per SM: min(232448, 233472/2 - 1024) = 115712; (115712-38832)/40 = 1922 -> 1920
     assert tile_capacity(*H200_SMEM, blocks_per_sm=2, **lay) == 1920
-    # 1 block per SM: the opt-in limit binds: (232448-38704)/40 = 4843 -> 4832
+    # 1 block per SM: the opt-in limit binds: (232448-38832)/40 = 4840 -> 4832
     assert tile_capacity(*H200_SMEM, blocks_per_sm=1, **lay) == 4832
+    # the pruning score's 128 bytes of accumulators (38704 -> 38832) cost no capacity on an H200
+    assert tile_capacity(*H200_SMEM, blocks_per_sm=2, **{**lay, "fixed_bytes": 38704}) == 1920
     # a 48 KiB-per-block device (no opt-in above 48K), 64 KiB per SM, 1 block
-    assert tile_capacity(49152, 65536, 0, 1, **lay) == (49152 - 38704) // 40 // 32 * 32 == 256
+    assert tile_capacity(49152, 65536, 0, 1, **lay) == (49152 - 38832) // 40 // 32 * 32 == 256
     # bytes per Gaussian and fixed bytes enter as stated
     assert tile_capacity(100_000, 200_000, 0, 1, bytes_per_gaussian=10, fixed_bytes=0, granularity=1) == 10_000
     assert tile_capacity(100_000, 200_000, 0, 1, bytes_per_gaussian=64, fixed_bytes=36_000, granularity=32) == 992
@@ -79,7 +82,7 @@ def test_capacity_arithmetic():
     assert tile_capacity(*H200_SMEM, blocks_per_sm=2) == tile_capacity(
         *H200_SMEM, blocks_per_sm=2, **pruning.fused_smem_layout().__dict__)
     with pytest.raises(ValueError, match="too little shared memory"):
-        tile_capacity(39_900, 80_000, 0, 1, **lay)  # (39900-38704)/40 = 29 < 32
+        tile_capacity(40_000, 80_000, 0, 1, **lay)  # (40000-38832)/40 = 29 < 32
 
 
 @needs_cuda
@@ -107,10 +110,10 @@ def _scene(seed=8, N=200, W=45, H=37, C=2, opacity_range=(0.8, 0.99), scale_rang
     return make_scene(seed, N=N, W=W, H=H, C=C, opacity_range=opacity_range, scale_range=scale_range)
 
 
-def explicit_scores(means2d, conics, opacities, radii, depths, W, H, tile=16):
+def explicit_scores(means2d, conics, opacities, radii, depths, W, H, tile=16, count_stop=True):
     """Per pixel, walk the Gaussians whose tile box holds the pixel's tile in depth order (float64),
-    with gsplat's rules; score = max over pixels of alpha*T (the stopping Gaussian included).
-    Returns scores [C,N] and whether some pixel stopped."""
+    with gsplat's rules; score = max over pixels of alpha*T (the stopping Gaussian included unless
+    ``count_stop=False``). Returns scores [C,N] and whether some pixel stopped."""
     C, N = radii.shape
     ys, xs = torch.meshgrid(torch.arange(H), torch.arange(W), indexing="ij")
     px, py = xs.flatten().double() + 0.5, ys.flatten().double() + 0.5
@@ -133,10 +136,10 @@ def explicit_scores(means2d, conics, opacities, radii, depths, W, H, tile=16):
             sigma = 0.5 * (a * dx * dx + cc * dy * dy) + b * dx * dy
             alpha = torch.clamp(float(opacities[c, g]) * torch.exp(-sigma), max=0.999)
             use = reach & alive & (sigma >= 0) & (alpha >= 1.0 / 255.0)
-            w = torch.where(use, alpha * T, torch.zeros_like(T))
-            out[c, g] = w.max()
             nextT = T * (1 - alpha)
             stop = use & (nextT <= 1e-4)
+            w = torch.where(use & (count_stop | ~stop), alpha * T, torch.zeros_like(T))
+            out[c, g] = w.max()
             stopped_any |= bool(stop.any())
             alive &= ~stop
             T = torch.where(use & ~stop, nextT, T)
@@ -168,6 +171,25 @@ def test_score_equals_explicit_max_alpha_T(dtype):
     assert torch.equal(contribution_scores(sc["means"].to(dtype), sc["quats"].to(dtype), sc["scales"].to(dtype),
                                            sc["opacities"].to(dtype), sc["viewmats"].to(dtype), sc["Ks"].to(dtype),
                                            sc["W"], sc["H"]), got)
+
+
+def test_stop_rule_decides_scores_in_the_stop_scene():
+    """tests/contribution_scenes.py (also the GPU test's scene for the kernels' stop rule): the
+    small Gaussians behind the walls score the weight they would have had at the pixels they stop
+    (~2.7e-4), about three times what they get where they are composited; the definition equals the
+    explicit walk there, and some Gaussians are hidden entirely (score 0)."""
+    from tests.contribution_scenes import stop_scene_2d
+
+    sc = stop_scene_2d(C=1, clutter=100, crowd=400)  # the GPU test of the kernels has 2 views, 300 clutter
+    args = (sc["means2d"], sc["conics"], sc["opacities"], sc["radii"], sc["depths"], sc["width"], sc["height"])
+    got = contribution_scores_2d(*args)
+    want, stopped = explicit_scores(*args)
+    no_stop, _ = explicit_scores(*args, count_stop=False)
+    assert stopped and (got.double() - want).abs().max().item() <= 2e-6
+    back = sc["back"]
+    assert bool((want.gather(1, back) > 2.0e-4).all()) and bool((want.gather(1, back) < 3.0e-4).all())
+    assert bool((no_stop.gather(1, back) < 0.5 * want.gather(1, back)).all())
+    assert int(((want == 0) & (sc["radii"] > 0)).sum()) > 0
 
 
 def test_score_ignores_pixels_outside_the_image():
