@@ -20,10 +20,10 @@ Four parts, each usable on its own (``docs/pruning.md`` has the overview and the
     and the fallback for the reference and gsplat backends: a no-grad pass over the projected
     Gaussians of the ``info`` every backend returns (:func:`scores_from_info` picks).
     :class:`HardwarePruner` keeps a running max over the training views of a window.
-(c) **Selection** (:func:`select_prune_mask`): first the Gaussians whose score is at or below a
-    threshold, then, in each (view, tile) over capacity, the lowest-scoring remaining Gaussians
-    until the tile fits; never a Gaussian whose tiles are all within capacity; at most a fraction
-    of all Gaussians per step (lowest scores first).
+(c) **Selection** (:func:`select_prune_mask`): in each (view, tile) over capacity, the
+    lowest-scoring Gaussians until the tile fits (never a Gaussian whose tiles are all within
+    capacity), then the Gaussians whose score is at or below a threshold; at most a fraction of
+    all Gaussians per step (lowest scores first).
 (d) **Apply** (:func:`apply_prune`): gsplat's ``strategy.ops.remove``, which filters the parameters,
     the optimizers' per-parameter state and every per-Gaussian tensor of the strategy state (the
     running score included, since it lives there).
@@ -335,21 +335,24 @@ def select_prune_mask(
 ) -> Tuple[Tensor, Dict[str, Any]]:
     """Which Gaussians to remove, as a boolean mask [N], and counts describing the choice.
 
-    1. Gaussians with ``score <= min_contribution`` (when ``prune_low_contribution``).
-    2. For every tile (``tile_keys``/``tile_gids``: entries of the tile lists, see
-       :func:`tile_entries`; several views just use distinct keys) still holding more than
-       ``capacity`` Gaussians, its ``count - capacity`` lowest-scoring remaining Gaussians (ties:
-       lower index first). A Gaussian goes only if one of its tiles is over capacity; removing
-       each over-capacity tile's excess lowest is exactly what removing Gaussians one by one in
-       increasing score while any of their tiles is over capacity gives.
-    3. At most ``floor(max_fraction * N)`` in all: stage 1 first, then stage 2, each lowest
-       scores first. Tiles left over capacity take the kernel's streaming path.
+    1. **Overflow**: for every tile (``tile_keys``/``tile_gids``: entries of the tile lists, see
+       :func:`tile_entries`; several views just use distinct keys) holding more than ``capacity``
+       Gaussians, its ``count - capacity`` lowest-scoring Gaussians (ties: lower index first). A
+       Gaussian goes only if one of its tiles is over capacity; removing each over-capacity tile's
+       excess lowest is exactly what removing Gaussians one by one in increasing score while any
+       of their tiles is over capacity gives.
+    2. **Low contribution**: Gaussians with ``score <= min_contribution`` (when
+       ``prune_low_contribution``).
+    3. At most ``floor(max_fraction * N)`` in all, stage 1 first (the cap is spent on the overflow,
+       which is what the kernel needs), then stage 2, each lowest scores first. Without the cap
+       the order does not matter: the low-contribution Gaussians of a crowded tile are its lowest,
+       so the overflow takes them first. Tiles left over capacity take the kernel's streaming path.
     """
     N = scores.numel()
     device = scores.device
     budget = int(math.floor(max_fraction * N))
     mask = torch.zeros(N, dtype=torch.bool, device=device)
-    stats: Dict[str, Any] = dict(gaussians=N, budget=budget, low_contribution=0, over_capacity=0,
+    stats: Dict[str, Any] = dict(gaussians=N, budget=budget, overflow=0, over_capacity=0, low_contribution=0,
                                  tiles=0, tiles_over_before=0, tiles_over_after=0,
                                  max_tile_before=0, max_tile_after=0, capacity=capacity)
 
@@ -363,25 +366,18 @@ def select_prune_mask(
         keep[idx[order]] = True
         return keep
 
-    if prune_low_contribution and budget > 0:
-        mask |= lowest(scores <= min_contribution, budget)
-    stats["low_contribution"] = int(mask.sum())
-
-    if capacity is not None and capacity > 0 and tile_keys is not None and tile_keys.numel() > 0:
+    crowded = capacity is not None and capacity > 0 and tile_keys is not None and tile_keys.numel() > 0
+    if crowded:
         assert tile_gids is not None
         n_tiles = int(n_tiles if n_tiles is not None else int(tile_keys.max()) + 1)
-        before = tile_counts(tile_keys, n_tiles)
+        counts = torch.bincount(tile_keys, minlength=n_tiles)
         stats["tiles"] = n_tiles
-        stats["tiles_over_before"] = int((before > capacity).sum())
-        stats["max_tile_before"] = int(before.max())
-        alive = ~mask[tile_gids]
-        k, g = tile_keys[alive], tile_gids[alive]
-        counts = torch.bincount(k, minlength=n_tiles)
+        stats["tiles_over_before"] = int((counts > capacity).sum())
+        stats["max_tile_before"] = int(counts.max())
         excess = counts - capacity
-        over = excess[k] > 0
-        k, g = k[over], g[over]
-        left = budget - int(mask.sum())
-        if k.numel() > 0 and left > 0:
+        over = excess[tile_keys] > 0
+        k, g = tile_keys[over], tile_gids[over]
+        if k.numel() > 0:
             # sort entries by (tile, score, index): stable sorts from the last key to the first
             o = torch.sort(g, stable=True).indices
             o = o[torch.sort(scores[g[o]], stable=True).indices]
@@ -391,9 +387,18 @@ def select_prune_mask(
             rank = torch.arange(k.numel(), device=device) - first
             chosen = torch.zeros(N, dtype=torch.bool, device=device)
             chosen[g[rank < excess[k]]] = True
-            chosen = lowest(chosen, left)
+            stats["overflow"] = int(chosen.sum())
+            chosen = lowest(chosen, budget)
             stats["over_capacity"] = int(chosen.sum())
             mask |= chosen
+
+    left = budget - int(mask.sum())
+    if prune_low_contribution and left > 0:
+        low = lowest((scores <= min_contribution) & ~mask, left)
+        stats["low_contribution"] = int(low.sum())
+        mask |= low
+
+    if crowded:
         after = tile_counts(tile_keys, n_tiles, ~mask, tile_gids)
         stats["tiles_over_after"] = int((after > capacity).sum())
         stats["max_tile_after"] = int(after.max())

@@ -278,42 +278,47 @@ def greedy_reference(scores, tiles, capacity, pre):
     return out
 
 
-def test_selection_zero_first_then_lowest_in_over_capacity_tiles():
+def test_selection_lowest_in_over_capacity_tiles_then_low_contribution():
     scores = torch.tensor([0.0, 0.5, 0.1, 0.9, 0.3, 0.2, 0.05, 0.8, 0.0, 0.01, 0.7])
     tiles = [
-        [0, 1, 2, 3, 4, 5],  # 6 entries, capacity 3: 0 (zero) goes first, then 2 and 5
+        [0, 1, 2, 3, 4, 5],  # 6 entries, capacity 3: its 3 lowest go, 0 (zero) first, then 2 and 5
         [6, 9, 10],  # at capacity: its low scorers 6 and 9 must stay
-        [5, 7, 8],  # at capacity (8 is zero-contribution and goes in stage 1 anyway)
+        [5, 7, 8],  # at capacity (8 is zero-contribution and goes in the second stage)
     ]
     keys, gids = _entries(tiles)
     mask, st = select_prune_mask(scores, keys, gids, 3, min_contribution=0.0, max_fraction=1.0)
     assert torch.nonzero(mask).squeeze(1).tolist() == [0, 2, 5, 8]
-    assert st["low_contribution"] == 2 and st["over_capacity"] == 2
+    assert st["overflow"] == st["over_capacity"] == 3 and st["low_contribution"] == 1
     assert st["tiles_over_before"] == 1 and st["tiles_over_after"] == 0
     assert st["max_tile_before"] == 6 and st["max_tile_after"] == 3
-    # without stage 1 the zero-score Gaussian is still the lowest of the crowded tile
+    # without the low-contribution stage the zero-score Gaussian is still the lowest of the crowded tile
     mask, st = select_prune_mask(scores, keys, gids, 3, min_contribution=0.0, max_fraction=1.0,
                                  prune_low_contribution=False)
     assert torch.nonzero(mask).squeeze(1).tolist() == [0, 2, 5]
     # a threshold above zero takes the low scorers everywhere, crowded or not
     mask, st = select_prune_mask(scores, keys, gids, 3, min_contribution=0.05, max_fraction=1.0)
     assert torch.nonzero(mask).squeeze(1).tolist() == [0, 2, 5, 6, 8, 9]
-    # no capacity known: only stage 1
-    mask, _ = select_prune_mask(scores, keys, gids, None, min_contribution=0.0, max_fraction=1.0)
-    assert torch.nonzero(mask).squeeze(1).tolist() == [0, 8]
+    # no capacity known: only the low-contribution stage
+    mask, st = select_prune_mask(scores, keys, gids, None, min_contribution=0.0, max_fraction=1.0)
+    assert torch.nonzero(mask).squeeze(1).tolist() == [0, 8] and st["overflow"] == 0
 
 
-def test_selection_respects_the_cap():
+def test_selection_spends_the_cap_on_the_overflow_first():
     scores = torch.tensor([0.0, 0.0, 0.0, 0.4, 0.3, 0.2, 0.1, 0.6, 0.7, 0.8])
-    tiles = [[3, 4, 5, 6, 7, 8, 9]]  # 7 entries, capacity 2 -> wants 5 more removed
+    tiles = [[3, 4, 5, 6, 7, 8, 9]]  # 7 entries, capacity 2: an overflow of 5 (6, 5, 4, 3, 7)
     keys, gids = _entries(tiles)
-    # 10 Gaussians, 20%: 2 removals, all from stage 1 (lowest score, then lowest index)
+    # 10 Gaussians, 20%: 2 removals, the tile's 2 lowest; nothing left for the zeros outside it
     mask, st = select_prune_mask(scores, keys, gids, 2, min_contribution=0.0, max_fraction=0.2)
-    assert torch.nonzero(mask).squeeze(1).tolist() == [0, 1] and st["over_capacity"] == 0
-    # 50%: the 3 zeros, then the 2 lowest of the tile's 5 candidates
-    mask, st = select_prune_mask(scores, keys, gids, 2, min_contribution=0.0, max_fraction=0.5)
-    assert torch.nonzero(mask).squeeze(1).tolist() == [0, 1, 2, 5, 6]
+    assert torch.nonzero(mask).squeeze(1).tolist() == [5, 6]
+    assert st["overflow"] == 5 and st["over_capacity"] == 2 and st["low_contribution"] == 0
     assert st["tiles_over_after"] == 1 and st["max_tile_after"] == 5
+    # 50%: exactly the overflow; the tile fits
+    mask, st = select_prune_mask(scores, keys, gids, 2, min_contribution=0.0, max_fraction=0.5)
+    assert torch.nonzero(mask).squeeze(1).tolist() == [3, 4, 5, 6, 7]
+    assert st["tiles_over_after"] == 0 and st["max_tile_after"] == 2 and st["low_contribution"] == 0
+    # 80%: the overflow, then the 3 zeros
+    mask, st = select_prune_mask(scores, keys, gids, 2, min_contribution=0.0, max_fraction=0.8)
+    assert torch.nonzero(mask).squeeze(1).tolist() == [0, 1, 2, 3, 4, 5, 6, 7] and st["low_contribution"] == 3
     mask, _ = select_prune_mask(scores, keys, gids, 2, max_fraction=0.0)
     assert not mask.any()
 
@@ -472,9 +477,9 @@ def test_hook_on_the_densification_schedule():
             assert not pruner.is_prune_step(it)
     assert pruned == [10, 18]
     first, last = pruner.history[0], pruner.history[-1]
-    # first prune: both stages, stopped by the 30% cap with tiles still over capacity
-    assert first["low_contribution"] > 0 and first["over_capacity"] > 0
-    assert first["removed"] == math.floor(0.3 * first["gaussians"])
+    # first prune: the 30% cap binds, all of it spent on the overflow, tiles still over capacity
+    assert first["overflow"] > first["over_capacity"] == first["removed"] == math.floor(0.3 * first["gaussians"])
+    assert first["low_contribution"] == 0
     assert 0 < first["tiles_over_after"] < first["tiles_over_before"]
     # later ones bring every recent tile within capacity (growth continues in between)
     assert last["tiles_over_after"] == 0 and last["max_tile_after"] <= capacity
