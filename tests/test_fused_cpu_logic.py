@@ -788,3 +788,42 @@ def test_model_fused_backend_with_a_mask_or_a_tiny_image_trains_like_reference(t
         for n in gr:
             assert rel_err(gf[n], gr[n]) <= 1e-4, (W, H, n)
 
+
+def test_model_fused_step_gathers_the_pruning_score(torch_ops, monkeypatch):
+    """hw-prune on with the fused backend: the training steps that feed the pruning score ask the
+    fused kernel for it (contribution=True only there), and the pruner takes info["contribution"]
+    instead of running the torch pass (which this test forbids); the score it keeps is the
+    definition's. Prunes right after gsplat's refine step."""
+    from bytesplat_ns import pruning
+    from bytesplat_ns.model import GAUSSIAN_PARAM_NAMES
+
+    definition = pruning.contribution_scores_2d
+
+    def forbidden(*a, **k):
+        raise AssertionError("the torch scoring pass ran although the fused kernel gathered the score")
+
+    monkeypatch.setattr(pruning, "contribution_scores_2d", forbidden)
+    seed_points = seed_cloud()
+    views = train_views()
+    images = [target_image(seed=10 + i) for i in range(len(views))]
+    model = make_model("reference", seed_points, hw_prune="on", hw_prune_capacity=40, hw_prune_window=3,
+                       hw_prune_every_refines=2, **TRAINED_OVERRIDES)
+    model._backend = "fused"
+    optimizers = {n: torch.optim.Adam([model.gauss_params[n]], lr=1e-2, eps=1e-15) for n in GAUSSIAN_PARAM_NAMES}
+    bg = torch.tensor([0.3, 0.6, 0.2])
+    pruner = None
+    for step in range(0, 12):  # step 0 is before the score window of the first prune step (1-10)
+        torch_ops.contribution.clear()
+        model_train_step(model, views[step % 4], images[step % 4], step, bg, optimizers)
+        pruner = model.hw_pruner
+        assert torch_ops.contribution == [("fused_loss", pruner.scores_step(step))], step
+        if pruner.scores_step(step) and step % pruner.period != 0:
+            info = model.info
+            want = definition(info["means2d"], info["conics"], info["opacities"], info["radii"], info["depths"],
+                              int(info["width"]), int(info["height"]))
+            assert (info["contribution"] - want).abs().max().item() <= 2e-6
+            assert bool((model.strategy_state[pruning.SCORE_KEY][:, 0] >= info["contribution"].amax(0)).all())
+    # refine_every 5, every 2nd refine: period 10; gsplat refines at 10 (> warmup 4, outside its pause)
+    assert pruner.period == 10 and pruner.first_score == 1 and not pruner.scores_step(0)
+    assert [s["step"] for s in pruner.history] == [10]
+    assert pruner.history[0]["tiles"] > 0 and pruner.history[0]["removed"] > 0
