@@ -789,14 +789,16 @@ def test_model_fused_backend_with_a_mask_or_a_tiny_image_trains_like_reference(t
             assert rel_err(gf[n], gr[n]) <= 1e-4, (W, H, n)
 
 
-def test_model_fused_step_gathers_the_pruning_score(torch_ops, monkeypatch):
+@pytest.mark.parametrize("mode,entry", [("two_launch", "fused_loss"), ("split", "render_bwd")])
+def test_model_fused_step_gathers_the_pruning_score(torch_ops, monkeypatch, mode, entry):
     """hw-prune on with the fused backend: the training steps that feed the pruning score ask the
-    fused kernel for it (contribution=True only there), and the pruner takes info["contribution"]
-    instead of running the torch pass (which this test forbids); the score it keeps is the
-    definition's. Prunes right after gsplat's refine step."""
+    fused kernel for it (contribution=True only there; ``entry``: the schedule's backward), and the
+    pruner takes info["contribution"] instead of running the torch pass (which this test forbids);
+    the score it keeps is the definition's. Prunes right after gsplat's refine step."""
     from bytesplat_ns import pruning
     from bytesplat_ns.model import GAUSSIAN_PARAM_NAMES
 
+    monkeypatch.setenv("BYTESPLAT_FUSED_MODE", mode)
     definition = pruning.contribution_scores_2d
 
     def forbidden(*a, **k):
@@ -816,7 +818,7 @@ def test_model_fused_step_gathers_the_pruning_score(torch_ops, monkeypatch):
         torch_ops.contribution.clear()
         model_train_step(model, views[step % 4], images[step % 4], step, bg, optimizers)
         pruner = model.hw_pruner
-        assert torch_ops.contribution == [("fused_loss", pruner.scores_step(step))], step
+        assert torch_ops.contribution == [(entry, pruner.scores_step(step))], step
         if pruner.scores_step(step) and step % pruner.period != 0:
             info = model.info
             want = definition(info["means2d"], info["conics"], info["opacities"], info["radii"], info["depths"],
