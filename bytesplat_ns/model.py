@@ -40,18 +40,20 @@ class ByteSplatModelConfig(SplatfactoModelConfig):
     """Rasterizer backend. auto: fused on GPU (gsplat, with the cause logged, if its kernels cannot be built), reference on CPU."""
     # Hardware-aware pruning (bytesplat_ns/pruning.py, docs/pruning.md).
     hw_prune: Literal["auto", "on", "off"] = "auto"
-    """Prune so each tile's Gaussians fit the fused kernel's shared memory. auto: off for now (not yet faster;
-    docs/pruning.md has the H200 measurements); on: prune with any backend."""
-    hw_prune_every: int = 500
-    """Steps between hardware-aware pruning steps (each runs refine_every/2 steps after a gsplat refine)."""
+    """Prune so each tile's Gaussians fit the fused kernel's shared memory. auto: off for now (not yet shown
+    to pay for itself on a GPU; docs/pruning.md); on: prune with any backend (the fused one scores for free)."""
+    hw_prune_every_refines: int = 1
+    """Prune right after every this many of gsplat's refine (densification) steps (1: after each)."""
     hw_prune_max_fraction: float = 0.05
-    """At most this fraction of all Gaussians is removed by one pruning step."""
+    """At most this fraction of all Gaussians is removed by one pruning step (the overflow of crowded tiles
+    first, then low-contribution Gaussians)."""
     hw_prune_min_contribution: float = 1.0 / 255.0
-    """Gaussians whose largest alpha*T over the score window is at or below this are removed first."""
+    """Gaussians whose largest alpha*T over the score window is at or below this are removed."""
     hw_prune_window: int = 0
-    """Training views scored before each pruning step (0: one per training image, at most hw_prune_every-1)."""
+    """Training views the score covers at least (0: one per training image); it always covers the views since
+    the previous pruning step, and whole periods before it when this is longer."""
     hw_prune_tile_views: int = 4
-    """Recent views whose tile lists decide which tiles are over capacity."""
+    """Recent views whose tile lists decide which tiles are over capacity (at most refine_every)."""
     hw_prune_capacity: int = 0
     """Gaussians per tile; 0: read from the device (the fused kernel's shared-memory capacity)."""
     hw_prune_stop_iter: int = -1
@@ -269,6 +271,7 @@ class ByteSplatModel(SplatfactoModel):
 
     def _run_fused_step(self, outputs: Dict, batch: Dict) -> None:
         """Render, compute splatfacto's loss and its 2D gradients in the fused kernel (training only)."""
+        from bytesplat_ns.pruning import wants_contribution
         from bytesplat_ns.raster.fused import fused_render_loss
 
         raster_args, sh_degree, _ = outputs.pop("fused_pending")
@@ -296,6 +299,7 @@ class ByteSplatModel(SplatfactoModel):
             sh_degree=sh_degree,
             ssim_lambda=self.config.ssim_lambda,
             absgrad=self.strategy.absgrad,
+            contribution=wants_contribution(self, self.step),  # the pruning score, from the backward kernel
         )
         self.strategy.step_pre_backward(self.gauss_params, self.optimizers, self.strategy_state, self.step, self.info)
         outputs.update(rgb=rgb.squeeze(0), accumulation=alpha.squeeze(0), depth=None, fused_loss=loss)

@@ -14,21 +14,23 @@ Four parts, each usable on its own (``docs/pruning.md`` has the overview and the
     gets at any pixel, with gsplat's rules (alpha < 1/255 and sigma < 0 skipped; the Gaussian that
     stops a pixel counts with the weight it would have had, since it hides everything behind it).
     A score of exactly 0 means removing the Gaussian leaves every pixel of that view unchanged.
-    :func:`contribution_scores_2d` computes it in a no-grad pass over the projected Gaussians (the
-    ``info`` every backend returns), so it works with the reference, gsplat and fused backends
-    today. The fused kernel will produce it for free in its backward: see docs/pruning.md.
+    The fused backend's training step gathers it in its backward kernels when asked
+    (``fused_render_loss(contribution=True)`` -> ``info["contribution"]``, every schedule);
+    :func:`contribution_scores_2d` is the definition, the reference the kernel is tested against,
+    and the fallback for the reference and gsplat backends: a no-grad pass over the projected
+    Gaussians of the ``info`` every backend returns (:func:`scores_from_info` picks).
     :class:`HardwarePruner` keeps a running max over the training views of a window.
-(c) **Selection** (:func:`select_prune_mask`): first the Gaussians whose score is at or below a
-    threshold, then, in each (view, tile) over capacity, the lowest-scoring remaining Gaussians
-    until the tile fits; never a Gaussian whose tiles are all within capacity; at most a fraction
-    of all Gaussians per step (lowest scores first).
+(c) **Selection** (:func:`select_prune_mask`): in each (view, tile) over capacity, the
+    lowest-scoring Gaussians until the tile fits (never a Gaussian whose tiles are all within
+    capacity), then the Gaussians whose score is at or below a threshold; at most a fraction of
+    all Gaussians per step (lowest scores first).
 (d) **Apply** (:func:`apply_prune`): gsplat's ``strategy.ops.remove``, which filters the parameters,
     the optimizers' per-parameter state and every per-Gaussian tensor of the strategy state (the
     running score included, since it lives there).
 
 :class:`HardwarePruner` wires these into the model's densification schedule (``ByteSplatModel.
-step_post_backward``): it accumulates scores before gsplat's step and prunes after it, half a refine
-period after a gsplat refine step, only while gsplat refines.
+step_post_backward``): it accumulates scores before gsplat's step and prunes right after gsplat's
+refine steps, on the refined Gaussians.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ from bytesplat_ns.raster.reference import ALPHA_MAX, ALPHA_MIN, T_MIN, _default_
 from bytesplat_ns.raster.tiles import alpha_block_rects, bin_rects, intersect_rects, tile_grid, tile_rects
 
 TILE_SIZE = 16
-SCORE_KEY = "hw_score"  # per-Gaussian running max of alpha*T, kept in the strategy state
+SCORE_KEY = "hw_score"  # [N, periods] running max of alpha*T per period, kept in the strategy state
+ORIGIN_KEY = "hw_origin"  # [N] index before gsplat's step, only while gsplat refines at a prune step
 SCORE_CHUNK_ELEMS = 1 << 20
 
 # ----------------------------------------------------------------------------------------------
@@ -269,8 +272,8 @@ def scores_from_info(info: Dict[str, Any]) -> Tensor:
     """Per-Gaussian score [N] of the views of one rendered batch (max over its views).
 
     Uses ``info["contribution"]`` ([C,N], the same quantity) when the rasterizer computed it (the
-    fused kernel's backward is meant to, see docs/pruning.md); otherwise a no-grad pass of
-    :func:`contribution_scores_2d` over the projected Gaussians of ``info``."""
+    fused training step with ``contribution=True``: its backward kernels gather it); otherwise a
+    no-grad pass of :func:`contribution_scores_2d` over the projected Gaussians of ``info``."""
     given = info.get(CONTRIBUTION_INFO_KEY)
     if isinstance(given, Tensor):
         return given.detach().reshape(-1, given.shape[-1]).amax(0)
@@ -333,21 +336,24 @@ def select_prune_mask(
 ) -> Tuple[Tensor, Dict[str, Any]]:
     """Which Gaussians to remove, as a boolean mask [N], and counts describing the choice.
 
-    1. Gaussians with ``score <= min_contribution`` (when ``prune_low_contribution``).
-    2. For every tile (``tile_keys``/``tile_gids``: entries of the tile lists, see
-       :func:`tile_entries`; several views just use distinct keys) still holding more than
-       ``capacity`` Gaussians, its ``count - capacity`` lowest-scoring remaining Gaussians (ties:
-       lower index first). A Gaussian goes only if one of its tiles is over capacity; removing
-       each over-capacity tile's excess lowest is exactly what removing Gaussians one by one in
-       increasing score while any of their tiles is over capacity gives.
-    3. At most ``floor(max_fraction * N)`` in all: stage 1 first, then stage 2, each lowest
-       scores first. Tiles left over capacity take the kernel's streaming path.
+    1. **Overflow**: for every tile (``tile_keys``/``tile_gids``: entries of the tile lists, see
+       :func:`tile_entries`; several views just use distinct keys) holding more than ``capacity``
+       Gaussians, its ``count - capacity`` lowest-scoring Gaussians (ties: lower index first). A
+       Gaussian goes only if one of its tiles is over capacity; removing each over-capacity tile's
+       excess lowest is exactly what removing Gaussians one by one in increasing score while any
+       of their tiles is over capacity gives.
+    2. **Low contribution**: Gaussians with ``score <= min_contribution`` (when
+       ``prune_low_contribution``).
+    3. At most ``floor(max_fraction * N)`` in all, stage 1 first (the cap is spent on the overflow,
+       which is what the kernel needs), then stage 2, each lowest scores first. Without the cap
+       the order does not matter: the low-contribution Gaussians of a crowded tile are its lowest,
+       so the overflow takes them first. Tiles left over capacity take the kernel's streaming path.
     """
     N = scores.numel()
     device = scores.device
     budget = int(math.floor(max_fraction * N))
     mask = torch.zeros(N, dtype=torch.bool, device=device)
-    stats: Dict[str, Any] = dict(gaussians=N, budget=budget, low_contribution=0, over_capacity=0,
+    stats: Dict[str, Any] = dict(gaussians=N, budget=budget, overflow=0, over_capacity=0, low_contribution=0,
                                  tiles=0, tiles_over_before=0, tiles_over_after=0,
                                  max_tile_before=0, max_tile_after=0, capacity=capacity)
 
@@ -361,25 +367,18 @@ def select_prune_mask(
         keep[idx[order]] = True
         return keep
 
-    if prune_low_contribution and budget > 0:
-        mask |= lowest(scores <= min_contribution, budget)
-    stats["low_contribution"] = int(mask.sum())
-
-    if capacity is not None and capacity > 0 and tile_keys is not None and tile_keys.numel() > 0:
+    crowded = capacity is not None and capacity > 0 and tile_keys is not None and tile_keys.numel() > 0
+    if crowded:
         assert tile_gids is not None
         n_tiles = int(n_tiles if n_tiles is not None else int(tile_keys.max()) + 1)
-        before = tile_counts(tile_keys, n_tiles)
+        counts = torch.bincount(tile_keys, minlength=n_tiles)
         stats["tiles"] = n_tiles
-        stats["tiles_over_before"] = int((before > capacity).sum())
-        stats["max_tile_before"] = int(before.max())
-        alive = ~mask[tile_gids]
-        k, g = tile_keys[alive], tile_gids[alive]
-        counts = torch.bincount(k, minlength=n_tiles)
+        stats["tiles_over_before"] = int((counts > capacity).sum())
+        stats["max_tile_before"] = int(counts.max())
         excess = counts - capacity
-        over = excess[k] > 0
-        k, g = k[over], g[over]
-        left = budget - int(mask.sum())
-        if k.numel() > 0 and left > 0:
+        over = excess[tile_keys] > 0
+        k, g = tile_keys[over], tile_gids[over]
+        if k.numel() > 0:
             # sort entries by (tile, score, index): stable sorts from the last key to the first
             o = torch.sort(g, stable=True).indices
             o = o[torch.sort(scores[g[o]], stable=True).indices]
@@ -389,9 +388,18 @@ def select_prune_mask(
             rank = torch.arange(k.numel(), device=device) - first
             chosen = torch.zeros(N, dtype=torch.bool, device=device)
             chosen[g[rank < excess[k]]] = True
-            chosen = lowest(chosen, left)
+            stats["overflow"] = int(chosen.sum())
+            chosen = lowest(chosen, budget)
             stats["over_capacity"] = int(chosen.sum())
             mask |= chosen
+
+    left = budget - int(mask.sum())
+    if prune_low_contribution and left > 0:
+        low = lowest((scores <= min_contribution) & ~mask, left)
+        stats["low_contribution"] = int(low.sum())
+        mask |= low
+
+    if crowded:
         after = tile_counts(tile_keys, n_tiles, ~mask, tile_gids)
         stats["tiles_over_after"] = int((after > capacity).sum())
         stats["max_tile_after"] = int(after.max())
@@ -426,7 +434,7 @@ class HWPruneSettings:
     """The model config's ``hw_prune*`` fields (see ``ByteSplatModelConfig``)."""
 
     mode: str = "auto"
-    every: int = 500
+    every_refines: int = 1
     max_fraction: float = 0.05
     min_contribution: float = 1.0 / 255.0
     window: int = 0
@@ -438,7 +446,7 @@ class HWPruneSettings:
     def from_config(cls, config: Any) -> "HWPruneSettings":
         return cls(
             mode=getattr(config, "hw_prune", "off"),
-            every=int(getattr(config, "hw_prune_every", cls.every)),
+            every_refines=int(getattr(config, "hw_prune_every_refines", cls.every_refines)),
             max_fraction=float(getattr(config, "hw_prune_max_fraction", cls.max_fraction)),
             min_contribution=float(getattr(config, "hw_prune_min_contribution", cls.min_contribution)),
             window=int(getattr(config, "hw_prune_window", cls.window)),
@@ -466,20 +474,53 @@ def model_tile_capacity(model: Any) -> Optional[int]:
     return device_tile_capacity(model.device) if model.device.type == "cuda" else None
 
 
-class HardwarePruner:
-    """Runs (b)-(d) on gsplat ``DefaultStrategy``'s schedule.
+@torch.no_grad()
+def follow_origin(keys: Tensor, gids: Tensor, origin: Tensor, n_before: int) -> Tuple[Tensor, Tensor]:
+    """Tile-list entries (``keys``, ``gids``: indices before gsplat's refine step) carried to the
+    Gaussians after it: ``origin[i]`` is the index before the step of Gaussian ``i`` after it (the
+    strategy state's ``hw_origin``, which duplicate/split/remove carry like any per-Gaussian
+    tensor). An entry is repeated for every descendant of its Gaussian and dropped when the
+    Gaussian was removed. Exact for duplicates (same footprint); a split child is counted in its
+    parent's tiles (its footprint is 1.6x smaller, around a sample of the parent)."""
+    origin = origin.long()
+    order = torch.argsort(origin, stable=True)  # new indices grouped by their origin
+    per = torch.bincount(origin, minlength=n_before)  # descendants per old Gaussian
+    start = torch.cumsum(per, 0) - per
+    rep = per[gids]
+    total = int(rep.sum())
+    new_keys = torch.repeat_interleave(keys, rep, output_size=total)
+    first = torch.repeat_interleave(torch.cumsum(rep, 0) - rep, rep, output_size=total)
+    local = torch.arange(total, device=keys.device) - first
+    new_gids = order[torch.repeat_interleave(start[gids], rep, output_size=total) + local]
+    return new_keys, new_gids
 
-    Prune steps ``s``: ``s % every == refine_every // 2`` (half a refine period after a gsplat refine
-    step, so never on one), ``refine_start < s < stop`` (stop: ``stop_iter``, default gsplat's
-    ``refine_stop_iter``) and outside gsplat's pause after an opacity reset.
-    Before prune step ``s``:
-    - the ``window`` training views ending at ``s`` (default: one per training image, at most
-      ``every - 1``) accumulate the running max score into ``state["hw_score"]`` (gsplat's
-      duplicate/split/remove carry it, children inherit their parent's score);
-    - the last ``tile_views`` views (at most ``refine_every // 2``, all after the last refine)
-      record their tile lists.
-    At ``s``, after gsplat's step: low-contribution removal only when the whole window was seen;
-    over-capacity removal when the capacity is known (device or ``capacity``).
+
+class HardwarePruner:
+    """Runs (b)-(d) right after gsplat ``DefaultStrategy``'s densification.
+
+    **Prune steps**: the gsplat refine steps ``s`` (``s > refine_start``, ``s % refine_every == 0``,
+    outside gsplat's pause after an opacity reset, ``s < refine_stop``) with
+    ``s % period == 0``, ``period = every_refines * refine_every``, and ``s < stop`` (``stop_iter``,
+    default gsplat's ``refine_stop_iter``). Pruning runs after gsplat's own step, on its result.
+
+    **Score**: every training view from ``period * columns`` steps before the first prune step to
+    the last one adds its contribution (the fused kernel's ``info["contribution"]``, else the torch
+    pass) into ``state["hw_score"]`` [N, columns], a running max per period of ``period`` steps
+    (column 0: the current one; columns rotate after each period's last step). So the score of a
+    prune step covers the steps since the previous prune step and, when a window of ``window``
+    views (default one per training image) is longer than that, as many periods before as it takes:
+    ``columns = ceil(window / period)``. gsplat's duplicate/split/remove carry it (children inherit
+    their parent's score).
+
+    **Tile lists**: the last ``tile_views`` views before a prune step (at most ``refine_every``: all
+    after the previous refine, so same Gaussian indices) record their tiles holding more than half
+    the capacity (one refine step at most doubles a tile: the others cannot overflow after it).
+    ``state["hw_origin"]`` then follows gsplat's step at ``s`` so the entries are carried to the
+    refined Gaussians (:func:`follow_origin`).
+
+    At ``s``, after gsplat's step: the overflow of the recorded tiles when the capacity is known
+    (device or ``capacity``), then the low-contribution Gaussians when the score covers the whole
+    window; at most ``max_fraction`` of all Gaussians (:func:`select_prune_mask`).
     """
 
     def __init__(self, settings: HWPruneSettings, strategy: Any, num_train_data: int, enabled: bool,
@@ -488,17 +529,20 @@ class HardwarePruner:
         self.strategy = strategy
         self.enabled = enabled
         self.capacity = capacity
-        every = max(1, settings.every)
-        self.every = every
-        self.offset = max(1, strategy.refine_every // 2) % every
-        window = settings.window if settings.window > 0 else max(1, num_train_data)
-        self.window = max(1, min(window, every - 1)) if every > 1 else 1
-        self.tile_views = max(0, min(settings.tile_views, max(1, strategy.refine_every // 2)))
-        self.stop = settings.stop_iter if settings.stop_iter > 0 else strategy.refine_stop_iter
-        self._target: Optional[int] = None
-        self._views = 0
+        self.period = max(1, settings.every_refines) * max(1, strategy.refine_every)
+        self.window = settings.window if settings.window > 0 else max(1, num_train_data)
+        self.columns = max(1, math.ceil(self.window / self.period))
+        self.tile_views = max(0, min(settings.tile_views, max(1, strategy.refine_every)))
+        self.stop = min(settings.stop_iter if settings.stop_iter > 0 else strategy.refine_stop_iter,
+                        strategy.refine_stop_iter)
+        self.first_prune = self.next_prune_step(0)
+        self.last_prune = self._last_prune_step()
+        # scoring starts so that the first prune step sees a full window
+        self.first_score = None if self.first_prune is None else max(0, self.first_prune - self.columns * self.period + 1)
+        self._column_views: List[int] = [0] * self.columns  # views scored into each column
         self._tiles: List[Tuple[Tensor, Tensor, int, int]] = []  # crowded-tile entries, n_tiles, max other tile
         self._tiles_owner: Optional[weakref.ref] = None
+        self._origin_n = 0  # Gaussians before gsplat's step at the prune step (hw_origin's range)
         self.last_stats: Optional[Dict[str, Any]] = None
         self.history: List[Dict[str, Any]] = []
 
@@ -507,9 +551,9 @@ class HardwarePruner:
         settings = HWPruneSettings.from_config(model.config)
         if settings.mode not in ("auto", "on", "off"):
             raise ValueError(f"hw_prune must be auto, on or off, got {settings.mode!r}")
-        # auto is off for now: measured on an H200 (docs/pruning.md), the torch scoring pass costs ~30% of
-        # the iteration time while gsplat's growth between prune steps keeps 9-20% of the tiles over
-        # capacity, so pruning does not pay for itself yet; --pipeline.model.hw-prune on runs it.
+        # auto is off until the GPU run of docs/pruning.md ("What the GPU run must measure") shows that
+        # pruning after each refine step, scored by the fused kernel, pays for itself;
+        # --pipeline.model.hw-prune on runs it.
         enabled = settings.mode == "on"
         dist = torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
         if enabled and dist:
@@ -521,8 +565,8 @@ class HardwarePruner:
                  "only low-contribution pruning runs (no device capacity)")
         pruner = cls(settings, model.strategy, int(getattr(model, "num_train_data", 1) or 1), enabled, capacity)
         if enabled:
-            _log(f"bytesplat: hardware-aware pruning on (tile capacity {capacity}, every {pruner.every} steps "
-                 f"at offset {pruner.offset}, score window {pruner.window} views)")
+            _log(f"bytesplat: hardware-aware pruning on (tile capacity {capacity}, after gsplat's refine steps "
+                 f"every {pruner.period} steps, score window {pruner.columns * pruner.period} views)")
         return pruner
 
     # -- schedule --
@@ -530,86 +574,127 @@ class HardwarePruner:
         s = self.strategy
         return (
             self.enabled
-            and step % self.every == self.offset
+            and step % self.period == 0
             and s.refine_start_iter < step < self.stop
-            and step < s.refine_stop_iter
-            and step % s.refine_every != 0
+            and step % s.refine_every == 0
             and step % s.reset_every >= s.pause_refine_after_reset
         )
 
-    def next_prune_step(self, step: int) -> int:
-        return step + (self.offset - step) % self.every
+    def next_prune_step(self, step: int) -> Optional[int]:
+        """The first prune step at or after ``step`` (None: none left)."""
+        b = -(-max(step, 0) // self.period) * self.period
+        while b < self.stop:
+            if self.is_prune_step(b):
+                return b
+            b += self.period
+        return None
+
+    def _last_prune_step(self) -> Optional[int]:
+        b = ((self.stop - 1) // self.period) * self.period
+        while b >= 0 and self.first_prune is not None and b >= self.first_prune:
+            if self.is_prune_step(b):
+                return b
+            b -= self.period
+        return None
+
+    def scores_step(self, step: int) -> bool:
+        """Whether the view of ``step`` is scored (the model then asks the fused kernel for it)."""
+        return (self.enabled and self.first_score is not None and self.last_prune is not None
+                and self.first_score <= step <= self.last_prune)
+
+    def _scores(self, state: Dict[str, Any], n: int, device: torch.device) -> Tensor:
+        score = state.get(SCORE_KEY)
+        if not isinstance(score, Tensor) or score.dim() != 2 or score.shape != (n, self.columns):
+            # first use, or the Gaussians changed behind gsplat's back (a loaded checkpoint): start over
+            score = torch.zeros(n, self.columns, dtype=torch.float32, device=device)
+            state[SCORE_KEY] = score
+            self._column_views = [0] * self.columns
+        return score
 
     # -- hooks --
     def before_strategy(self, params, state: Dict[str, Any], info: Dict[str, Any], step: int) -> None:
-        """Accumulate the score (and tile lists) of the step's views; ``info`` matches ``params``."""
-        if not self.enabled or not info:
-            return
-        target = self.next_prune_step(step)
-        if not self.is_prune_step(target) or target - step >= self.window:
+        """Score the step's views (and record tile lists); ``info`` is the render of ``params``."""
+        if not self.scores_step(step) or not info:
             return
         n = params["means"].shape[0]
         if info["radii"].shape[-1] != n:  # not a render of the current Gaussians (crop, stale info)
             return
-        score = state.get(SCORE_KEY)
-        if self._target != target or not isinstance(score, Tensor) or score.shape[0] != n:
-            state[SCORE_KEY] = torch.zeros(n, dtype=torch.float32, device=params["means"].device)
-            self._target, self._views = target, 0
-            self._tiles, self._tiles_owner = [], None
-        view_scores = scores_from_info(info).to(torch.float32)
-        state[SCORE_KEY] = torch.maximum(state[SCORE_KEY], view_scores)
-        self._views += int(info.get("n_cameras", 1))
+        score = self._scores(state, n, params["means"].device)
+        score[:, 0] = torch.maximum(score[:, 0], scores_from_info(info).to(torch.float32))
+        self._column_views[0] += int(info.get("n_cameras", 1))
+        target = self.next_prune_step(step)
+        if target is None:
+            return
+        owner = params["means"]
         if target - step < self.tile_views and self.capacity:
-            owner = params["means"]
             if self._tiles_owner is None or self._tiles_owner() is not owner:
                 self._tiles, self._tiles_owner = [], weakref.ref(owner)
             keys, gids, nt = tile_entries(info)
             counts = torch.bincount(keys, minlength=nt)
-            over = counts[keys] > self.capacity  # only crowded tiles can need pruning: keep just those
-            under = counts[counts <= self.capacity]
-            self._tiles.append((keys[over].to(torch.int32), gids[over].to(torch.int32), nt,
-                                int(under.max()) if under.numel() else 0))
+            # only tiles that can overflow after gsplat's step (which at most doubles one) are kept
+            kept = 2 * counts[keys] > self.capacity
+            rest = counts[2 * counts <= self.capacity]
+            self._tiles.append((keys[kept].to(torch.int32), gids[kept].to(torch.int32), nt,
+                                int(rest.max()) if rest.numel() else 0))
+        if target == step and self._tiles and self._tiles_owner() is owner:
+            state[ORIGIN_KEY] = torch.arange(n, device=owner.device)
+            self._origin_n = n
 
     def after_strategy(self, params, optimizers, state: Dict[str, Any], step: int) -> Optional[Dict[str, Any]]:
-        """Prune at a prune step (after gsplat's own step). Returns the stats, or None."""
-        if not self.is_prune_step(step) or self._target != step or not isinstance(state.get(SCORE_KEY), Tensor):
-            return None
-        scores = state[SCORE_KEY]
+        """After gsplat's step: prune at a prune step; rotate the score columns at a period's end.
+        Returns the pruning stats, or None."""
+        origin = state.pop(ORIGIN_KEY, None)
+        stats = None
+        if self.is_prune_step(step):
+            if isinstance(state.get(SCORE_KEY), Tensor):
+                stats = self._prune(params, optimizers, state, step, origin)
+            self._tiles, self._tiles_owner = [], None
+        score = state.get(SCORE_KEY)
+        if isinstance(score, Tensor) and self.last_prune is not None and step >= self.last_prune:
+            state[SCORE_KEY] = None  # no pruning left: stop carrying it
+        elif isinstance(score, Tensor) and step % self.period == 0:
+            state[SCORE_KEY] = torch.cat([torch.zeros_like(score[:, :1]), score[:, :-1]], 1)
+            self._column_views = [0] + self._column_views[:-1]
+        return stats
+
+    def _prune(self, params, optimizers, state: Dict[str, Any], step: int, origin: Optional[Tensor]) -> Dict[str, Any]:
         n = params["means"].shape[0]
+        scores = state[SCORE_KEY]
+        scores = scores.amax(1) if scores.dim() == 2 else scores
         keys = gids = None
         n_tiles = 0
         under_max = 0
-        if self._tiles and self._tiles_owner is not None and self._tiles_owner() is params["means"]:
+        if self._tiles and origin is not None and origin.shape[0] == n:
             parts_k, parts_g = [], []
             for k, g, nt, umax in self._tiles:
                 parts_k.append(k.long() + n_tiles)
                 parts_g.append(g.long())
                 n_tiles += nt
                 under_max = max(under_max, umax)
-            keys, gids = torch.cat(parts_k), torch.cat(parts_g)
-        full_window = self._views >= self.window
+            keys, gids = follow_origin(torch.cat(parts_k), torch.cat(parts_g), origin, self._origin_n)
+        views = sum(self._column_views)
+        full_window = views >= self.window
         mask, stats = select_prune_mask(
             scores, keys, gids, self.capacity,
             min_contribution=self.settings.min_contribution, max_fraction=self.settings.max_fraction,
             prune_low_contribution=full_window, n_tiles=n_tiles or None,
         )
         if n_tiles:
-            # the recorded lists hold only the crowded tiles; the others held at most under_max
+            # the recorded lists hold only the tiles more than half full; the others held at most under_max
+            # (before gsplat's step, so within capacity after it)
             stats["tiles"] = n_tiles
             stats["max_tile_before"] = max(stats["max_tile_before"], under_max)
             stats["max_tile_after"] = max(stats["max_tile_after"], under_max)
         removed = apply_prune(params, optimizers, state, mask)
-        state[SCORE_KEY] = None  # stop carrying it until the next window
-        self._tiles, self._tiles_owner, self._target = [], None, None
-        stats.update(step=step, removed=removed, window_views=self._views, full_window=full_window,
+        stats.update(step=step, removed=removed, window_views=views, full_window=full_window,
                      gaussians_after=n - removed)
         self.last_stats = stats
         self.history.append(stats)
         tiles = max(1, stats["tiles"])
         _log(
-            f"bytesplat hw-prune step {step}: removed {stats['low_contribution']} low-contribution + "
-            f"{stats['over_capacity']} over-capacity Gaussians ({n} -> {n - removed}); tiles over capacity "
-            f"{stats['tiles_over_before'] / tiles:.2%} -> {stats['tiles_over_after'] / tiles:.2%} "
+            f"bytesplat hw-prune step {step}: removed {stats['over_capacity']} over-capacity (overflow "
+            f"{stats['overflow']}) + {stats['low_contribution']} low-contribution Gaussians ({n} -> {n - removed}); "
+            f"tiles over capacity {stats['tiles_over_before'] / tiles:.2%} -> {stats['tiles_over_after'] / tiles:.2%} "
             f"(capacity {self.capacity}, largest tile {stats['max_tile_before']} -> {stats['max_tile_after']})"
         )
         try:
@@ -623,17 +708,29 @@ class HardwarePruner:
         return stats
 
 
+def model_pruner(model: Any) -> HardwarePruner:
+    """The model's pruner, built from its config on first use."""
+    pruner = getattr(model, "hw_pruner", None)
+    if pruner is None:
+        pruner = HardwarePruner.from_model(model)
+        model.hw_pruner = pruner
+    return pruner
+
+
+def wants_contribution(model: Any, step: int) -> bool:
+    """Whether the model's render of ``step`` should carry ``info["contribution"]`` (the fused
+    kernel gathers it in its backward only when asked)."""
+    return model_pruner(model).scores_step(step)
+
+
 def model_step_post_backward(model: Any, step: int, strategy_step) -> None:
-    """The model's densification step with hardware-aware pruning around gsplat's own step.
+    """The model's densification step with hardware-aware pruning right after gsplat's own step.
 
     ``strategy_step(step)`` is splatfacto's ``step_post_backward`` (gsplat's refine)."""
     from bytesplat_ns.tile_occupancy import record_tile_occupancy
 
     record_tile_occupancy(model, step)  # this step's render, before gsplat changes the Gaussians
-    pruner = getattr(model, "hw_pruner", None)
-    if pruner is None:
-        pruner = HardwarePruner.from_model(model)
-        model.hw_pruner = pruner
+    pruner = model_pruner(model)
     if pruner.enabled:
         pruner.before_strategy(model.gauss_params, model.strategy_state, getattr(model, "info", None) or {}, step)
     strategy_step(step)

@@ -8,7 +8,7 @@ std::vector<at::Tensor> render_fwd(const at::Tensor &means2d, const at::Tensor &
                                    const at::Tensor &colors, const at::Tensor &opacities,
                                    const c10::optional<at::Tensor> &backgrounds,
                                    const at::Tensor &offsets, const at::Tensor &flatten_ids,
-                                   int64_t C, int64_t W, int64_t H);
+                                   int64_t C, int64_t W, int64_t H, bool with_stop);
 std::vector<at::Tensor> render_bwd(const at::Tensor &means2d, const at::Tensor &conics,
                                    const at::Tensor &colors, const at::Tensor &opacities,
                                    const c10::optional<at::Tensor> &backgrounds,
@@ -16,7 +16,8 @@ std::vector<at::Tensor> render_bwd(const at::Tensor &means2d, const at::Tensor &
                                    int64_t C, int64_t W, int64_t H, const at::Tensor &T_final,
                                    const at::Tensor &last, const at::Tensor &v_render,
                                    const c10::optional<at::Tensor> &v_alpha, bool absgrad,
-                                   bool butterfly);
+                                   bool butterfly, bool contribution,
+                                   const c10::optional<at::Tensor> &stop);
 int64_t fused_capacity(int64_t blocks_per_sm);
 std::vector<at::Tensor> fused_loss(const at::Tensor &means2d, const at::Tensor &conics,
                                    const at::Tensor &colors, const at::Tensor &opacities,
@@ -25,7 +26,7 @@ std::vector<at::Tensor> fused_loss(const at::Tensor &means2d, const at::Tensor &
                                    int64_t C, int64_t W, int64_t H, double ssim_lambda,
                                    const at::Tensor &window, int64_t cap_override,
                                    int64_t blocks_per_sm, bool absgrad, bool force_two_phase,
-                                   bool clamp_inclusive, bool butterfly);
+                                   bool clamp_inclusive, bool butterfly, bool contribution);
 std::vector<at::Tensor> loss_grad(const at::Tensor &render, const at::Tensor &gt, double ssim_lambda,
                                   const at::Tensor &window, bool clamp_inclusive);
 std::vector<at::Tensor> bin_tiles(const at::Tensor &means2d, const at::Tensor &radii,

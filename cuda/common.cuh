@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 #include <cuda_runtime.h>
 
 namespace bytesplat {
@@ -17,6 +18,10 @@ constexpr int kWarps = kBlock / 32;
 constexpr int kChunk = 32;                // Gaussians per block-level gradient reduction
 constexpr int kGradComps = 11;            // xy(2) conic(3) rgb(3) opacity(1) |xy|(2)
 constexpr int kGradPad = 16;              // components padded to 16 for the butterfly reduction
+// Pruning score (docs/pruning.md): the largest alpha*T a Gaussian gets in the tile rides along the
+// gradient reduction as one more component, max-reduced instead of summed.
+constexpr int kContribComp = kGradComps;  // its component index (11)
+constexpr int kAccComps = kGradComps + 1; // s_acc floats per Gaussian: the gradients + the score
 constexpr float kAlphaMin = 1.f / 255.f;
 constexpr float kAlphaMax = 0.999f;
 constexpr float kTMin = 1e-4f;
@@ -79,14 +84,16 @@ __device__ __forceinline__ StepResult composite_step(
     return kComposited;
 }
 
-// Composite shared slots [0, count) (list indices base + slot) into one pixel's state.
+// Composite shared slots [0, count) (list indices base + slot) into one pixel's state. `stop`
+// gets the list index of the Gaussian that saturated the pixel (untouched if none): the pruning
+// score counts it (docs/pruning.md); callers that do not need it leave it dead.
 __device__ __forceinline__ void composite_slots(
     const SmemGaussians &s, int count, int base, float px, float py, float &T, float3 &acc,
-    int &last, bool &done) {
+    int &last, int &stop, bool &done) {
     if (done) return;
     for (int k = 0; k < count; ++k) {
         const StepResult r = composite_step(s, k, px, py, T, acc);
-        if (r == kSaturated) { done = true; return; }
+        if (r == kSaturated) { done = true; stop = base + k; return; }
         if (r == kComposited) last = base + k + 1;
     }
 }
@@ -100,12 +107,25 @@ struct PixelBwd {
     float3 v_rgb;   // dL/d(render color, before background)
     float v_a;      // dL/d(render alpha) - dot(bg, v_rgb): the gradient wrt T_final, negated
     int last;       // number of list entries up to and including the last composited one
+    int stop;       // list index of the Gaussian that saturated the pixel (>= last), -1: none
 };
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Max of non-negative floats through their bits: they order like their int32 patterns, so an
+// integer atomicMax works in shared and global memory (the target must start at +0.f).
+__device__ __forceinline__ void atomic_max_nonneg(float *addr, float v) {
+    atomicMax(reinterpret_cast<int *>(addr), __float_as_int(v));
 }
 
 // ---- Per-Gaussian warp reduction, butterfly ("reduce-scatter / transpose") variant ----
@@ -128,7 +148,9 @@ __device__ __forceinline__ float warp_sum(float v) {
 // K = 9 costs 5+3+2+1+1 = 12 (instead of 55 / 45).
 // All indices are compile-time constants after unrolling (selects, not dynamic indexing), so the
 // arrays stay in registers.
-template <int N, int S, int K>
+// KMAX (-1: none) is a component combined with max instead of + (the pruning score): a lane
+// picks the operation from the component it keeps, so it costs a select, not a shuffle.
+template <int N, int S, int K, int KMAX>
 __device__ __forceinline__ void butterfly_step(const float (&in)[N], float (&out)[N / 2], int lane) {
     const bool bit = (lane >> S) & 1;
 #pragma unroll
@@ -140,44 +162,60 @@ __device__ __forceinline__ void butterfly_step(const float (&in)[N], float (&out
         const float lo = in[2 * j], hi = in[2 * j + 1];  // components with bit S = 0 / = 1
         const float keep = bit ? hi : lo;
         const float send = bit ? lo : hi;
-        out[j] = keep + __shfl_xor_sync(0xffffffffu, send, 1 << S);
+        const float recv = __shfl_xor_sync(0xffffffffu, send, 1 << S);
+        const int low = KMAX - (j << (S + 1));  // KMAX's low bits if out[j] can hold it
+        const bool is_max = low >= 0 && low < (2 << S) && (lane & ((2 << S) - 1)) == low;
+        out[j] = is_max ? fmaxf(keep, recv) : keep + recv;
     }
 }
 
-// Warp total of component (lane & 15) of v (v[c] must be 0 in every lane for c >= K).
-template <int K>
+// Warp total of component (lane & 15) of v (v[c] must be 0 in every lane for c >= K); the warp
+// max for component KMAX (-1: none).
+template <int K, int KMAX = -1>
 __device__ __forceinline__ float warp_reduce_scatter16(const float (&v)[kGradPad], int lane) {
     static_assert(K >= 1 && K <= kGradPad, "butterfly reduction handles up to 16 components");
+    static_assert(KMAX < K, "the max-reduced component must be one of the K reduced");
     float a8[8], a4[4], a2[2], a1[1];
-    butterfly_step<16, 0, K>(v, a8, lane);
-    butterfly_step<8, 1, K>(a8, a4, lane);
-    butterfly_step<4, 2, K>(a4, a2, lane);
-    butterfly_step<2, 3, K>(a2, a1, lane);
-    return a1[0] + __shfl_xor_sync(0xffffffffu, a1[0], 16);
+    butterfly_step<16, 0, K, KMAX>(v, a8, lane);
+    butterfly_step<8, 1, K, KMAX>(a8, a4, lane);
+    butterfly_step<4, 2, K, KMAX>(a4, a2, lane);
+    butterfly_step<2, 3, K, KMAX>(a2, a1, lane);
+    const float recv = __shfl_xor_sync(0xffffffffu, a1[0], 16);
+    return (lane & 15) == KMAX ? fmaxf(a1[0], recv) : a1[0] + recv;
 }
 
 // Back-to-front over the shared slots [lo, hi) (slot + base = index in the tile list), in chunks of
 // kChunk Gaussians: per-pixel gradients are summed over the warp by shuffles, over the block in
-// shared memory (s_acc, kChunk*kGradComps floats, zero on entry and on exit), and written to global
+// shared memory (s_acc, kChunk*kAccComps floats, zero on entry and on exit), and written to global
 // memory once per Gaussian per tile. All threads of the block must call this with the same lo/hi.
 // BUTTERFLY selects the warp reduction: true = warp_reduce_scatter16 (13/12 shuffles per Gaussian,
 // lanes 0..K-1 each add one component to s_acc), false = the original one warp_sum per component
 // (55/45 shuffles, lane 0 adds all K). Both give the same sums up to fp32 reassociation.
-template <bool ABS, bool BUTTERFLY>
+// CONTRIB also gathers the pruning score into contrib[gid] (zero on entry): the largest alpha*T
+// the Gaussian gets at a pixel of the tile, counting the Gaussian that stopped a pixel (p.stop)
+// with alpha*T_final, the weight it would have had. It is component kContribComp of the same
+// reduction, max-reduced (warp, then a shared and a global integer atomicMax on the bits), so the
+// butterfly needs no extra shuffle with absgrad (K 11 -> 12 is still 13); the caller walks up to
+// max(last, stop + 1) instead of last.
+template <bool ABS, bool BUTTERFLY, bool CONTRIB>
 __device__ __forceinline__ void backward_slots(
     const SmemGaussians &s, int lo, int hi, int base, PixelBwd &p, float *s_acc,
     float *__restrict__ v_means2d, float *__restrict__ v_conics, float *__restrict__ v_colors,
-    float *__restrict__ v_opacities, float *__restrict__ v_means2d_abs) {
-    constexpr int K = ABS ? kGradComps : 9;  // components actually reduced
+    float *__restrict__ v_opacities, float *__restrict__ v_means2d_abs, float *__restrict__ contrib) {
+    constexpr int K = CONTRIB ? kContribComp + 1 : (ABS ? kGradComps : 9);  // components actually reduced
+    constexpr int KMAX = CONTRIB ? kContribComp : -1;
+    constexpr int kStride = CONTRIB ? kAccComps : kGradComps;  // s_acc floats per Gaussian
     const int lane = threadIdx.x & 31;
     for (int chunk_hi = hi; chunk_hi > lo; chunk_hi -= kChunk) {
         const int chunk_lo = max(lo, chunk_hi - kChunk);
         for (int k = chunk_hi - 1; k >= chunk_lo; --k) {
             float g[kGradPad];
 #pragma unroll
-            for (int c = kGradComps; c < kGradPad; ++c) g[c] = 0.f;  // butterfly padding
-            bool valid = false;
-            if (base + k < p.last) {
+            for (int c = kGradComps; c < kGradPad; ++c) g[c] = 0.f;  // butterfly padding (and the score)
+            bool valid = false;    // composited here: gradients (and score)
+            bool stopped = false;  // CONTRIB: stopped the pixel: score only
+            const int idx = base + k;
+            if (idx < p.last || (CONTRIB && idx == p.stop)) {
                 const float4 a = s.g0[k];
                 const float4 b = s.g1[k];
                 const float cb = s.g2[k];
@@ -186,72 +224,96 @@ __device__ __forceinline__ void backward_slots(
                 const float vis = expf(-sigma);
                 const float alpha = fminf(kAlphaMax, a.z * vis);
                 if (sigma >= 0.f && alpha >= kAlphaMin) {
-                    valid = true;
-                    const float ra = 1.f / (1.f - alpha);
-                    p.T *= ra;
-                    const float fac = alpha * p.T;
-                    g[5] = fac * p.v_rgb.x;
-                    g[6] = fac * p.v_rgb.y;
-                    g[7] = fac * p.v_rgb.z;
-                    float v_alpha = (b.z * p.T - p.buf.x * ra) * p.v_rgb.x +
-                                    (b.w * p.T - p.buf.y * ra) * p.v_rgb.y +
-                                    (cb * p.T - p.buf.z * ra) * p.v_rgb.z;
-                    v_alpha += p.T_final * ra * p.v_a;
-                    if (a.z * vis <= kAlphaMax) {
-                        const float v_sigma = -a.z * vis * v_alpha;
-                        g[2] = 0.5f * v_sigma * dx * dx;
-                        g[3] = v_sigma * dx * dy;
-                        g[4] = 0.5f * v_sigma * dy * dy;
-                        g[0] = v_sigma * (a.w * dx + b.x * dy);
-                        g[1] = v_sigma * (b.x * dx + b.y * dy);
-                        g[8] = vis * v_alpha;
+                    if (CONTRIB && idx >= p.last) {
+                        stopped = true;  // nothing behind it was composited: T in front is T_final
+                        g[kContribComp] = alpha * p.T_final;
                     } else {
-                        g[0] = g[1] = g[2] = g[3] = g[4] = g[8] = 0.f;
+                        valid = true;
+                        const float ra = 1.f / (1.f - alpha);
+                        p.T *= ra;
+                        const float fac = alpha * p.T;
+                        if (CONTRIB) g[kContribComp] = fac;
+                        g[5] = fac * p.v_rgb.x;
+                        g[6] = fac * p.v_rgb.y;
+                        g[7] = fac * p.v_rgb.z;
+                        float v_alpha = (b.z * p.T - p.buf.x * ra) * p.v_rgb.x +
+                                        (b.w * p.T - p.buf.y * ra) * p.v_rgb.y +
+                                        (cb * p.T - p.buf.z * ra) * p.v_rgb.z;
+                        v_alpha += p.T_final * ra * p.v_a;
+                        if (a.z * vis <= kAlphaMax) {
+                            const float v_sigma = -a.z * vis * v_alpha;
+                            g[2] = 0.5f * v_sigma * dx * dx;
+                            g[3] = v_sigma * dx * dy;
+                            g[4] = 0.5f * v_sigma * dy * dy;
+                            g[0] = v_sigma * (a.w * dx + b.x * dy);
+                            g[1] = v_sigma * (b.x * dx + b.y * dy);
+                            g[8] = vis * v_alpha;
+                        } else {
+                            g[0] = g[1] = g[2] = g[3] = g[4] = g[8] = 0.f;
+                        }
+                        g[9] = fabsf(g[0]);
+                        g[10] = fabsf(g[1]);
+                        p.buf.x += b.z * fac;
+                        p.buf.y += b.w * fac;
+                        p.buf.z += cb * fac;
                     }
-                    g[9] = fabsf(g[0]);
-                    g[10] = fabsf(g[1]);
-                    p.buf.x += b.z * fac;
-                    p.buf.y += b.w * fac;
-                    p.buf.z += cb * fac;
                 }
             }
-            if (!__any_sync(0xffffffffu, valid)) continue;
+            if (!__any_sync(0xffffffffu, valid || stopped)) continue;
             if (!valid) {
 #pragma unroll
                 for (int c = 0; c < kGradComps; ++c) g[c] = 0.f;
             }
+            float *dst = s_acc + (k - chunk_lo) * kStride;
             if (BUTTERFLY) {
                 if (!ABS) g[9] = g[10] = 0.f;  // components >= K must be zero in every lane
-                const float total = warp_reduce_scatter16<K>(g, lane);
-                if (lane < K) atomicAdd(s_acc + (k - chunk_lo) * kGradComps + lane, total);
+                const float total = warp_reduce_scatter16<K, KMAX>(g, lane);
+                if (CONTRIB && lane == kContribComp) atomic_max_nonneg(dst + lane, total);
+                else if (lane < K && (ABS || lane < 9)) atomicAdd(dst + lane, total);
             } else {
 #pragma unroll
-                for (int c = 0; c < K; ++c) g[c] = warp_sum(g[c]);
+                for (int c = 0; c < K; ++c) {
+                    if (!ABS && (c == 9 || c == 10)) continue;
+                    g[c] = c == KMAX ? warp_max(g[c]) : warp_sum(g[c]);
+                }
                 if (lane == 0) {
-                    float *dst = s_acc + (k - chunk_lo) * kGradComps;
 #pragma unroll
-                    for (int c = 0; c < K; ++c) atomicAdd(dst + c, g[c]);
+                    for (int c = 0; c < K; ++c) {
+                        if (c == KMAX) atomic_max_nonneg(dst + c, g[c]);
+                        else if (ABS || c < 9) atomicAdd(dst + c, g[c]);
+                    }
                 }
             }
         }
         __syncthreads();
         // One global write per Gaussian and component for this tile.
-        const int n = (chunk_hi - chunk_lo) * kGradComps;
+        const int n = (chunk_hi - chunk_lo) * kStride;
         for (int i = threadIdx.x; i < n; i += kBlock) {
             const float v = s_acc[i];
             if (v != 0.f) {
-                const int slot = chunk_lo + i / kGradComps, c = i % kGradComps;
+                const int slot = chunk_lo + i / kStride, c = i % kStride;
                 const int64_t gid = s.id[slot];
                 if (c < 2) atomicAdd(v_means2d + 2 * gid + c, v);
                 else if (c < 5) atomicAdd(v_conics + 3 * gid + (c - 2), v);
                 else if (c < 8) atomicAdd(v_colors + 3 * gid + (c - 5), v);
                 else if (c == 8) atomicAdd(v_opacities + gid, v);
-                else if (ABS) atomicAdd(v_means2d_abs + 2 * gid + (c - 9), v);
+                else if (c < kGradComps) { if (ABS) atomicAdd(v_means2d_abs + 2 * gid + (c - 9), v); }
+                else if (CONTRIB) atomic_max_nonneg(contrib + gid, v);
                 s_acc[i] = 0.f;
             }
         }
         __syncthreads();
     }
+}
+
+// Host: f(std::bool_constant<flags>...) for the runtime flags, so that each combination of
+// features selects its own kernel instance (a feature that is off costs nothing in the others).
+template <class F>
+inline void dispatch_bools(F &&f) { f(); }
+template <class F, class... Rest>
+inline void dispatch_bools(F &&f, bool first, Rest... rest) {
+    if (first) dispatch_bools([&](auto... v) { f(std::true_type{}, v...); }, rest...);
+    else dispatch_bools([&](auto... v) { f(std::false_type{}, v...); }, rest...);
 }
 
 // Block-wide max / sum helpers (s_scratch: at least kWarps floats/ints; all threads call).

@@ -5,7 +5,8 @@
 // 8 neighbouring tiles, compute dL/drgb of splatfacto's loss (1-l)*L1 + l*(1-SSIM) for the tile's
 // pixels from rgb/gt over tile+-10 px, then walk the same Gaussians back to front and write each
 // Gaussian's 2D gradient once per tile. See docs/fused_ssim.md for why the SSIM part is exact and
-// why the wait cannot deadlock.
+// why the wait cannot deadlock. On request the backward walk also gathers the pruning score
+// (largest alpha*T per view and Gaussian, docs/pruning.md).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -17,7 +18,7 @@ namespace bytesplat {
 
 namespace {
 
-constexpr int kAccFloats = kChunk * kGradComps;
+constexpr int kAccFloats = kChunk * kAccComps;  // gradients + pruning score (used or not: same capacity)
 constexpr int kFixedBytes = (kSsimFloats + kAccFloats + 3 * kWarps) * 4;  // + reduction scratch
 
 enum Phase : int { kFused = 0, kForwardOnly = 1, kLossAndBackward = 2 };
@@ -29,11 +30,12 @@ struct Params {
     float *rgb, *alpha, *partials;
     int *flags, *counter;
     float *v_means2d, *v_conics, *v_colors, *v_opacities, *v_abs;
+    float *contrib;  // [C*N] pruning score, CONTRIB only
     float w_l1, w_ssim, C1, C2;
     float win[kWin];
 };
 
-template <bool ABS, bool BUTTERFLY>
+template <bool ABS, bool BUTTERFLY, bool CONTRIB>
 __global__ void __launch_bounds__(kBlock, 2) fused_loss_kernel(const Params P) {
     extern __shared__ float4 smem4[];
     SmemGaussians s;
@@ -73,7 +75,7 @@ __global__ void __launch_bounds__(kBlock, 2) fused_loss_kernel(const Params P) {
     // ---- forward: front to back, batches of `cap` (one batch when the tile fits on chip) ----
     float T = 1.f;
     float3 acc = make_float3(0.f, 0.f, 0.f);
-    int last = 0, loaded = -1;
+    int last = 0, stop = -1, loaded = -1;
     bool done = !inside;
     for (int b = 0; b * P.cap < n; ++b) {
         if (__syncthreads_count(done) == kBlock) break;
@@ -82,7 +84,7 @@ __global__ void __launch_bounds__(kBlock, 2) fused_loss_kernel(const Params P) {
                        P.opacities);
         loaded = b;
         __syncthreads();
-        composite_slots(s, cnt, b * P.cap, px, py, T, acc, last, done);
+        composite_slots(s, cnt, b * P.cap, px, py, T, acc, last, stop, done);
     }
     const float3 bgc = make_float3(P.bg[3 * cam], P.bg[3 * cam + 1], P.bg[3 * cam + 2]);
     const float raw[3] = {acc.x + T * bgc.x, acc.y + T * bgc.y, acc.z + T * bgc.z};
@@ -139,6 +141,7 @@ __global__ void __launch_bounds__(kBlock, 2) fused_loss_kernel(const Params P) {
     p.T = p.T_final = T;
     p.buf = make_float3(0.f, 0.f, 0.f);
     p.last = inside ? last : 0;
+    p.stop = inside ? stop : -1;
     // clamp() passes the gradient inside (0, 1); at exactly 0 or 1 it follows the installed
     // torch.clamp's rule (detected by the caller: strict in recent torch).
     float m[3];
@@ -146,7 +149,8 @@ __global__ void __launch_bounds__(kBlock, 2) fused_loss_kernel(const Params P) {
     for (int c = 0; c < 3; ++c) m[c] = clamp_grad_mask(raw[c], P.clamp_inclusive != 0);
     p.v_rgb = inside ? make_float3(dl[0] * m[0], dl[1] * m[1], dl[2] * m[2]) : make_float3(0.f, 0.f, 0.f);
     p.v_a = -(bgc.x * p.v_rgb.x + bgc.y * p.v_rgb.y + bgc.z * p.v_rgb.z);
-    const int max_last = block_max_int(p.last, s_int + 1);
+    // the walk's end: the stopping Gaussians (all in batches the forward loaded) count for the score
+    const int max_last = block_max_int(CONTRIB ? max(p.last, p.stop + 1) : p.last, s_int + 1);
     if (max_last == 0) return;
     for (int b = (max_last - 1) / P.cap; b >= 0; --b) {
         const int cnt = min(P.cap, n - b * P.cap);
@@ -158,8 +162,8 @@ __global__ void __launch_bounds__(kBlock, 2) fused_loss_kernel(const Params P) {
             __syncthreads();
         }
         const int hi = min(cnt, max_last - b * P.cap);
-        backward_slots<ABS, BUTTERFLY>(s, 0, hi, b * P.cap, p, s_acc, P.v_means2d, P.v_conics, P.v_colors,
-                            P.v_opacities, P.v_abs);
+        backward_slots<ABS, BUTTERFLY, CONTRIB>(s, 0, hi, b * P.cap, p, s_acc, P.v_means2d, P.v_conics,
+                                                P.v_colors, P.v_opacities, P.v_abs, P.contrib);
     }
 }
 
@@ -187,7 +191,8 @@ int64_t fused_capacity(int64_t blocks_per_sm) {
 }
 
 // Returns {rgb [C,H,W,3] (clamped), alpha [C,H,W,1], partials [C*tiles,2] (L1 sum, SSIM sum),
-// v_means2d, v_conics, v_colors, v_opacities, v_means2d_abs, info (CPU int64: two_phase, cap)}.
+// v_means2d, v_conics, v_colors, v_opacities, v_means2d_abs, info (CPU int64: two_phase, cap),
+// contribution [C*N] (the pruning score when `contribution`, else empty)}.
 // The gradients are of the loss itself (grad_output 1).
 std::vector<at::Tensor> fused_loss(const at::Tensor &means2d, const at::Tensor &conics,
                                    const at::Tensor &colors, const at::Tensor &opacities,
@@ -196,7 +201,7 @@ std::vector<at::Tensor> fused_loss(const at::Tensor &means2d, const at::Tensor &
                                    int64_t C, int64_t W, int64_t H, double ssim_lambda,
                                    const at::Tensor &window, int64_t cap_override,
                                    int64_t blocks_per_sm, bool absgrad, bool force_two_phase,
-                                   bool clamp_inclusive, bool butterfly) {
+                                   bool clamp_inclusive, bool butterfly, bool contribution) {
     for (const at::Tensor *t : {&means2d, &conics, &colors, &opacities, &backgrounds, &gt}) {
         TORCH_CHECK(t->is_cuda() && t->scalar_type() == at::kFloat && t->is_contiguous(),
                     "bytesplat: fused_loss inputs must be contiguous float32 CUDA tensors");
@@ -226,6 +231,7 @@ std::vector<at::Tensor> fused_loss(const at::Tensor &means2d, const at::Tensor &
     at::Tensor v_colors = at::zeros_like(colors);
     at::Tensor v_opacities = at::zeros_like(opacities);
     at::Tensor v_abs = absgrad ? at::zeros_like(means2d) : at::empty({0}, fopt);
+    at::Tensor contrib = contribution ? at::zeros({means2d.size(0)}, fopt) : at::empty({0}, fopt);
     at::Tensor sync = at::zeros({ntot + 1}, fopt.dtype(at::kInt));  // flags[ntot], counter
 
     Params P;
@@ -249,13 +255,17 @@ std::vector<at::Tensor> fused_loss(const at::Tensor &means2d, const at::Tensor &
     P.v_colors = v_colors.data_ptr<float>();
     P.v_opacities = v_opacities.data_ptr<float>();
     P.v_abs = absgrad ? v_abs.data_ptr<float>() : nullptr;
+    P.contrib = contribution ? contrib.data_ptr<float>() : nullptr;
     at::Tensor win = window.to(at::kFloat).contiguous();
     set_loss_constants(P, C, H, W, ssim_lambda, win.data_ptr<float>());  // cuda/ssim_tile.cuh
 
     // butterfly: the warp reduction of backward_slots (common.cuh); false = one warp_sum per
-    // component, kept for A/B runs (BYTESPLAT_BWD_REDUCE=shuffle).
-    auto kernel = absgrad ? (butterfly ? fused_loss_kernel<true, true> : fused_loss_kernel<true, false>)
-                          : (butterfly ? fused_loss_kernel<false, true> : fused_loss_kernel<false, false>);
+    // component, kept for A/B runs (BYTESPLAT_BWD_REDUCE=shuffle). contribution: the pruning score,
+    // a separate instance so that it costs nothing when off.
+    void (*kernel)(const Params) = nullptr;
+    dispatch_bools([&](auto abs, auto bfly, auto ctb) {
+        kernel = fused_loss_kernel<decltype(abs)::value, decltype(bfly)::value, decltype(ctb)::value>;
+    }, absgrad, butterfly, contribution);
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     int per_sm = 0, sms = 0;
     C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kBlock, smem));
@@ -287,7 +297,7 @@ std::vector<at::Tensor> fused_loss(const at::Tensor &means2d, const at::Tensor &
     ia[1] = (int64_t)cap;
     ia[2] = (int64_t)per_sm * sms;
     ia[3] = (int64_t)smem;
-    return {rgb, alpha, partials, v_means2d, v_conics, v_colors, v_opacities, v_abs, info};
+    return {rgb, alpha, partials, v_means2d, v_conics, v_colors, v_opacities, v_abs, info, contrib};
 }
 
 }  // namespace bytesplat

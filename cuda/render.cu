@@ -1,6 +1,8 @@
 // Plain tile rasterizer: forward (render colors, alphas, per-pixel T and last index) and backward
 // (2D gradients from dL/d render), one block per 16x16 tile. Used by rasterize_fused for
-// rendering with arbitrary losses (eval, viewer, custom training losses).
+// rendering with arbitrary losses (eval, viewer, custom training losses) and by the split schedule
+// of the fused loss, which can also ask the backward for the pruning score (docs/pruning.md): the
+// forward then records each pixel's stopping Gaussian.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -14,7 +16,7 @@ namespace {
 // One batch of kBlock Gaussians staged in shared memory at a time.
 constexpr int kBatch = kBlock;
 constexpr int kSmemGauss = kBatch * SmemGaussians::kBytes;
-constexpr int kSmemBytes = kSmemGauss + kChunk * kGradComps * 4 + 64;
+constexpr int kSmemBytes = kSmemGauss + kChunk * kAccComps * 4 + 64;
 
 __global__ void __launch_bounds__(kBlock) render_fwd_kernel(
     int W, int H, int tw, int th, const float *__restrict__ means2d,
@@ -22,7 +24,7 @@ __global__ void __launch_bounds__(kBlock) render_fwd_kernel(
     const float *__restrict__ opacities, const float *__restrict__ bg,
     const int32_t *__restrict__ offsets, const int32_t *__restrict__ flatten_ids,
     float *__restrict__ out_rgb, float *__restrict__ out_alpha, float *__restrict__ out_T,
-    int32_t *__restrict__ out_last) {
+    int32_t *__restrict__ out_last, int32_t *__restrict__ out_stop) {
     extern __shared__ float4 smem4[];
     SmemGaussians s;
     s.carve(reinterpret_cast<char *>(smem4), kBatch);
@@ -36,7 +38,7 @@ __global__ void __launch_bounds__(kBlock) render_fwd_kernel(
 
     float T = 1.f;
     float3 acc = make_float3(0.f, 0.f, 0.f);
-    int last = 0;
+    int last = 0, stop = -1;
     bool done = !inside;
     for (int b0 = start; b0 < end; b0 += kBatch) {
         // Also the barrier that frees the previous batch's shared memory.
@@ -44,7 +46,7 @@ __global__ void __launch_bounds__(kBlock) render_fwd_kernel(
         const int cnt = min(kBatch, end - b0);
         load_gaussians(s, flatten_ids, b0, cnt, means2d, conics, colors, opacities);
         __syncthreads();
-        composite_slots(s, cnt, b0 - start, px, py, T, acc, last, done);
+        composite_slots(s, cnt, b0 - start, px, py, T, acc, last, stop, done);
     }
     if (!inside) return;
     const int64_t pix = ((int64_t)cam * H + y) * W + x;
@@ -56,24 +58,26 @@ __global__ void __launch_bounds__(kBlock) render_fwd_kernel(
     out_alpha[pix] = 1.f - T;
     out_T[pix] = T;
     out_last[pix] = last;
+    if (out_stop != nullptr) out_stop[pix] = stop;
 }
 
-template <bool ABS, bool BUTTERFLY>
+template <bool ABS, bool BUTTERFLY, bool CONTRIB>
 __global__ void __launch_bounds__(kBlock) render_bwd_kernel(
     int W, int H, int tw, int th, const float *__restrict__ means2d,
     const float *__restrict__ conics, const float *__restrict__ colors,
     const float *__restrict__ opacities, const float *__restrict__ bg,
     const int32_t *__restrict__ offsets, const int32_t *__restrict__ flatten_ids,
     const float *__restrict__ T_final, const int32_t *__restrict__ last_ids,
-    const float *__restrict__ v_render, const float *__restrict__ v_alpha,
-    float *__restrict__ v_means2d, float *__restrict__ v_conics, float *__restrict__ v_colors,
-    float *__restrict__ v_opacities, float *__restrict__ v_means2d_abs) {
+    const int32_t *__restrict__ stop_ids, const float *__restrict__ v_render,
+    const float *__restrict__ v_alpha, float *__restrict__ v_means2d, float *__restrict__ v_conics,
+    float *__restrict__ v_colors, float *__restrict__ v_opacities, float *__restrict__ v_means2d_abs,
+    float *__restrict__ contrib) {
     extern __shared__ float4 smem4[];
     SmemGaussians s;
     char *p_end = s.carve(reinterpret_cast<char *>(smem4), kBatch);
     float *s_acc = reinterpret_cast<float *>(p_end);
-    int *s_red = reinterpret_cast<int *>(s_acc + kChunk * kGradComps);
-    for (int i = threadIdx.x; i < kChunk * kGradComps; i += kBlock) s_acc[i] = 0.f;
+    int *s_red = reinterpret_cast<int *>(s_acc + kChunk * kAccComps);
+    for (int i = threadIdx.x; i < kChunk * kAccComps; i += kBlock) s_acc[i] = 0.f;
 
     const int cam = blockIdx.z, tx = blockIdx.x, ty = blockIdx.y;
     const int t = (cam * th + ty) * tw + tx;
@@ -89,17 +93,20 @@ __global__ void __launch_bounds__(kBlock) render_bwd_kernel(
     p.v_a = 0.f;
     p.T = p.T_final = 1.f;
     p.last = 0;
+    p.stop = -1;
     if (inside) {
         const int64_t pix = ((int64_t)cam * H + y) * W + x;
         p.T = p.T_final = T_final[pix];
         p.last = last_ids[pix];
+        if (CONTRIB) p.stop = stop_ids[pix];
         p.v_rgb = make_float3(v_render[3 * pix], v_render[3 * pix + 1], v_render[3 * pix + 2]);
         float va = v_alpha != nullptr ? v_alpha[pix] : 0.f;
         if (bg != nullptr)
             va -= bg[3 * cam] * p.v_rgb.x + bg[3 * cam + 1] * p.v_rgb.y + bg[3 * cam + 2] * p.v_rgb.z;
         p.v_a = va;
     }
-    const int max_last = block_max_int(p.last, s_red);  // also syncs s_acc's zeroing
+    // also syncs s_acc's zeroing; the stopping Gaussians count for the score
+    const int max_last = block_max_int(CONTRIB ? max(p.last, p.stop + 1) : p.last, s_red);
     if (max_last == 0 || end <= start) return;
     for (int b = (max_last - 1) / kBatch; b >= 0; --b) {
         const int cnt = min(kBatch, end - start - b * kBatch);
@@ -107,8 +114,8 @@ __global__ void __launch_bounds__(kBlock) render_bwd_kernel(
         load_gaussians(s, flatten_ids, start + b * kBatch, cnt, means2d, conics, colors, opacities);
         __syncthreads();
         const int hi = min(cnt, max_last - b * kBatch);
-        backward_slots<ABS, BUTTERFLY>(s, 0, hi, b * kBatch, p, s_acc, v_means2d, v_conics, v_colors,
-                            v_opacities, v_means2d_abs);
+        backward_slots<ABS, BUTTERFLY, CONTRIB>(s, 0, hi, b * kBatch, p, s_acc, v_means2d, v_conics,
+                                                v_colors, v_opacities, v_means2d_abs, contrib);
     }
 }
 
@@ -126,11 +133,13 @@ void check_inputs(const at::Tensor &means2d, const at::Tensor &conics, const at:
 
 }  // namespace
 
+// Returns {rgb [C,H,W,3] (+ T*bg), alpha [C,H,W,1], T [C,H,W], last [C,H,W] int32, stop [C,H,W]
+// int32 (list index of the Gaussian that saturated the pixel, -1: none; empty unless with_stop)}.
 std::vector<at::Tensor> render_fwd(const at::Tensor &means2d, const at::Tensor &conics,
                                    const at::Tensor &colors, const at::Tensor &opacities,
                                    const c10::optional<at::Tensor> &backgrounds,
                                    const at::Tensor &offsets, const at::Tensor &flatten_ids,
-                                   int64_t C, int64_t W, int64_t H) {
+                                   int64_t C, int64_t W, int64_t H, bool with_stop) {
     check_inputs(means2d, conics, colors, opacities, offsets, flatten_ids);
     const at::cuda::CUDAGuard guard(means2d.device());
     const int tw = (W + kTile - 1) / kTile, th = (H + kTile - 1) / kTile;
@@ -140,7 +149,8 @@ std::vector<at::Tensor> render_fwd(const at::Tensor &means2d, const at::Tensor &
     at::Tensor alpha = at::empty({C, H, W, 1}, fopt);
     at::Tensor T = at::empty({C, H, W}, fopt);
     at::Tensor last = at::empty({C, H, W}, fopt.dtype(at::kInt));
-    if (C == 0 || W == 0 || H == 0) return {rgb, alpha, T, last};
+    at::Tensor stop = at::empty({with_stop ? C : 0, H, W}, fopt.dtype(at::kInt));
+    if (C == 0 || W == 0 || H == 0) return {rgb, alpha, T, last, stop};
     at::Tensor bg_keep = backgrounds.has_value() ? backgrounds->contiguous() : at::Tensor();
     const float *bg = backgrounds.has_value() ? bg_keep.data_ptr<float>() : nullptr;
     auto stream = at::cuda::getCurrentCUDAStream();
@@ -149,9 +159,9 @@ std::vector<at::Tensor> render_fwd(const at::Tensor &means2d, const at::Tensor &
         W, H, tw, th, means2d.data_ptr<float>(), conics.data_ptr<float>(), colors.data_ptr<float>(),
         opacities.data_ptr<float>(), bg, offsets.data_ptr<int32_t>(),
         flatten_ids.data_ptr<int32_t>(), rgb.data_ptr<float>(), alpha.data_ptr<float>(),
-        T.data_ptr<float>(), last.data_ptr<int32_t>());
+        T.data_ptr<float>(), last.data_ptr<int32_t>(), with_stop ? stop.data_ptr<int32_t>() : nullptr);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    return {rgb, alpha, T, last};
+    return {rgb, alpha, T, last, stop};
 }
 
 std::vector<at::Tensor> render_bwd(const at::Tensor &means2d, const at::Tensor &conics,
@@ -161,8 +171,12 @@ std::vector<at::Tensor> render_bwd(const at::Tensor &means2d, const at::Tensor &
                                    int64_t C, int64_t W, int64_t H, const at::Tensor &T_final,
                                    const at::Tensor &last, const at::Tensor &v_render,
                                    const c10::optional<at::Tensor> &v_alpha, bool absgrad,
-                                   bool butterfly) {
+                                   bool butterfly, bool contribution,
+                                   const c10::optional<at::Tensor> &stop) {
     check_inputs(means2d, conics, colors, opacities, offsets, flatten_ids);
+    TORCH_CHECK(!contribution || (stop.has_value() && stop->scalar_type() == at::kInt &&
+                                  stop->numel() == T_final.numel()),
+                "bytesplat: the contribution needs render_fwd's stop indices (with_stop=True)");
     const at::cuda::CUDAGuard guard(means2d.device());
     const int tw = (W + kTile - 1) / kTile, th = (H + kTile - 1) / kTile;
     at::Tensor v_means2d = at::zeros_like(means2d);
@@ -170,8 +184,10 @@ std::vector<at::Tensor> render_bwd(const at::Tensor &means2d, const at::Tensor &
     at::Tensor v_colors = at::zeros_like(colors);
     at::Tensor v_opacities = at::zeros_like(opacities);
     at::Tensor v_abs = absgrad ? at::zeros_like(means2d) : at::empty({0}, means2d.options());
+    at::Tensor contrib = at::zeros({contribution ? means2d.size(0) : 0}, means2d.options());
     if (C == 0 || W == 0 || H == 0 || flatten_ids.numel() == 0)
-        return {v_means2d, v_conics, v_colors, v_opacities, v_abs};
+        return {v_means2d, v_conics, v_colors, v_opacities, v_abs, contrib};
+    at::Tensor stop_keep = contribution ? stop->contiguous() : at::Tensor();
     at::Tensor bg_keep = backgrounds.has_value() ? backgrounds->contiguous() : at::Tensor();
     const float *bg = backgrounds.has_value() ? bg_keep.data_ptr<float>() : nullptr;
     at::Tensor vr = v_render.contiguous();
@@ -184,21 +200,19 @@ std::vector<at::Tensor> render_bwd(const at::Tensor &means2d, const at::Tensor &
             W, H, tw, th, means2d.data_ptr<float>(), conics.data_ptr<float>(),
             colors.data_ptr<float>(), opacities.data_ptr<float>(), bg, offsets.data_ptr<int32_t>(),
             flatten_ids.data_ptr<int32_t>(), T_final.data_ptr<float>(), last.data_ptr<int32_t>(),
-            vr.data_ptr<float>(), va, v_means2d.data_ptr<float>(), v_conics.data_ptr<float>(),
-            v_colors.data_ptr<float>(), v_opacities.data_ptr<float>(),
-            absgrad ? v_abs.data_ptr<float>() : nullptr);
+            contribution ? stop_keep.data_ptr<int32_t>() : nullptr, vr.data_ptr<float>(), va,
+            v_means2d.data_ptr<float>(), v_conics.data_ptr<float>(), v_colors.data_ptr<float>(),
+            v_opacities.data_ptr<float>(), absgrad ? v_abs.data_ptr<float>() : nullptr,
+            contribution ? contrib.data_ptr<float>() : nullptr);
     };
     // butterfly: the warp reduction of backward_slots (common.cuh); false = one warp_sum per
-    // component, kept for A/B runs (BYTESPLAT_BWD_REDUCE=shuffle).
-    if (absgrad) {
-        if (butterfly) launch(render_bwd_kernel<true, true>);
-        else launch(render_bwd_kernel<true, false>);
-    } else {
-        if (butterfly) launch(render_bwd_kernel<false, true>);
-        else launch(render_bwd_kernel<false, false>);
-    }
+    // component, kept for A/B runs (BYTESPLAT_BWD_REDUCE=shuffle). contribution: the pruning score
+    // (its own kernel instance, so it costs nothing when off).
+    dispatch_bools([&](auto abs, auto bfly, auto ctb) {
+        launch(render_bwd_kernel<decltype(abs)::value, decltype(bfly)::value, decltype(ctb)::value>);
+    }, absgrad, butterfly, contribution);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    return {v_means2d, v_conics, v_colors, v_opacities, v_abs};
+    return {v_means2d, v_conics, v_colors, v_opacities, v_abs, contrib};
 }
 
 }  // namespace bytesplat

@@ -3,9 +3,10 @@
 ``butterfly_step`` / ``warp_reduce_scatter16`` below mirror the CUDA functions of the same names
 line by line, over all 32 lanes of a warp at once (``__shfl_xor_sync(v, o)`` read by lane l is lane
 l ^ o's v). The tests check the documented lane <-> component mapping (the warp total of component
-c ends in lanes c and c + 16), the invariant after every step, the shuffle counts, and that the
+c ends in lanes c and c + 16), the invariant after every step, the shuffle counts, that the
 kernel's atomicAdd pattern (lanes 0..K-1, one add each) fills s_acc like the per-component warp
-sums of the original path. ``test_cuda_source_matches_emulation`` pins the CUDA lines the
+sums of the original path, and that the pruning score (component KMAX = 11, combined with max
+instead of +) comes out as the warp max at no extra shuffle, the other components unchanged. ``test_cuda_source_matches_emulation`` pins the CUDA lines the
 emulation copies, so an edit of one without the other fails on CPU.
 """
 
@@ -21,6 +22,8 @@ COMMON = Path(__file__).resolve().parent.parent / "cuda" / "common.cuh"
 LANES = np.arange(32)
 K_GRAD_COMPS = 11  # kGradComps
 K_GRAD_PAD = 16  # kGradPad
+K_CONTRIB = 11  # kContribComp
+K_ACC_COMPS = 12  # kAccComps
 
 
 class Warp:
@@ -37,7 +40,7 @@ class Warp:
 # ---- mirror of cuda/common.cuh (lane-vectorized: axis 0 is the lane) ----
 
 
-def butterfly_step(warp: Warp, inp: np.ndarray, N: int, S: int, K: int) -> np.ndarray:
+def butterfly_step(warp: Warp, inp: np.ndarray, N: int, S: int, K: int, KMAX: int = -1) -> np.ndarray:
     assert inp.shape == (32, N)
     lane = LANES
     out = np.empty((32, N // 2), dtype=inp.dtype)
@@ -49,19 +52,25 @@ def butterfly_step(warp: Warp, inp: np.ndarray, N: int, S: int, K: int) -> np.nd
         lo, hi = inp[:, 2 * j], inp[:, 2 * j + 1]  # const float lo = in[2 * j], hi = in[2 * j + 1];
         keep = np.where(bit, hi, lo)  # const float keep = bit ? hi : lo;
         send = np.where(bit, lo, hi)  # const float send = bit ? lo : hi;
-        out[:, j] = keep + warp.shfl_xor(send, 1 << S)  # out[j] = keep + __shfl_xor_sync(.., send, 1 << S);
+        recv = warp.shfl_xor(send, 1 << S)  # const float recv = __shfl_xor_sync(.., send, 1 << S);
+        low = KMAX - (j << (S + 1))  # const int low = KMAX - (j << (S + 1));
+        # const bool is_max = low >= 0 && low < (2 << S) && (lane & ((2 << S) - 1)) == low;
+        is_max = (low >= 0) & (low < (2 << S)) & ((lane & ((2 << S) - 1)) == low)
+        out[:, j] = np.where(is_max, np.maximum(keep, recv), keep + recv)  # is_max ? fmaxf(..) : keep + recv
     return out
 
 
-def warp_reduce_scatter16(warp: Warp, v: np.ndarray, K: int, trace=None) -> np.ndarray:
-    assert 1 <= K <= K_GRAD_PAD and v.shape == (32, K_GRAD_PAD)
-    a8 = butterfly_step(warp, v, 16, 0, K)  # butterfly_step<16, 0, K>(v, a8, lane);
-    a4 = butterfly_step(warp, a8, 8, 1, K)  # butterfly_step<8, 1, K>(a8, a4, lane);
-    a2 = butterfly_step(warp, a4, 4, 2, K)  # butterfly_step<4, 2, K>(a4, a2, lane);
-    a1 = butterfly_step(warp, a2, 2, 3, K)  # butterfly_step<2, 3, K>(a2, a1, lane);
+def warp_reduce_scatter16(warp: Warp, v: np.ndarray, K: int, trace=None, KMAX: int = -1) -> np.ndarray:
+    assert 1 <= K <= K_GRAD_PAD and v.shape == (32, K_GRAD_PAD) and KMAX < K
+    a8 = butterfly_step(warp, v, 16, 0, K, KMAX)  # butterfly_step<16, 0, K, KMAX>(v, a8, lane);
+    a4 = butterfly_step(warp, a8, 8, 1, K, KMAX)  # butterfly_step<8, 1, K, KMAX>(a8, a4, lane);
+    a2 = butterfly_step(warp, a4, 4, 2, K, KMAX)  # butterfly_step<4, 2, K, KMAX>(a4, a2, lane);
+    a1 = butterfly_step(warp, a2, 2, 3, K, KMAX)  # butterfly_step<2, 3, K, KMAX>(a2, a1, lane);
     if trace is not None:
         trace.extend([a8, a4, a2, a1])
-    return a1[:, 0] + warp.shfl_xor(a1[:, 0], 16)  # return a1[0] + __shfl_xor_sync(.., a1[0], 16);
+    recv = warp.shfl_xor(a1[:, 0], 16)  # const float recv = __shfl_xor_sync(.., a1[0], 16);
+    # return (lane & 15) == KMAX ? fmaxf(a1[0], recv) : a1[0] + recv;
+    return np.where((LANES & 15) == KMAX, np.maximum(a1[:, 0], recv), a1[:, 0] + recv)
 
 
 # ---- the documented mapping ----
@@ -165,11 +174,45 @@ def test_block_accumulation_matches_shuffle_path(abs_grad):
         assert np.all(s[:, 9:] == 0)
 
 
+@pytest.mark.parametrize("abs_grad,shuffles", [(True, 13), (False, 13)])
+def test_pruning_score_is_the_warp_max_at_no_extra_shuffle(abs_grad, shuffles):
+    """CONTRIB: K = 12 with component 11 max-reduced (K 11 -> 12 keeps 13 shuffles; without absgrad
+    components 9 and 10 are zero, 12 -> 13). Lane 11 (and 27) hold the warp max of the non-negative
+    scores; every other component is the same warp sum as without the score."""
+    K = K_CONTRIB + 1
+    rng = np.random.default_rng(11 if abs_grad else 12)
+    for _ in range(20):
+        v = _inputs(rng, K)
+        v[:, K_CONTRIB] = np.abs(v[:, K_CONTRIB]) * (rng.random(32) < 0.7)  # scores >= 0, some lanes none
+        if not abs_grad:
+            v[:, 9] = v[:, 10] = 0
+        warp = Warp()
+        trace = []
+        total = warp_reduce_scatter16(warp, v, K, trace, KMAX=K_CONTRIB)
+        assert warp.shuffles == shuffles
+        assert total[K_CONTRIB] == total[K_CONTRIB + 16] == v[:, K_CONTRIB].max()
+        sums = v.sum(0)
+        for c in range(K_CONTRIB):
+            assert total[c] == total[c + 16] == sums[c], c
+        # and the per-step invariant still holds for the summed components
+        for S, a in enumerate(trace):
+            exp = expected_after_step(v, S)
+            span = 1 << (S + 1)
+            for j in range(a.shape[1]):
+                for lane in range(32):
+                    c = j * span + (lane & (span - 1))
+                    if j * span < K and c != K_CONTRIB:
+                        assert a[lane, j] == exp[lane, j], (S, j, lane)
+    # with the score, the lanes that add: 0..10 (0..8 without absgrad) add, lane 11 takes the max
+    lanes_add = [lane for lane in range(32) if lane != K_CONTRIB and lane < K and (abs_grad or lane < 9)]
+    assert lanes_add == list(range(K_GRAD_COMPS if abs_grad else 9))
+
+
 def test_cuda_source_matches_emulation():
     """The lines the emulation mirrors are in cuda/common.cuh verbatim (whitespace-normalised)."""
     src = re.sub(r"\s+", " ", COMMON.read_text())
     for line in (
-        "template <int N, int S, int K> __device__ __forceinline__ void butterfly_step("
+        "template <int N, int S, int K, int KMAX> __device__ __forceinline__ void butterfly_step("
         "const float (&in)[N], float (&out)[N / 2], int lane) {",
         "const bool bit = (lane >> S) & 1;",
         "for (int j = 0; j < N / 2; ++j) {",
@@ -178,18 +221,28 @@ def test_cuda_source_matches_emulation():
         "const float lo = in[2 * j], hi = in[2 * j + 1];",
         "const float keep = bit ? hi : lo;",
         "const float send = bit ? lo : hi;",
-        "out[j] = keep + __shfl_xor_sync(0xffffffffu, send, 1 << S);",
+        "const float recv = __shfl_xor_sync(0xffffffffu, send, 1 << S);",
+        "const int low = KMAX - (j << (S + 1));",
+        "const bool is_max = low >= 0 && low < (2 << S) && (lane & ((2 << S) - 1)) == low;",
+        "out[j] = is_max ? fmaxf(keep, recv) : keep + recv;",
         "float a8[8], a4[4], a2[2], a1[1];",
-        "butterfly_step<16, 0, K>(v, a8, lane);",
-        "butterfly_step<8, 1, K>(a8, a4, lane);",
-        "butterfly_step<4, 2, K>(a4, a2, lane);",
-        "butterfly_step<2, 3, K>(a2, a1, lane);",
-        "return a1[0] + __shfl_xor_sync(0xffffffffu, a1[0], 16);",
-        "constexpr int K = ABS ? kGradComps : 9;",
+        "butterfly_step<16, 0, K, KMAX>(v, a8, lane);",
+        "butterfly_step<8, 1, K, KMAX>(a8, a4, lane);",
+        "butterfly_step<4, 2, K, KMAX>(a4, a2, lane);",
+        "butterfly_step<2, 3, K, KMAX>(a2, a1, lane);",
+        "const float recv = __shfl_xor_sync(0xffffffffu, a1[0], 16);",
+        "return (lane & 15) == KMAX ? fmaxf(a1[0], recv) : a1[0] + recv;",
+        "constexpr int K = CONTRIB ? kContribComp + 1 : (ABS ? kGradComps : 9);",
+        "constexpr int KMAX = CONTRIB ? kContribComp : -1;",
+        "constexpr int kStride = CONTRIB ? kAccComps : kGradComps;",
         "if (!ABS) g[9] = g[10] = 0.f;",
-        "const float total = warp_reduce_scatter16<K>(g, lane);",
-        "if (lane < K) atomicAdd(s_acc + (k - chunk_lo) * kGradComps + lane, total);",
+        "const float total = warp_reduce_scatter16<K, KMAX>(g, lane);",
+        "float *dst = s_acc + (k - chunk_lo) * kStride;",
+        "if (CONTRIB && lane == kContribComp) atomic_max_nonneg(dst + lane, total);",
+        "else if (lane < K && (ABS || lane < 9)) atomicAdd(dst + lane, total);",
         "constexpr int kGradComps = 11;",
         "constexpr int kGradPad = 16;",
+        "constexpr int kContribComp = kGradComps;",
+        "constexpr int kAccComps = kGradComps + 1;",
     ):
         assert line in src, f"cuda/common.cuh no longer contains: {line}"

@@ -87,23 +87,59 @@ def twin_composite(m, c, col, o, bg, offsets, fids, C, W, H, absbuf: Optional[to
     return out[..., :3], 1 - out[..., 3:], out[..., 3]
 
 
+@torch.no_grad()
+def twin_contribution(m, c, o, offsets, fids, C, W, H):
+    """The pruning score as the backward kernels gather it, in torch: walking each tile's list (the
+    fused binning) front to back, the largest alpha*T each entry gets at a pixel of the tile, the
+    Gaussian that stops a pixel counting with the T in front of it. [C*N]."""
+    tw, th = math.ceil(W / F.TILE_SIZE), math.ceil(H / F.TILE_SIZE)
+    offs = offsets.long().tolist()
+    out = torch.zeros(m.shape[0], dtype=m.dtype)
+    for cam in range(C):
+        for t in range(tw * th):
+            tx, ty = t % tw, t // tw
+            xs = torch.arange(tx * F.TILE_SIZE, min((tx + 1) * F.TILE_SIZE, W))
+            ys = torch.arange(ty * F.TILE_SIZE, min((ty + 1) * F.TILE_SIZE, H))
+            py, px = torch.meshgrid(ys, xs, indexing="ij")
+            ids = fids[offs[cam * tw * th + t]: offs[cam * tw * th + t + 1]].long()
+            if ids.numel() == 0:
+                continue
+            dx = m[ids, 0][:, None] - (px.flatten().float() + 0.5)[None, :]  # [K,P]
+            dy = m[ids, 1][:, None] - (py.flatten().float() + 0.5)[None, :]
+            cc = c[ids]
+            sigma = 0.5 * (cc[:, 0:1] * dx * dx + cc[:, 2:3] * dy * dy) + cc[:, 1:2] * dx * dy
+            alpha = torch.clamp(o[ids][:, None] * torch.exp(-sigma), max=0.999)
+            alpha = alpha * ((sigma >= 0) & (alpha >= 1.0 / 255.0))
+            T_incl = torch.cumprod(1 - alpha, 0)
+            T_excl = torch.cat([torch.ones_like(T_incl[:1]), T_incl[:-1]], 0)
+            # up to the stopping Gaussian T in front is the composited one; behind it, <= 1e-4
+            w = alpha * T_excl * (T_excl > 1e-4)
+            out.scatter_reduce_(0, ids, w.amax(1), reduce="amax")
+    return out
+
+
 class TorchOps:
     """Same signatures and outputs as the compiled extension (cuda/bindings.cpp)."""
 
     def __init__(self):
         self.calls = {"render_fwd": 0, "render_bwd": 0, "fused_loss": 0, "loss_grad": 0}
         self.butterfly = []  # (entry point, butterfly flag) per backward launch
+        self.contribution = []  # (entry point, contribution flag) per backward launch
 
-    def render_fwd(self, m, c, col, o, bg, offsets, fids, C, W, H):
+    def render_fwd(self, m, c, col, o, bg, offsets, fids, C, W, H, with_stop):
         self.calls["render_fwd"] += 1
+        assert isinstance(with_stop, bool)
         rgb, alpha, T = twin_composite(m, c, col, o, bg, offsets, fids, C, W, H)
-        return rgb, alpha, T, torch.zeros(C, H, W, dtype=torch.int32)
+        stop = torch.full((C if with_stop else 0, H, W), -1, dtype=torch.int32)
+        return rgb, alpha, T, torch.zeros(C, H, W, dtype=torch.int32), stop
 
     def render_bwd(self, m, c, col, o, bg, offsets, fids, C, W, H, T, last, v_rgb, v_alpha, absgrad,
-                   butterfly):
+                   butterfly, contribution, stop):
         self.calls["render_bwd"] += 1
-        assert isinstance(butterfly, bool)
+        assert isinstance(butterfly, bool) and isinstance(contribution, bool)
+        assert (stop is not None) == contribution and (stop is None or stop.shape == (C, H, W))
         self.butterfly.append(("render_bwd", butterfly))
+        self.contribution.append(("render_bwd", contribution))
         ins = [t.detach().clone().requires_grad_(True) for t in (m, c, col, o)]
         absbuf = torch.zeros_like(m) if absgrad else None
         with torch.enable_grad():
@@ -111,7 +147,8 @@ class TorchOps:
             va = v_alpha if v_alpha is not None else torch.zeros_like(alpha)
             grads = torch.autograd.grad((rgb, alpha), ins, (v_rgb, va), allow_unused=True)
         grads = [g if g is not None else torch.zeros_like(x) for g, x in zip(grads, ins)]
-        return (*grads, absbuf if absgrad else torch.empty(0))
+        contrib = twin_contribution(m, c, o, offsets, fids, C, W, H) if contribution else torch.empty(0)
+        return (*grads, absbuf if absgrad else torch.empty(0), contrib)
 
     def loss_grad(self, render, gt, ssim_lambda, window, clamp_inclusive):
         """cuda/loss_grad.cu: dL/d render of splatfacto's loss of clamp(render) (torch.clamp's own
@@ -137,12 +174,13 @@ class TorchOps:
         return v_render, rgb.detach(), partials
 
     def fused_loss(self, m, c, col, o, bg, gt, offsets, fids, C, W, H, ssim_lambda, window, cap,
-                   blocks_per_sm, absgrad, force_two_phase, clamp_inclusive, butterfly):
+                   blocks_per_sm, absgrad, force_two_phase, clamp_inclusive, butterfly, contribution):
         from pytorch_msssim import SSIM
 
         self.calls["fused_loss"] += 1
-        assert isinstance(butterfly, bool)
+        assert isinstance(butterfly, bool) and isinstance(contribution, bool)
         self.butterfly.append(("fused_loss", butterfly))
+        self.contribution.append(("fused_loss", contribution))
         assert window.device.type == "cpu" and window.numel() == F.SSIM_WIN_SIZE
         ins = [t.detach().clone().requires_grad_(True) for t in (m, c, col, o)]
         absbuf = torch.zeros_like(m) if absgrad else None
@@ -160,8 +198,9 @@ class TorchOps:
         partials[0, 0] = l1.detach() * (C * H * W * 3)  # the host divides by the counts
         partials[0, 1] = ssim.detach() * (C * 3 * (H - F.SSIM_WIN_SIZE + 1) * (W - F.SSIM_WIN_SIZE + 1))
         info = torch.tensor([int(force_two_phase), int(cap or 1920), 264, 0], dtype=torch.long)
+        contrib = twin_contribution(m, c, o, offsets, fids, C, W, H) if contribution else torch.empty(0)
         return (rgb.detach(), alpha.detach(), partials, *grads,
-                absbuf if absgrad else torch.empty(0), info)
+                absbuf if absgrad else torch.empty(0), info, contrib)
 
 
 @pytest.fixture
@@ -341,6 +380,47 @@ def test_fused_render_loss_glue_matches_reference(torch_ops, absgrad, mode):
     assert inf["kernel"]["schedule"] == mode and inf["kernel"]["two_phase"] == (mode == "two_launch")
     assert not rgb_f.requires_grad and not alpha_f.requires_grad
     assert abs(inf["l1"].item() - torch.abs(gt - render_r.clamp(0, 1)).mean().item()) <= 1e-6
+
+
+@pytest.mark.parametrize("mode", F.FUSED_MODES)
+def test_fused_render_loss_contribution_glue(torch_ops, mode):
+    """fused_render_loss(contribution=True): the flag reaches the schedule's backward entry point
+    (fused_loss; render_fwd's stop indices -> render_bwd for split), info["contribution"] is [C,N]
+    and, from the stand-in's tile-list walk (what the kernels do), equals the pruning module's
+    definition (contribution_scores_2d, the reference rasterizer's binning) on a multi-view scene
+    with hidden Gaussians; loss and gradients do not change. Off (the default): no key, flag False.
+    The stop rule's scene is tests/contribution_scenes.py (test_pruning.py, test_fused_gpu.py)."""
+    from bytesplat_ns.pruning import contribution_scores_2d, scores_from_info
+
+    scene = make_scene(N=160, C=3, W=45, H=38, seed=9)
+    scene["scales"] = scene["scales"] * 4  # overlapping, mostly opaque: some Gaussians are hidden entirely
+    scene["opacities"] = 0.6 + 0.39 * torch.rand(160, generator=torch.Generator().manual_seed(1))
+    C, H, W = 3, scene["height"], scene["width"]
+    gt = torch.rand(C, H, W, 3, generator=torch.Generator().manual_seed(8))
+    runs = {}
+    for contribution in (False, True):
+        torch_ops.contribution.clear()
+        p = _params(scene)
+        loss, _, _, info = F.fused_render_loss(*_args(p, scene), gt, sh_degree=2, mode=mode, contribution=contribution)
+        loss.backward()
+        entry = "render_bwd" if mode == "split" else "fused_loss"
+        assert torch_ops.contribution == [(entry, contribution)]
+        assert info["kernel"]["contribution"] == contribution
+        runs[contribution] = (loss.item(), {k: v.grad for k, v in p.items()}, info)
+    assert "contribution" not in runs[False][2]
+    assert runs[False][0] == runs[True][0]
+    for k, g in runs[False][1].items():
+        assert torch.equal(g, runs[True][1][k]), k
+    info = runs[True][2]
+    got = info["contribution"]
+    N = scene["means"].shape[0]
+    assert got.shape == (C, N) and got.dtype == torch.float32 and not got.requires_grad
+    want = contribution_scores_2d(info["means2d"], info["conics"], info["opacities"], info["radii"], info["depths"],
+                                  W, H)
+    assert (got - want).abs().max().item() <= 2e-6
+    assert int((want > 0.1).sum()) >= 20 and int(((want == 0) & (info["radii"] > 0)).sum()) >= 5
+    # the pruner reads it instead of the torch pass
+    assert torch.equal(scores_from_info(info), got.amax(0))
 
 
 @pytest.mark.parametrize("env,expect", [(None, F.DEFAULT_MODE), ("split", "split"), (" Split ", "split"),
@@ -708,3 +788,45 @@ def test_model_fused_backend_with_a_mask_or_a_tiny_image_trains_like_reference(t
         assert abs(lf - lr) <= 1e-5 * abs(lr), (W, H, lf, lr)
         for n in gr:
             assert rel_err(gf[n], gr[n]) <= 1e-4, (W, H, n)
+
+
+@pytest.mark.parametrize("mode,entry", [("two_launch", "fused_loss"), ("split", "render_bwd")])
+def test_model_fused_step_gathers_the_pruning_score(torch_ops, monkeypatch, mode, entry):
+    """hw-prune on with the fused backend: the training steps that feed the pruning score ask the
+    fused kernel for it (contribution=True only there; ``entry``: the schedule's backward), and the
+    pruner takes info["contribution"] instead of running the torch pass (which this test forbids);
+    the score it keeps is the definition's. Prunes right after gsplat's refine step."""
+    from bytesplat_ns import pruning
+    from bytesplat_ns.model import GAUSSIAN_PARAM_NAMES
+
+    monkeypatch.setenv("BYTESPLAT_FUSED_MODE", mode)
+    definition = pruning.contribution_scores_2d
+
+    def forbidden(*a, **k):
+        raise AssertionError("the torch scoring pass ran although the fused kernel gathered the score")
+
+    monkeypatch.setattr(pruning, "contribution_scores_2d", forbidden)
+    seed_points = seed_cloud()
+    views = train_views()
+    images = [target_image(seed=10 + i) for i in range(len(views))]
+    model = make_model("reference", seed_points, hw_prune="on", hw_prune_capacity=40, hw_prune_window=3,
+                       hw_prune_every_refines=2, **TRAINED_OVERRIDES)
+    model._backend = "fused"
+    optimizers = {n: torch.optim.Adam([model.gauss_params[n]], lr=1e-2, eps=1e-15) for n in GAUSSIAN_PARAM_NAMES}
+    bg = torch.tensor([0.3, 0.6, 0.2])
+    pruner = None
+    for step in range(0, 12):  # step 0 is before the score window of the first prune step (1-10)
+        torch_ops.contribution.clear()
+        model_train_step(model, views[step % 4], images[step % 4], step, bg, optimizers)
+        pruner = model.hw_pruner
+        assert torch_ops.contribution == [(entry, pruner.scores_step(step))], step
+        if pruner.scores_step(step) and step % pruner.period != 0:
+            info = model.info
+            want = definition(info["means2d"], info["conics"], info["opacities"], info["radii"], info["depths"],
+                              int(info["width"]), int(info["height"]))
+            assert (info["contribution"] - want).abs().max().item() <= 2e-6
+            assert bool((model.strategy_state[pruning.SCORE_KEY][:, 0] >= info["contribution"].amax(0)).all())
+    # refine_every 5, every 2nd refine: period 10; gsplat refines at 10 (> warmup 4, outside its pause)
+    assert pruner.period == 10 and pruner.first_score == 1 and not pruner.scores_step(0)
+    assert [s["step"] for s in pruner.history] == [10]
+    assert pruner.history[0]["tiles"] > 0 and pruner.history[0]["removed"] > 0

@@ -4,7 +4,9 @@ Tolerances (fp32 both sides): images max|a-b|/max|b| <= 1e-5, every gradient <= 
 Covers: rasterize_fused (forward + our backward kernel) and fused_render_loss (render + loss +
 backward in one launch) with empty tiles, over-capacity tiles (streaming path), sizes not
 divisible by 16, backgrounds, several views per launch, absgrad and the two-launch fallback;
-every loss case also under the split schedule (render_fwd -> loss_grad -> render_bwd).
+every loss case also under the split schedule (render_fwd -> loss_grad -> render_bwd); the
+pruning score gathered by the backward kernels (``contribution=True``) against
+``pruning.contribution_scores_2d`` in every schedule.
 """
 
 from __future__ import annotations
@@ -398,6 +400,129 @@ def test_bwd_reduce_butterfly_matches_shuffle(absgrad, monkeypatch):
     if absgrad:
         extra.append(("means2d.absgrad", ib["means2d"].absgrad, ir["means2d"].absgrad))
     _compare_grads(pb, pr, extra)
+
+
+# ---------------------------------------------------------------------------------------------
+# The pruning score gathered in the backward kernels (docs/pruning.md, "Contribution score")
+# ---------------------------------------------------------------------------------------------
+
+# fp32 on both sides: the kernel recovers T by division on the way back (relative error grows with
+# the number of composited Gaussians behind, ~1e-5 for hundreds), the torch definition multiplies
+# forward; scores are in [0, 0.999]
+CONTRIB_ATOL = 1e-5
+CONTRIB_RTOL = 1e-4
+CONTRIB_SCHEDULES = ("one_launch", "two_launch", "split")
+
+
+def _score_errors(got, info):
+    """|kernel - contribution_scores_2d| and its tolerance, [C,N], from the same projected inputs."""
+    from bytesplat_ns.pruning import contribution_scores_2d
+
+    want = contribution_scores_2d(info["means2d"], info["conics"], info["opacities"], info["radii"], info["depths"],
+                                  int(info["width"]), int(info["height"]))
+    assert got.shape == want.shape and got.dtype == torch.float32 and got.device == want.device
+    return (got - want).abs(), CONTRIB_ATOL + CONTRIB_RTOL * want.abs(), want
+
+
+@pytest.mark.parametrize("schedule", CONTRIB_SCHEDULES)
+@pytest.mark.parametrize("case", LOSS_CASES, ids=[c[0] for c in LOSS_CASES])
+def test_contribution_matches_torch_definition(case, schedule):
+    """fused_render_loss(contribution=True) in every schedule on the loss cases (several views,
+    empty tiles, a small capacity and over-capacity tiles: the streaming path of the fused kernel,
+    several render batches per tile for split): info["contribution"] equals
+    pruning.contribution_scores_2d on the same projected Gaussians, and the loss and gradients
+    are those of the same step without it."""
+    from bytesplat_ns.raster.fused import fused_render_loss
+
+    name, N, C, W, H, use_bg, sh, absgrad, kw, cluster, opacity = case
+    kw = {k: v for k, v in kw.items() if k not in ("force_two_phase", "mode")}
+    if schedule == "split":
+        kw.pop("capacity", None)
+    scene = make_scene(N, C, W, H, seed=zlib.crc32(name.encode()) % 1000 + 1, sh_degree=sh, cluster=cluster,
+                       opacity=opacity)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    gt = torch.rand(C, H, W, 3, device="cuda", generator=g)
+    bg = torch.rand(C, 3, device="cuda", generator=g) if use_bg else None
+    runs = {}
+    for contribution in (False, True):
+        p = _params(scene)
+        loss, _, _, info = fused_render_loss(*_args(p, scene), gt, bg, sh_degree=sh, absgrad=absgrad,
+                                             projection="torch", mode=schedule, contribution=contribution, **kw)
+        info["means2d"].retain_grad()
+        loss.backward()
+        runs[contribution] = (loss, p, info)
+    (loss0, p0, info0), (loss1, p1, info1) = runs[False], runs[True]
+    assert "contribution" not in info0 and info1["kernel"]["contribution"]
+    assert info1["kernel"]["schedule"] == schedule
+    if schedule != "split" and name in ("streaming_small_capacity", "over_capacity_auto"):
+        assert _max_tile_count(info1) > info1["kernel"]["capacity"]  # the streaming path ran
+    # the score does not touch the step (gradient atomics are unordered: compare up to fp32 order)
+    assert abs(loss1.item() - loss0.item()) <= IMG_TOL * abs(loss0.item())
+    _compare_grads(p1, p0, [("means2d.grad", info1["means2d"].grad, info0["means2d"].grad)])
+    got = info1["contribution"]
+    err, tol, want = _score_errors(got, info1)
+    assert bool((err <= tol).all()), f"max err {err.max().item():.3g} at score {want.flatten()[err.argmax()].item():.3g}"
+    assert int((want > 0).sum()) >= 10  # something was scored
+    assert bool((got[info1["radii"] == 0] == 0).all())  # culled: never in a tile list
+
+
+@pytest.mark.parametrize("schedule,capacity", [("one_launch", None), ("one_launch", 32), ("two_launch", 32),
+                                               ("split", None)])
+def test_contribution_counts_the_stopping_gaussian(schedule, capacity):
+    """The stop rule, in every schedule and through the streaming path (capacity 32 with up to
+    ~430 Gaussians per tile): tests/contribution_scenes.py puts small opaque Gaussians behind
+    walls that leave T ~ 3e-4, so each one stops the pixels at its center, and its score is the
+    weight it would have had there (about 2.7e-4; composited at its rim it gets at most ~9e-5).
+    Two views, 2D inputs straight into _FusedLoss with the fused binning."""
+    from bytesplat_ns.raster.fused import _FusedLoss, bin_tiles
+    from tests.contribution_scenes import stop_scene_2d
+
+    sc = stop_scene_2d(C=2, crowd=400, device="cuda")
+    C, N = sc["radii"].shape
+    W, H = sc["width"], sc["height"]
+    offsets, fids = bin_tiles(sc["means2d"], sc["radii"], sc["depths"], W, H)
+    gt = torch.rand(C, H, W, 3, device="cuda", generator=torch.Generator(device="cuda").manual_seed(3))
+    bg = torch.rand(C, 3, device="cuda", generator=torch.Generator(device="cuda").manual_seed(4))
+    ins = [sc[k].clone().requires_grad_(True) for k in ("means2d", "conics", "colors", "opacities")]
+    loss, _, _, _, got = _FusedLoss.apply(*ins, bg, gt, offsets, fids, W, H, 0.2, True, capacity, 2, schedule, True)
+    loss.backward()
+    assert torch.isfinite(loss) and got.shape == (C, N)
+    assert _FusedLoss.last_kernel_info["schedule"] == schedule and _FusedLoss.last_kernel_info["contribution"]
+    if capacity is not None:
+        assert int((offsets[1:] - offsets[:-1]).max()) > 4 * capacity  # several batches re-streamed
+    info = dict(means2d=sc["means2d"], conics=sc["conics"], opacities=sc["opacities"], radii=sc["radii"],
+                depths=sc["depths"], width=W, height=H)
+    err, tol, want = _score_errors(got, info)
+    assert bool((err <= tol).all()), f"max err {err.max().item():.3g}"
+    back = got.gather(1, sc["back"].long())
+    assert bool((back > 2.0e-4).all()) and bool((back < 3.0e-4).all()), back  # the stopped pixels' weight
+    assert int(((want == 0) & (sc["radii"] > 0)).sum()) > 0  # and Gaussians wholly behind stopped pixels
+
+
+@pytest.mark.parametrize("mode", CONTRIB_SCHEDULES)
+def test_contribution_trained_regime(mode):
+    """The trained-scene regime (100k Gaussians at 256x192, most opacities near 1 so ~60% of the
+    pixels stop, thousands per tile: over capacity) with the default capacity. Both sides decide
+    alpha >= 1/255 and T <= 1e-4 in fp32 from differently rounded sigma / T, so a pixel at a
+    threshold could flip: allowed for at most 1e-4 of the visible entries, each off by at most one
+    8-bit level (what a flip can move a score by)."""
+    from bytesplat_ns.raster.fused import fused_render_loss
+
+    scene = trained_regime_scene()
+    W, H = scene["width"], scene["height"]
+    gt = torch.rand(1, H, W, 3, device="cuda", generator=torch.Generator(device="cuda").manual_seed(9))
+    p = _params(scene)
+    loss, _, alpha, info = fused_render_loss(*_args(p, scene), gt, sh_degree=3, absgrad=True, projection="torch",
+                                             mode=mode, contribution=True)
+    loss.backward()
+    assert float(alpha.gt(0.999).float().mean()) > 0.3, "regime: saturated pixels"
+    assert _max_tile_count(info) > info["kernel"]["capacity"], "regime: over-capacity tiles (batches for split)"
+    err, tol, want = _score_errors(info["contribution"], info)
+    visible = int((info["radii"] > 0).sum())
+    assert int((err > tol).sum()) <= max(1, visible // 10000), f"{int((err > tol).sum())} of {visible}"
+    assert float(err.max()) <= 1.0 / 255.0
+    # most entries are hidden behind stopped pixels (score 0; ~83k of 96k visible), a few hundred score > 0.5
+    assert int((want > 0.5).sum()) > 100 and int(((want == 0) & (info["radii"] > 0)).sum()) > 10000
 
 
 # ---------------------------------------------------------------------------------------------

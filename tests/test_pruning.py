@@ -1,11 +1,13 @@
 """Hardware-aware pruning (bytesplat_ns/pruning.py, issue 4).
 
 CPU: capacity arithmetic (and the kernel layout read from the CUDA sources), the alpha*T score
-against an explicit float64 per-pixel walk, that removing zero-score Gaussians leaves the reference
-render unchanged, the selection rules, removal keeping parameters / optimizer state / strategy
-state consistent, and the hook on the densification schedule (standalone and through the model).
-GPU (skipped without CUDA): capacity read from the device; a pruned model renders the same through
-the fused and the reference backends.
+against an explicit float64 per-pixel walk (and a scene where the stop rule decides scores), that
+removing zero-score Gaussians leaves the reference render unchanged, the selection rules, removal
+keeping parameters / optimizer state / strategy state consistent, tile lists carried through
+gsplat's refine step, the score window, and the hook right after gsplat's refine steps (standalone
+and through the model). GPU (skipped without CUDA): capacity read from the device; a pruned model
+renders the same through the fused and the reference backends. The score gathered by the fused
+kernels is tested in tests/test_fused_gpu.py (GPU) and tests/test_fused_cpu_logic.py (glue, CPU).
 """
 
 from __future__ import annotations
@@ -47,8 +49,9 @@ def test_kernel_layout_is_read_from_the_cuda_sources():
     # common.cuh documents the record as 40 bytes (float4 + float4 + float + int32)
     assert layout.bytes_per_gaussian == 40
     assert layout.granularity == 32
-    # SSIM scratch + gradient accumulators + reduction scratch: tens of KB, a multiple of 4 bytes
-    assert 10_000 < layout.fixed_bytes < 100_000 and layout.fixed_bytes % 4 == 0
+    # SSIM scratch + gradient (and pruning score) accumulators + reduction scratch, in floats:
+    # (2*36*36 + 36*26*5 + 26*26*3) + 32 * (11 + 1) + 3 * 8
+    assert layout.fixed_bytes == (9300 + 32 * 12 + 24) * 4 == 38832
     assert pruning.fused_blocks_per_sm() == 2
 
 
@@ -65,13 +68,15 @@ def test_constexpr_reader():
 
 
 def test_capacity_arithmetic():
-    lay = dict(bytes_per_gaussian=40, fixed_bytes=38704, granularity=32)
-    # H200, 2 blocks per SM: min(232448, 233472/2 - 1024) = 115712; (115712-38704)/40 = 1925 -> 1920
+    lay = dict(bytes_per_gaussian=40, fixed_bytes=38832, granularity=32)
+    # H200, 2 blocks per SM: min(232448, 233472/2 - 1024) = 115712; (115712-38832)/40 = 1922 -> 1920
     assert tile_capacity(*H200_SMEM, blocks_per_sm=2, **lay) == 1920
-    # 1 block per SM: the opt-in limit binds: (232448-38704)/40 = 4843 -> 4832
+    # 1 block per SM: the opt-in limit binds: (232448-38832)/40 = 4840 -> 4832
     assert tile_capacity(*H200_SMEM, blocks_per_sm=1, **lay) == 4832
+    # the pruning score's 128 bytes of accumulators (38704 -> 38832) cost no capacity on an H200
+    assert tile_capacity(*H200_SMEM, blocks_per_sm=2, **{**lay, "fixed_bytes": 38704}) == 1920
     # a 48 KiB-per-block device (no opt-in above 48K), 64 KiB per SM, 1 block
-    assert tile_capacity(49152, 65536, 0, 1, **lay) == (49152 - 38704) // 40 // 32 * 32 == 256
+    assert tile_capacity(49152, 65536, 0, 1, **lay) == (49152 - 38832) // 40 // 32 * 32 == 256
     # bytes per Gaussian and fixed bytes enter as stated
     assert tile_capacity(100_000, 200_000, 0, 1, bytes_per_gaussian=10, fixed_bytes=0, granularity=1) == 10_000
     assert tile_capacity(100_000, 200_000, 0, 1, bytes_per_gaussian=64, fixed_bytes=36_000, granularity=32) == 992
@@ -79,7 +84,7 @@ def test_capacity_arithmetic():
     assert tile_capacity(*H200_SMEM, blocks_per_sm=2) == tile_capacity(
         *H200_SMEM, blocks_per_sm=2, **pruning.fused_smem_layout().__dict__)
     with pytest.raises(ValueError, match="too little shared memory"):
-        tile_capacity(39_900, 80_000, 0, 1, **lay)  # (39900-38704)/40 = 29 < 32
+        tile_capacity(40_000, 80_000, 0, 1, **lay)  # (40000-38832)/40 = 29 < 32
 
 
 @needs_cuda
@@ -107,10 +112,10 @@ def _scene(seed=8, N=200, W=45, H=37, C=2, opacity_range=(0.8, 0.99), scale_rang
     return make_scene(seed, N=N, W=W, H=H, C=C, opacity_range=opacity_range, scale_range=scale_range)
 
 
-def explicit_scores(means2d, conics, opacities, radii, depths, W, H, tile=16):
+def explicit_scores(means2d, conics, opacities, radii, depths, W, H, tile=16, count_stop=True):
     """Per pixel, walk the Gaussians whose tile box holds the pixel's tile in depth order (float64),
-    with gsplat's rules; score = max over pixels of alpha*T (the stopping Gaussian included).
-    Returns scores [C,N] and whether some pixel stopped."""
+    with gsplat's rules; score = max over pixels of alpha*T (the stopping Gaussian included unless
+    ``count_stop=False``). Returns scores [C,N] and whether some pixel stopped."""
     C, N = radii.shape
     ys, xs = torch.meshgrid(torch.arange(H), torch.arange(W), indexing="ij")
     px, py = xs.flatten().double() + 0.5, ys.flatten().double() + 0.5
@@ -133,10 +138,10 @@ def explicit_scores(means2d, conics, opacities, radii, depths, W, H, tile=16):
             sigma = 0.5 * (a * dx * dx + cc * dy * dy) + b * dx * dy
             alpha = torch.clamp(float(opacities[c, g]) * torch.exp(-sigma), max=0.999)
             use = reach & alive & (sigma >= 0) & (alpha >= 1.0 / 255.0)
-            w = torch.where(use, alpha * T, torch.zeros_like(T))
-            out[c, g] = w.max()
             nextT = T * (1 - alpha)
             stop = use & (nextT <= 1e-4)
+            w = torch.where(use & (count_stop | ~stop), alpha * T, torch.zeros_like(T))
+            out[c, g] = w.max()
             stopped_any |= bool(stop.any())
             alive &= ~stop
             T = torch.where(use & ~stop, nextT, T)
@@ -168,6 +173,25 @@ def test_score_equals_explicit_max_alpha_T(dtype):
     assert torch.equal(contribution_scores(sc["means"].to(dtype), sc["quats"].to(dtype), sc["scales"].to(dtype),
                                            sc["opacities"].to(dtype), sc["viewmats"].to(dtype), sc["Ks"].to(dtype),
                                            sc["W"], sc["H"]), got)
+
+
+def test_stop_rule_decides_scores_in_the_stop_scene():
+    """tests/contribution_scenes.py (also the GPU test's scene for the kernels' stop rule): the
+    small Gaussians behind the walls score the weight they would have had at the pixels they stop
+    (~2.7e-4), about three times what they get where they are composited; the definition equals the
+    explicit walk there, and some Gaussians are hidden entirely (score 0)."""
+    from tests.contribution_scenes import stop_scene_2d
+
+    sc = stop_scene_2d(C=1, clutter=100, crowd=400)  # the GPU test of the kernels has 2 views, 300 clutter
+    args = (sc["means2d"], sc["conics"], sc["opacities"], sc["radii"], sc["depths"], sc["width"], sc["height"])
+    got = contribution_scores_2d(*args)
+    want, stopped = explicit_scores(*args)
+    no_stop, _ = explicit_scores(*args, count_stop=False)
+    assert stopped and (got.double() - want).abs().max().item() <= 2e-6
+    back = sc["back"]
+    assert bool((want.gather(1, back) > 2.0e-4).all()) and bool((want.gather(1, back) < 3.0e-4).all())
+    assert bool((no_stop.gather(1, back) < 0.5 * want.gather(1, back)).all())
+    assert int(((want == 0) & (sc["radii"] > 0)).sum()) > 0
 
 
 def test_score_ignores_pixels_outside_the_image():
@@ -256,42 +280,47 @@ def greedy_reference(scores, tiles, capacity, pre):
     return out
 
 
-def test_selection_zero_first_then_lowest_in_over_capacity_tiles():
+def test_selection_lowest_in_over_capacity_tiles_then_low_contribution():
     scores = torch.tensor([0.0, 0.5, 0.1, 0.9, 0.3, 0.2, 0.05, 0.8, 0.0, 0.01, 0.7])
     tiles = [
-        [0, 1, 2, 3, 4, 5],  # 6 entries, capacity 3: 0 (zero) goes first, then 2 and 5
+        [0, 1, 2, 3, 4, 5],  # 6 entries, capacity 3: its 3 lowest go, 0 (zero) first, then 2 and 5
         [6, 9, 10],  # at capacity: its low scorers 6 and 9 must stay
-        [5, 7, 8],  # at capacity (8 is zero-contribution and goes in stage 1 anyway)
+        [5, 7, 8],  # at capacity (8 is zero-contribution and goes in the second stage)
     ]
     keys, gids = _entries(tiles)
     mask, st = select_prune_mask(scores, keys, gids, 3, min_contribution=0.0, max_fraction=1.0)
     assert torch.nonzero(mask).squeeze(1).tolist() == [0, 2, 5, 8]
-    assert st["low_contribution"] == 2 and st["over_capacity"] == 2
+    assert st["overflow"] == st["over_capacity"] == 3 and st["low_contribution"] == 1
     assert st["tiles_over_before"] == 1 and st["tiles_over_after"] == 0
     assert st["max_tile_before"] == 6 and st["max_tile_after"] == 3
-    # without stage 1 the zero-score Gaussian is still the lowest of the crowded tile
+    # without the low-contribution stage the zero-score Gaussian is still the lowest of the crowded tile
     mask, st = select_prune_mask(scores, keys, gids, 3, min_contribution=0.0, max_fraction=1.0,
                                  prune_low_contribution=False)
     assert torch.nonzero(mask).squeeze(1).tolist() == [0, 2, 5]
     # a threshold above zero takes the low scorers everywhere, crowded or not
     mask, st = select_prune_mask(scores, keys, gids, 3, min_contribution=0.05, max_fraction=1.0)
     assert torch.nonzero(mask).squeeze(1).tolist() == [0, 2, 5, 6, 8, 9]
-    # no capacity known: only stage 1
-    mask, _ = select_prune_mask(scores, keys, gids, None, min_contribution=0.0, max_fraction=1.0)
-    assert torch.nonzero(mask).squeeze(1).tolist() == [0, 8]
+    # no capacity known: only the low-contribution stage
+    mask, st = select_prune_mask(scores, keys, gids, None, min_contribution=0.0, max_fraction=1.0)
+    assert torch.nonzero(mask).squeeze(1).tolist() == [0, 8] and st["overflow"] == 0
 
 
-def test_selection_respects_the_cap():
+def test_selection_spends_the_cap_on_the_overflow_first():
     scores = torch.tensor([0.0, 0.0, 0.0, 0.4, 0.3, 0.2, 0.1, 0.6, 0.7, 0.8])
-    tiles = [[3, 4, 5, 6, 7, 8, 9]]  # 7 entries, capacity 2 -> wants 5 more removed
+    tiles = [[3, 4, 5, 6, 7, 8, 9]]  # 7 entries, capacity 2: an overflow of 5 (6, 5, 4, 3, 7)
     keys, gids = _entries(tiles)
-    # 10 Gaussians, 20%: 2 removals, all from stage 1 (lowest score, then lowest index)
+    # 10 Gaussians, 20%: 2 removals, the tile's 2 lowest; nothing left for the zeros outside it
     mask, st = select_prune_mask(scores, keys, gids, 2, min_contribution=0.0, max_fraction=0.2)
-    assert torch.nonzero(mask).squeeze(1).tolist() == [0, 1] and st["over_capacity"] == 0
-    # 50%: the 3 zeros, then the 2 lowest of the tile's 5 candidates
-    mask, st = select_prune_mask(scores, keys, gids, 2, min_contribution=0.0, max_fraction=0.5)
-    assert torch.nonzero(mask).squeeze(1).tolist() == [0, 1, 2, 5, 6]
+    assert torch.nonzero(mask).squeeze(1).tolist() == [5, 6]
+    assert st["overflow"] == 5 and st["over_capacity"] == 2 and st["low_contribution"] == 0
     assert st["tiles_over_after"] == 1 and st["max_tile_after"] == 5
+    # 50%: exactly the overflow; the tile fits
+    mask, st = select_prune_mask(scores, keys, gids, 2, min_contribution=0.0, max_fraction=0.5)
+    assert torch.nonzero(mask).squeeze(1).tolist() == [3, 4, 5, 6, 7]
+    assert st["tiles_over_after"] == 0 and st["max_tile_after"] == 2 and st["low_contribution"] == 0
+    # 80%: the overflow, then the 3 zeros
+    mask, st = select_prune_mask(scores, keys, gids, 2, min_contribution=0.0, max_fraction=0.8)
+    assert torch.nonzero(mask).squeeze(1).tolist() == [0, 1, 2, 3, 4, 5, 6, 7] and st["low_contribution"] == 3
     mask, _ = select_prune_mask(scores, keys, gids, 2, max_fraction=0.0)
     assert not mask.any()
 
@@ -419,7 +448,93 @@ def _crowded_scene(N=300, W=96, H=64, C=3, seed=3):
     return sc
 
 
-def test_hook_on_the_densification_schedule():
+def test_tile_entries_follow_gsplats_refine():
+    """hw_origin through gsplat's duplicate/split/remove carries recorded tile lists to the refined
+    Gaussians: after duplicates and removals exactly the lists binned from the new Gaussians; a
+    split parent's entries go to both children."""
+    from gsplat.strategy.ops import duplicate, remove, split
+
+    sc = _crowded_scene(N=120, C=2, seed=8)
+    params, optimizers = _trainable(sc)
+    n0 = params["means"].shape[0]
+
+    def entries():
+        pr = project_gaussians(params["means"].detach(), params["quats"].detach(), torch.exp(params["scales"].detach()),
+                               sc["viewmats"].float(), sc["Ks"].float(), sc["W"], sc["H"])
+        return tile_entries(dict(radii=pr.radii, means2d=pr.means2d, depths=pr.depths, width=sc["W"], height=sc["H"]))
+
+    keys, gids, nt = entries()
+    state = {pruning.ORIGIN_KEY: torch.arange(n0), pruning.SCORE_KEY: torch.rand(n0, 2)}
+    g = torch.Generator().manual_seed(0)
+    duplicate(params, optimizers, state, torch.rand(n0, generator=g) < 0.2)
+    remove(params, optimizers, state, torch.rand(params["means"].shape[0], generator=g) < 0.3)
+    assert state[pruning.SCORE_KEY].shape == (params["means"].shape[0], 2)  # 2D state carried like any other
+    k2, g2 = pruning.follow_origin(keys, gids, state[pruning.ORIGIN_KEY], n0)
+    k3, g3, nt3 = entries()
+    assert nt3 == nt and sorted(zip(k2.tolist(), g2.tolist())) == sorted(zip(k3.tolist(), g3.tolist()))
+    # split: the children (appended) take their parent's entries; the others keep theirs
+    n1 = params["means"].shape[0]
+    origin1 = state[pruning.ORIGIN_KEY].clone()
+    state[pruning.ORIGIN_KEY] = torch.arange(n1)
+    sel = torch.rand(n1, generator=g) < 0.25
+    split(params, optimizers, state, sel)
+    k4, g4 = pruning.follow_origin(k2, g2, state[pruning.ORIGIN_KEY], n1)
+    parents = torch.nonzero(sel).squeeze(1)
+    rest = torch.nonzero(~sel).squeeze(1)
+    want = set()
+    for k, gid in zip(k2.tolist(), g2.tolist()):
+        if sel[gid]:
+            j = int((parents == gid).nonzero())
+            want |= {(k, len(rest) + j), (k, len(rest) + len(parents) + j)}  # gsplat: cat(rest, sel.repeat(2))
+        else:
+            want.add((k, int((rest == gid).nonzero())))
+    assert set(zip(k4.tolist(), g4.tolist())) == want and k4.numel() == len(want)
+    assert torch.equal(origin1[state[pruning.ORIGIN_KEY]], origin1[torch.cat([rest, parents, parents])])
+
+
+def _fake_info(n, step):
+    """A render of n Gaussians that carries its score (as the fused training step does)."""
+    contribution = (torch.arange(n) == step % n).float()[None] * step / 100.0
+    return dict(radii=torch.ones(1, n, dtype=torch.int32), contribution=contribution, n_cameras=1)
+
+
+def test_score_window_spans_whole_periods():
+    """The score of a prune step covers the steps since the previous one and, when the window is
+    longer, whole periods before (columns rotated after each period's last step); the
+    low-contribution stage waits for a window's worth of views."""
+    from gsplat.strategy import DefaultStrategy
+
+    strategy = DefaultStrategy(refine_start_iter=0, refine_stop_iter=40, refine_every=5, reset_every=10**6,
+                               verbose=False)
+    n = 4
+    params = {"means": torch.zeros(n, 3)}
+    state = {}
+    pruner = HardwarePruner(HWPruneSettings(mode="on", window=12, min_contribution=-1.0), strategy, 100, True, None)
+    assert (pruner.period, pruner.columns, pruner.first_prune, pruner.last_prune) == (5, 3, 5, 35)
+    assert pruner.first_score == 0 and pruner.scores_step(35) and not pruner.scores_step(36)
+    seen = {}
+    for step in range(0, 41):
+        pruner.before_strategy(params, state, _fake_info(n, step), step)
+        if pruner.is_prune_step(step):
+            seen[step] = state[pruning.SCORE_KEY].amax(1).clone()
+        stats = pruner.after_strategy(params, {}, state, step)
+        assert (stats is not None) == pruner.is_prune_step(step)
+        if stats is not None:
+            assert stats["removed"] == 0  # scores >= 0 > min_contribution, no capacity
+            assert stats["window_views"] == min(step + 1, 15) and stats["full_window"] == (step + 1 >= 12)
+    assert sorted(seen) == [5, 10, 15, 20, 25, 30, 35]
+    for step, score in seen.items():
+        # Gaussian i scored step/100 at the steps t = i (mod 4) of the window (step - 15, step]
+        want = torch.tensor([max([t / 100.0 for t in range(max(0, step - 14), step + 1) if t % n == i], default=0.0)
+                             for i in range(n)])
+        assert torch.allclose(score, want), (step, score, want)
+    assert state[pruning.SCORE_KEY] is None  # after the last prune step nothing is carried
+    # window <= period: exactly the steps since the previous prune step
+    p1 = HardwarePruner(HWPruneSettings(mode="on", window=3), strategy, 100, True, None)
+    assert p1.columns == 1 and p1.first_score == 1
+
+
+def test_hook_right_after_gsplats_refine_steps():
     from gsplat.strategy import DefaultStrategy
 
     sc = _crowded_scene()
@@ -428,35 +543,38 @@ def test_hook_on_the_densification_schedule():
                                pause_refine_after_reset=0, grow_grad2d=1e-2, absgrad=True, verbose=False)
     state = strategy.initialize_state()
     capacity = 100  # 2-4 of each view's 24 tiles hold more (up to ~225)
-    settings = HWPruneSettings(mode="on", every=8, max_fraction=0.3, min_contribution=1 / 255, window=3,
+    settings = HWPruneSettings(mode="on", every_refines=2, max_fraction=0.3, min_contribution=1 / 255, window=12,
                                tile_views=2, capacity=capacity)
     pruner = HardwarePruner(settings, strategy, num_train_data=3, enabled=True, capacity=capacity)
-    assert pruner.offset == 2 and pruner.window == 3 and pruner.tile_views == 2
-    assert [s for s in range(50) if pruner.is_prune_step(s)] == [10, 18, 26, 34]  # refine_stop 40
+    assert pruner.period == 8 and pruner.columns == 2 and pruner.tile_views == 2
+    assert [s for s in range(50) if pruner.is_prune_step(s)] == [8, 16, 24, 32]  # refine_stop 40
     pruned = []
     for it in range(1, 20):
         n_before = params["means"].shape[0]
         loss, stats = _train_step(params, optimizers, strategy, state, sc, it, it % 3, pruner)
         assert torch.isfinite(loss)
         _check_consistent(params, optimizers, state)
+        assert pruning.ORIGIN_KEY not in state
         if stats is not None:
             pruned.append(it)
-            assert stats["removed"] == n_before - params["means"].shape[0]
-            assert stats["removed"] <= math.floor(0.3 * n_before)
-            assert stats["full_window"] and stats["window_views"] == 3
+            grown = stats["gaussians"] - n_before  # gsplat refined at this step first
+            assert stats["removed"] == n_before + grown - params["means"].shape[0]
+            assert stats["removed"] <= math.floor(0.3 * stats["gaussians"])
             assert stats["tiles"] > 0 and stats["tiles_over_after"] <= stats["tiles_over_before"]
-            assert state[pruning.SCORE_KEY] is None
+            assert stats["over_capacity"] <= stats["overflow"]
+            if stats["over_capacity"] < stats["overflow"]:
+                assert stats["removed"] == math.floor(0.3 * stats["gaussians"])  # the cap bound
+            assert state[pruning.SCORE_KEY].shape == (params["means"].shape[0], 2)
         else:
             assert not pruner.is_prune_step(it)
-    assert pruned == [10, 18]
-    first, last = pruner.history[0], pruner.history[-1]
-    # first prune: both stages, stopped by the 30% cap with tiles still over capacity
-    assert first["low_contribution"] > 0 and first["over_capacity"] > 0
-    assert first["removed"] == math.floor(0.3 * first["gaussians"])
-    assert 0 < first["tiles_over_after"] < first["tiles_over_before"]
-    # later ones bring every recent tile within capacity (growth continues in between)
-    assert last["tiles_over_after"] == 0 and last["max_tile_after"] <= capacity
-    # grow steps (8, 12, 16) ran inside the score windows, on state carrying the score
+    assert pruned == [8, 16]
+    first, last = pruner.history
+    # step 8: 8 views scored, fewer than the window of 12: only the overflow goes
+    assert not first["full_window"] and first["low_contribution"] == 0 and first["over_capacity"] > 0
+    assert first["tiles_over_after"] < first["tiles_over_before"]
+    # step 16: 16 views (two periods) cover the window
+    assert last["full_window"] and last["window_views"] == 16
+    assert last["over_capacity"] + last["low_contribution"] > 0
 
 
 def test_schedule_with_splatfacto_defaults():
@@ -467,13 +585,24 @@ def test_schedule_with_splatfacto_defaults():
                                pause_refine_after_reset=100 + 100, verbose=False)
     pruner = HardwarePruner(HWPruneSettings(mode="on"), strategy, num_train_data=100, enabled=True, capacity=1920)
     steps = [s for s in range(30000) if pruner.is_prune_step(s)]
-    assert steps[0] == 550 and steps[-1] == 14550 and all(s % 500 == 50 for s in steps)
-    assert 3050 not in steps and 6050 not in steps and 3550 in steps  # gsplat's pause after a reset
-    assert pruner.window == 100 and pruner.tile_views == 4
+    # right after every gsplat refine step: gsplat refines at 600, 700, ... (step > 500), not in its
+    # pause of 200 steps after each opacity reset (3000, 3100, 6000, 6100, ...), not from 15000 on
+    refines = [s for s in range(1, 15000) if s > 500 and s % 100 == 0 and s % 3000 >= 200]
+    assert steps == refines and steps[0] == 600 and steps[-1] == 14900 and 3000 not in steps and 3200 in steps
+    assert (pruner.first_prune, pruner.last_prune, pruner.period, pruner.columns) == (600, 14900, 100, 1)
+    assert pruner.window == 100 and pruner.tile_views == 4 and pruner.next_prune_step(2950) == 3200
+    # scored: the 100 views before the first prune step up to the last one
+    assert [s for s in (500, 501, 14900, 14901) if pruner.scores_step(s)] == [501, 14900]
     assert not any(HardwarePruner(HWPruneSettings(), strategy, 100, False, None).is_prune_step(s) for s in steps)
-    # a short window is capped below the period, and the tile views stay after the last refine
-    p2 = HardwarePruner(HWPruneSettings(every=200, window=1000, tile_views=80), strategy, 100, True, 1920)
-    assert p2.window == 199 and p2.tile_views == 50 and p2.next_prune_step(551) == 650
+    # 250 training images: the score covers the last 3 periods; every 5th refine; tile views <= refine_every
+    p2 = HardwarePruner(HWPruneSettings(every_refines=5, tile_views=800), strategy, 250, True, 1920)
+    assert p2.period == 500 and p2.columns == 1 and p2.tile_views == 100
+    assert [s for s in range(30000) if p2.is_prune_step(s)][:6] == [1000, 1500, 2000, 2500, 3500, 4000]
+    p3 = HardwarePruner(HWPruneSettings(), strategy, 250, True, 1920)
+    assert p3.columns == 3 and p3.first_score == 600 - 300 + 1
+    # hw_prune_stop_iter ends it earlier
+    p4 = HardwarePruner(HWPruneSettings(stop_iter=5000), strategy, 100, True, 1920)
+    assert p4.last_prune == 4900 and not p4.scores_step(4901)
 
 
 def test_low_contribution_stage_needs_the_whole_window():
@@ -483,21 +612,22 @@ def test_low_contribution_stage_needs_the_whole_window():
     strategy = DefaultStrategy(refine_start_iter=2, refine_stop_iter=40, refine_every=4, reset_every=1000,
                                pause_refine_after_reset=0, grow_grad2d=1e9, absgrad=True, verbose=False)
     results = {}
-    for first in (8, 9):  # the window of step 10 is steps 8-10; starting at 9 sees only 2 of its 3 views
+    for first in (6, 7):  # the window of step 8 is 3 views: steps 6-8; starting at 7 sees only 2
         params, optimizers = _trainable(sc)
         state = strategy.initialize_state()
-        pruner = HardwarePruner(HWPruneSettings(mode="on", every=8, max_fraction=0.5, min_contribution=0.01,
+        pruner = HardwarePruner(HWPruneSettings(mode="on", every_refines=2, max_fraction=0.5, min_contribution=0.01,
                                                 window=3, tile_views=2), strategy, 3, True, None)
-        for it in range(first, 11):
+        for it in range(first, 9):
             _, stats = _train_step(params, optimizers, strategy, state, sc, it, it % 3, pruner)
         results[first] = stats
-    assert results[8]["full_window"] and results[8]["low_contribution"] > 0
-    assert not results[9]["full_window"] and results[9]["removed"] == 0
+    assert results[6]["full_window"] and results[6]["low_contribution"] > 0
+    assert not results[7]["full_window"] and results[7]["removed"] == 0
 
 
 def test_model_hook_and_config():
     """Through ByteSplatModel.step_post_backward: the config knobs, auto = off on CPU/reference,
-    and a pruning step inside a short CPU training loop of the real model."""
+    and a pruning step right after gsplat's refine step inside a short CPU training loop of the
+    real model."""
     from nerfstudio.cameras.cameras import Cameras
     from nerfstudio.data.scene_box import SceneBox
 
@@ -518,8 +648,8 @@ def test_model_hook_and_config():
         model.train()
         return model
 
-    assert ByteSplatModelConfig().hw_prune == "auto"
-    model = make(hw_prune="auto", hw_prune_every=8, hw_prune_window=2, hw_prune_tile_views=2,
+    assert ByteSplatModelConfig().hw_prune == "auto" and ByteSplatModelConfig().hw_prune_every_refines == 1
+    model = make(hw_prune="auto", hw_prune_every_refines=2, hw_prune_window=2, hw_prune_tile_views=2,
                  hw_prune_capacity=6, hw_prune_max_fraction=0.25, hw_prune_min_contribution=0.0,
                  tile_stats_every=4)
     assert not HardwarePruner.from_model(model).enabled  # auto: off (reference backend, CPU)
@@ -541,7 +671,6 @@ def test_model_hook_and_config():
     for it in range(1, 13):
         model.step = it
         model.optimizers = optimizers
-        n_before = model.num_points
         out = model.get_outputs(cams[it % 2:it % 2 + 1])
         loss = (out["rgb"] - 0.5).abs().mean()
         loss.backward()
@@ -552,9 +681,11 @@ def test_model_hook_and_config():
         _check_consistent(model.gauss_params, optimizers, model.strategy_state)
         if model.hw_pruner.last_stats is not None and model.hw_pruner.last_stats["step"] == it:
             pruned_at.append(it)
-            assert model.num_points == n_before - model.hw_pruner.last_stats["removed"] < n_before
-    assert model.hw_pruner.enabled and model.hw_pruner.capacity == 6
-    assert pruned_at == [10]
+            st = model.hw_pruner.last_stats
+            assert model.num_points == st["gaussians"] - st["removed"] and st["removed"] > 0
+    assert model.hw_pruner.enabled and model.hw_pruner.capacity == 6 and model.hw_pruner.period == 8
+    # gsplat refines at 8 (4 is inside its pause after the step-0 opacity reset: num_train_data + refine_every)
+    assert pruned_at == [8]
     log = model.tile_occupancy_log  # tile_stats_every=4: the render of steps 4, 8, 12
     assert [e["step"] for e in log] == [4.0, 8.0, 12.0] and all(e["capacity"] == 6 for e in log)
     assert all(0.0 <= e["over_capacity_share"] <= 1.0 and e["max"] >= e["p99"] >= 0 for e in log)

@@ -6,7 +6,8 @@ Measured per Gaussian count (median ms over ``repeats`` after ``warmup``, CUDA e
   outside the timing): gsplat ``rasterize_to_pixels`` forward + clamp + splatfacto loss
   (L1 + pytorch_msssim SSIM) + backward, vs ``_FusedLoss`` (one launch) + its backward; also the
   other schedules: ``raster_loss_fused_two_phase`` (two launches of the fused kernel) and
-  ``raster_loss_fused_split`` (render_fwd -> loss_grad -> render_bwd).
+  ``raster_loss_fused_split`` (render_fwd -> loss_grad -> render_bwd), and the same two with the
+  pruning score gathered in the backward (``..._contribution``: its cost, docs/pruning.md).
 - ``full``: from the 3D Gaussians (projection, SH, binning, raster, loss, backward to the 3D
   parameters): gsplat ``rasterization`` + the same loss vs ``fused_render_loss``.
 - ``full_fused_raster_torch_loss``: ``rasterize_fused`` (our plain fwd/bwd kernels) + the torch
@@ -146,12 +147,12 @@ class StageInputs:
     def leaves(self):
         return [t.detach().clone().requires_grad_(True) for t in (self.m2, self.con, self.col, self.op)]
 
-    def fused_raster_loss(self, blocks_per_sm: int = 2, schedule: str = "one_launch"):
+    def fused_raster_loss(self, blocks_per_sm: int = 2, schedule: str = "one_launch", contribution: bool = False):
         """The fused loss (``schedule``: one_launch | two_launch | split): render + splatfacto loss +
-        2D gradients, then autograd's hand-over."""
+        2D gradients (and the pruning score with ``contribution``), then autograd's hand-over."""
         s = self.scene
-        loss, _, _, _ = _FusedLoss.apply(*self.leaves(), s["backgrounds"], s["gt"], self.offsets, self.fids,
-                                         self.W, self.H, 0.2, False, None, blocks_per_sm, schedule)
+        loss, _, _, _, _ = _FusedLoss.apply(*self.leaves(), s["backgrounds"], s["gt"], self.offsets, self.fids,
+                                            self.W, self.H, 0.2, False, None, blocks_per_sm, schedule, contribution)
         loss.backward()
         return loss
 
@@ -207,6 +208,9 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
     _safe(out, "fused_split_loss_value", lambda: inp.fused_raster_loss(schedule="split").item())
     _safe(out, "raster_loss_fused_split", lambda: time_ms(
         lambda: inp.fused_raster_loss(schedule="split"), warmup, repeats))
+    for sched in ("two_launch", "split"):  # the pruning score gathered in the backward: what it costs
+        _safe(out, f"raster_loss_fused_{sched}_contribution", lambda sched=sched: time_ms(
+            lambda: inp.fused_raster_loss(schedule=sched, contribution=True), warmup, repeats))
 
     gsplat_error = gsplat_extension_error(skip_gsplat)
     gsplat_ok = gsplat_error is None

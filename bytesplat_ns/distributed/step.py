@@ -289,7 +289,7 @@ def composite_records_fused_loss(
     m = means2d[None]
     absgrad = absgrad_sink is not None and m.requires_grad
     offsets, flatten_ids = bin_tiles(m, radii[None], depths[None], width, height, tile_size)
-    loss, rgb, _, _ = _FusedLoss.apply(
+    loss, rgb, _, _, _ = _FusedLoss.apply(
         m, conics[None], colors[None], opacities[None], background.reshape(1, 3).detach().float(),
         gt[None].detach().float().contiguous(), offsets, flatten_ids, width, height, ssim_lambda, absgrad,
         None, 2, fused_schedule(),

@@ -271,7 +271,7 @@ class _RasterizeFused(torch.autograd.Function):
         ops = _ops()
         m, c, col, o = _flat(means2d, 2), _flat(conics, 3), _flat(colors, 3), _flat(opacities, 1)
         bg = backgrounds.contiguous().float() if backgrounds is not None else None
-        rgb, alpha, T, last = ops.render_fwd(m, c, col, o, bg, offsets, flatten_ids, C, W, H)
+        rgb, alpha, T, last, _ = ops.render_fwd(m, c, col, o, bg, offsets, flatten_ids, C, W, H, False)
         ctx.save_for_backward(means2d, m, c, col, o, bg, offsets, flatten_ids, T, last)
         ctx.dims = (C, W, H, absgrad, backgrounds is not None and backgrounds.requires_grad)
         ctx.butterfly = bwd_reduce() == "butterfly"  # validated here, where errors are easy to place
@@ -284,9 +284,9 @@ class _RasterizeFused(torch.autograd.Function):
         if v_rgb is None:
             v_rgb = torch.zeros(C, H, W, 3, device=m.device)
         va = v_alpha.contiguous().float() if v_alpha is not None else None
-        vm, vc, vcol, vo, vabs = _ops().render_bwd(
+        vm, vc, vcol, vo, vabs, _ = _ops().render_bwd(
             m, c, col, o, bg, offsets, flatten_ids, C, W, H, T, last, v_rgb.contiguous().float(), va, absgrad,
-            ctx.butterfly,
+            ctx.butterfly, False, None,
         )
         N = means2d.shape[1]
         if absgrad:
@@ -296,31 +296,38 @@ class _RasterizeFused(torch.autograd.Function):
                 None, None, None, None, None)
 
 
-def _split_loss(m, c, col, o, bg, gt, offsets, flatten_ids, C, W, H, ssim_lambda, absgrad, butterfly):
+def _split_loss(m, c, col, o, bg, gt, offsets, flatten_ids, C, W, H, ssim_lambda, absgrad, butterfly,
+                contribution=False):
     """The split schedule: three plain launches, nothing but images crossing between them.
 
-    render_fwd (with the backgrounds: render + T*bg, alpha, T, last) -> loss_grad (dL/d render =
-    the per-pixel loss gradient times torch.clamp's mask, clamped rgb, per-tile partials) ->
-    render_bwd (v_render and the backgrounds, which it turns into the alpha term). Returns what
-    fused_loss returns, info = (two_phase, capacity, resident, smem) = (0, RENDER_BATCH, 0, 0)."""
+    render_fwd (with the backgrounds: render + T*bg, alpha, T, last, and with ``contribution`` each
+    pixel's stopping Gaussian) -> loss_grad (dL/d render = the per-pixel loss gradient times
+    torch.clamp's mask, clamped rgb, per-tile partials) -> render_bwd (v_render and the
+    backgrounds, which it turns into the alpha term; the pruning score with ``contribution``).
+    Returns what fused_loss returns, info = (two_phase, capacity, resident, smem) =
+    (0, RENDER_BATCH, 0, 0)."""
     ops = _ops()
-    render, alpha, T, last = ops.render_fwd(m, c, col, o, bg, offsets, flatten_ids, C, W, H)
+    render, alpha, T, last, stop = ops.render_fwd(m, c, col, o, bg, offsets, flatten_ids, C, W, H, bool(contribution))
     v_render, rgb, partials = ops.loss_grad(render, gt, float(ssim_lambda), ssim_window(), _torch_clamp_inclusive())
     del render
-    vm, vc, vcol, vo, vabs = ops.render_bwd(m, c, col, o, bg, offsets, flatten_ids, C, W, H, T, last, v_render,
-                                            None, bool(absgrad), bool(butterfly))
+    vm, vc, vcol, vo, vabs, contrib = ops.render_bwd(
+        m, c, col, o, bg, offsets, flatten_ids, C, W, H, T, last, v_render, None, bool(absgrad), bool(butterfly),
+        bool(contribution), stop if contribution else None)
     info = torch.tensor([0, RENDER_BATCH, 0, 0], dtype=torch.long)
-    return rgb, alpha, partials, vm, vc, vcol, vo, vabs, info
+    return rgb, alpha, partials, vm, vc, vcol, vo, vabs, info, contrib
 
 
 class _FusedLoss(torch.autograd.Function):
     """Render + loss + its 2D gradients (``schedule``: one_launch, two_launch, split). Forward
-    returns (loss, rgb, alpha, stats); only the loss is differentiable; backward scales the stashed
-    gradients."""
+    returns (loss, rgb, alpha, stats, contribution); only the loss is differentiable; backward
+    scales the stashed gradients. ``contribution=True``: the backward walk, which runs inside this
+    forward, also gathers the pruning score (largest alpha*T per view and Gaussian,
+    ``pruning.contribution_scores_2d``'s definition) into ``contribution`` [C,N]; otherwise it is
+    an empty tensor and the kernels skip it."""
 
     @staticmethod
     def forward(ctx, means2d, conics, colors, opacities, backgrounds, gt, offsets, flatten_ids, W, H,
-                ssim_lambda, absgrad, capacity, blocks_per_sm, schedule):
+                ssim_lambda, absgrad, capacity, blocks_per_sm, schedule, contribution=False):
         global _two_phase_logged
         C, N = means2d.shape[0], means2d.shape[1]
         if schedule not in FUSED_MODES:
@@ -331,14 +338,15 @@ class _FusedLoss(torch.autograd.Function):
         bg, gtc = backgrounds.contiguous().float(), gt.contiguous().float()
         if schedule == "split":
             out = _split_loss(m, c, col, o, bg, gtc, offsets, flatten_ids, C, W, H, ssim_lambda, absgrad,
-                              reduce == "butterfly")
+                              reduce == "butterfly", contribution)
         else:
             out = _ops().fused_loss(
                 m, c, col, o, bg, gtc, offsets, flatten_ids,
                 C, W, H, float(ssim_lambda), ssim_window(), int(capacity or 0), int(blocks_per_sm),
-                bool(absgrad), force_two_phase, _torch_clamp_inclusive(), reduce == "butterfly",
+                bool(absgrad), force_two_phase, _torch_clamp_inclusive(), reduce == "butterfly", bool(contribution),
             )
-        rgb, alpha, partials, vm, vc, vcol, vo, vabs, kinfo = out
+        rgb, alpha, partials, vm, vc, vcol, vo, vabs, kinfo, contrib = out
+        contrib = contrib.view(C, N) if contribution else contrib
         two_phase, cap, resident, smem = (int(v) for v in kinfo.tolist())
         if two_phase and not force_two_phase and not _two_phase_logged:
             _two_phase_logged = True
@@ -356,21 +364,21 @@ class _FusedLoss(torch.autograd.Function):
         ctx.save_for_backward(means2d, vm, vc, vcol, vo, vabs)
         ctx.meta = (C, N, absgrad)
         stats = torch.stack([l1, ssim]).float()
-        ctx.mark_non_differentiable(rgb, alpha, stats)
+        ctx.mark_non_differentiable(rgb, alpha, stats, contrib)
         ctx.kinfo = dict(schedule=schedule, two_phase=bool(two_phase), capacity=cap, resident_blocks=resident,
-                         smem_bytes=smem, bwd_reduce=reduce)
+                         smem_bytes=smem, bwd_reduce=reduce, contribution=bool(contribution))
         _FusedLoss.last_kernel_info = ctx.kinfo
-        return loss, rgb, alpha, stats
+        return loss, rgb, alpha, stats, contrib
 
     @staticmethod
-    def backward(ctx, g, _g_rgb, _g_alpha, _g_stats):
+    def backward(ctx, g, _g_rgb, _g_alpha, _g_stats, _g_contrib):
         means2d, vm, vc, vcol, vo, vabs = ctx.saved_tensors
         C, N, absgrad = ctx.meta
         if absgrad:
             means2d.absgrad = (vabs * g.abs()).view(C, N, 2)
         return (
             (vm * g).view(C, N, 2), (vc * g).view(C, N, 3), (vcol * g).view(C, N, 3), (vo * g).view(C, N),
-            None, None, None, None, None, None, None, None, None, None, None,
+            None, None, None, None, None, None, None, None, None, None, None, None,
         )
 
 
@@ -487,6 +495,7 @@ def fused_render_loss(
     blocks_per_sm: int = 2,
     mode: Optional[str] = None,
     force_two_phase: bool = False,
+    contribution: bool = False,
 ) -> Tuple[Tensor, Tensor, Tensor, Dict]:
     """splatfacto's loss and its gradients for C views in the fused kernel (see ``mode``).
 
@@ -506,7 +515,10 @@ def fused_render_loss(
     the backward; same result), ``"split"`` (render_fwd, then the loss-gradient kernel
     ``loss_grad`` writes dL/d render, then render_bwd; same result, ``capacity`` and
     ``blocks_per_sm`` unused), or None for :data:`DEFAULT_MODE` (env ``BYTESPLAT_FUSED_MODE``).
-    ``force_two_phase=True`` is ``mode="two_launch"``.
+    ``force_two_phase=True`` is ``mode="two_launch"``. ``contribution=True`` (any mode): the
+    backward also gathers each Gaussian's pruning score per view (its largest ``alpha * T``, the
+    Gaussian that stops a pixel counting with the weight it would have had: exactly
+    ``pruning.contribution_scores_2d``), returned as ``info["contribution"]`` [C,N].
     """
     schedule = "two_launch" if force_two_phase else fused_schedule(mode)
     _check(width, height, tile_size, means.device)
@@ -523,9 +535,9 @@ def fused_render_loss(
     )
     offsets, flatten_ids = bin_tiles(means2d, radii, depths, width, height, tile_size)
     _torch_clamp_inclusive()
-    loss, img, alpha, stats = _FusedLoss.apply(
+    loss, img, alpha, stats, contrib = _FusedLoss.apply(
         means2d, conics, rgb, opac, backgrounds.detach(), gt_images.detach(), offsets, flatten_ids,
-        width, height, ssim_lambda, absgrad, capacity, blocks_per_sm, schedule,
+        width, height, ssim_lambda, absgrad, capacity, blocks_per_sm, schedule, contribution,
     )
     info = {
         **_strategy_info(means2d, radii, depths, conics, opac, offsets, flatten_ids, width, height, tile_size),
@@ -533,6 +545,8 @@ def fused_render_loss(
         "ssim": stats[1],
         "kernel": dict(_FusedLoss.last_kernel_info),
     }
+    if contribution:
+        info["contribution"] = contrib  # read by pruning.scores_from_info (CONTRIBUTION_INFO_KEY)
     return loss, img, alpha, info
 
 
