@@ -6,12 +6,14 @@
 # returns at most 8 files), with the planner's prediction (`python -m bytesplat_ns.memory`) beside.
 #   device tool: kind nvidia-h200-x2, carry [".whl", ".ext"], timeout_s 600
 #   NS="25000000 50000000 100000000 150000000" BUDGET=540 bash scripts/gpu_capacity_x2.sh
+#   NS="125000000 150000000" BENCH_ARGS="--skip-one-rank --skip-gsplat" bash scripts/gpu_capacity_x2.sh
 set -o pipefail
 OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT/runs"
 export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 BYTESPLAT_DIST_TIMEOUT=${BYTESPLAT_DIST_TIMEOUT:-300}
 NS=${NS:-25000000 50000000 100000000 150000000}
 BUDGET=${BUDGET:-540}
 VIEWS=${VIEWS:-4}
+BENCH_ARGS=${BENCH_ARGS:-}  # e.g. "--skip-one-rank --skip-gsplat" past what one GPU / gsplat can hold
 exec > >(tee -a "$OUT/log.txt") 2>&1
 source scripts/gpu_setup.sh || exit 1
 left() { echo $(( BUDGET - $(date +%s) + T0 )); }
@@ -24,7 +26,7 @@ for N in $NS; do
   stamp "N=$N (timeout ${t}s)"
   timeout $t $PY -m torch.distributed.run --standalone --nproc-per-node 2 -m bytesplat_ns.bench.cli distributed \
     --num-gaussians $N --views $VIEWS --width 1920 --height 1080 --communicators dense sparse-grad \
-    --warmup 1 --repeats 3 --out "$OUT/runs/n$N.json" > /tmp/cap_n$N.log 2>&1
+    --warmup 1 --repeats 3 $BENCH_ARGS --out "$OUT/runs/n$N.json" > /tmp/cap_n$N.log 2>&1
   rc=$?
   stamp "N=$N rc=$rc"; grep -iE "out of memory|error" /tmp/cap_n$N.log | head -3
   (( rc != 0 )) && break  # a crash or the timeout: larger N will not do better
