@@ -52,3 +52,16 @@ def test_profile_train_reports_host_and_device_time(tmp_path):
     assert len(run["top_host"]) == 5 and all(r["name"].startswith("aten::") or r["calls"] > 0 for r in run["top_host"])
     assert run["top_device"] == []
     assert report["environment"]["command"].startswith("python -m bytesplat_ns.bench.profile_train --scene small")
+
+
+def test_several_seeds_run_every_method_and_summarize(tmp_path):
+    out = tmp_path / "train.json"
+    main(["--scene", "small", "--iterations", "2", "--num-downscales", "0", "--work-dir", str(tmp_path / "w"),
+          "--methods", "bytesplat:reference@hw_prune=off", "--seeds", "1", "2", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert [(r["label"], r["seed"]) for r in report["runs"]] == [
+        ("bytesplat-reference-hw_prune-off-seed1", 1), ("bytesplat-reference-hw_prune-off-seed2", 2)]
+    row = report["summary"]["bytesplat:reference@hw_prune=off"]
+    psnrs = [r["eval"]["psnr"] for r in report["runs"]]
+    assert row["runs"] == 2 and row["psnr_mean"] == pytest.approx(sum(psnrs) / 2)
+    assert row["psnr_std"] == pytest.approx(abs(psnrs[0] - psnrs[1]) / 2 ** 0.5)

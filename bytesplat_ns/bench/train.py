@@ -174,6 +174,9 @@ def main(argv: Optional[List[str]] = None) -> dict:
     parser.add_argument("--data", type=Path, default=None, help="a nerfstudio-format scene instead of the built-in one")
     parser.add_argument("--iterations", type=int, default=7000)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--seeds", type=int, nargs="+", default=None,
+                        help="several seeds: every method trains once per seed (labels get -seedN) and the JSON's "
+                        "summary holds each method's mean and spread (GPU atomics make single runs vary)")
     parser.add_argument(
         "--num-downscales", type=int, default=None, help="override splatfacto's coarse-to-fine start (all methods)"
     )
@@ -213,13 +216,36 @@ def main(argv: Optional[List[str]] = None) -> dict:
         if args.hw_prune is not None and hasattr(model, "hw_prune"):
             model.hw_prune = args.hw_prune
 
-    for entry in args.methods:
-        label, config = method_from_entry(entry, configure)
-        report["runs"].append(train_and_evaluate(label, config, data, args.iterations, args.work_dir.resolve(), args.seed, device))
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2))  # after every run: a cut-short job keeps its results
+    seeds = args.seeds or [args.seed]
+    for seed in seeds:  # seed-major: a run cut short still has every method at the first seeds
+        for entry in args.methods:
+            label, config = method_from_entry(entry, configure)
+            label = label if len(seeds) == 1 else f"{label}-seed{seed}"
+            run = train_and_evaluate(label, config, data, args.iterations, args.work_dir.resolve(), seed, device)
+            report["runs"].append(dict(run, method=entry, seed=seed))
+            if len(seeds) > 1:
+                report["summary"] = summarize(report["runs"])
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(report, indent=2))  # after every run: a cut-short job keeps its results
     print(json.dumps(report, indent=2))
     return report
+
+
+def summarize(runs: List[dict]) -> Dict[str, dict]:
+    """Per method entry: the number of runs, mean and sample standard deviation of eval PSNR/SSIM and
+    of ms per iteration."""
+    import statistics
+
+    out: Dict[str, dict] = {}
+    for method in dict.fromkeys(r["method"] for r in runs):
+        mine = [r for r in runs if r["method"] == method]
+        row: Dict[str, float] = {"runs": len(mine)}
+        for name, values in (("psnr", [r["eval"]["psnr"] for r in mine]), ("ssim", [r["eval"]["ssim"] for r in mine]),
+                             ("ms_per_iteration", [r["ms_per_iteration"] for r in mine])):
+            row[f"{name}_mean"] = statistics.fmean(values)
+            row[f"{name}_std"] = statistics.stdev(values) if len(values) > 1 else 0.0
+        out[method] = row
+    return out
 
 
 if __name__ == "__main__":
