@@ -35,53 +35,57 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 # ---------------------------------------------------------------------------------------------
 
 
-def twin_composite(m, c, col, o, bg, offsets, fids, C, W, H, absbuf: Optional[torch.Tensor] = None):
-    """The kernels' compositing in torch, vectorised per tile (gsplat's alpha/skip/stop rules).
-
-    m [C*N,2], c [C*N,3], col [C*N,3], o [C*N], bg [C,3] or None; returns rgb [C,H,W,3] (with
-    T*bg), alpha [C,H,W,1], T [C,H,W]. ``absbuf`` [C*N,2]: the backward adds the per-pixel
-    |dL/dmean2d| into it (gsplat's absgrad)."""
+def tile_lists(offsets, fids, C, W, H):
+    """(camera, pixel x [P], pixel y [P], Gaussian ids front to back) for every tile of every view."""
     tw, th = math.ceil(W / F.TILE_SIZE), math.ceil(H / F.TILE_SIZE)
     offs = offsets.long().tolist()
-    vals, idxs = [], []
     for cam in range(C):
         for t in range(tw * th):
             tx, ty = t % tw, t // tw
             xs = torch.arange(tx * F.TILE_SIZE, min((tx + 1) * F.TILE_SIZE, W))
             ys = torch.arange(ty * F.TILE_SIZE, min((ty + 1) * F.TILE_SIZE, H))
             py, px = torch.meshgrid(ys, xs, indexing="ij")
-            py, px = py.flatten(), px.flatten()
-            idxs.append((cam * H + py) * W + px)
-            ids = fids[offs[cam * tw * th + t]: offs[cam * tw * th + t + 1]].long()
-            P = px.numel()
-            if ids.numel() == 0:
-                rgb = torch.zeros(P, 3) + (bg[cam][None] if bg is not None else 0.0)
-                vals.append(torch.cat([rgb, torch.ones(P, 1)], -1))
-                continue
-            dx = m[ids, 0][:, None] - (px.float() + 0.5)[None, :]  # [K,P]
-            dy = m[ids, 1][:, None] - (py.float() + 0.5)[None, :]
-            if absbuf is not None and dx.requires_grad:
-                def _hook(g, col, ids=ids):
-                    absbuf[:, col].index_add_(0, ids, g.abs().sum(1))
+            yield cam, px.flatten(), py.flatten(), fids[offs[cam * tw * th + t]: offs[cam * tw * th + t + 1]].long()
 
-                dx.register_hook(lambda g, ids=ids: _hook(g, 0, ids))
-                dy.register_hook(lambda g, ids=ids: _hook(g, 1, ids))
-            cc = c[ids]
-            sigma = 0.5 * (cc[:, 0:1] * dx * dx + cc[:, 2:3] * dy * dy) + cc[:, 1:2] * dx * dy
-            alpha = torch.clamp(o[ids][:, None] * torch.exp(-sigma), max=0.999)
-            with torch.no_grad():
-                keep = (sigma >= 0) & (alpha >= 1.0 / 255.0)
-                T_try = torch.cumprod(1 - alpha * keep, 0)
-                keep &= T_try > 1e-4  # non-increasing: a prefix; the pixel stops before the rest
-            alpha = alpha * keep
-            T_incl = torch.cumprod(1 - alpha, 0)
-            T_excl = torch.cat([torch.ones_like(T_incl[:1]), T_incl[:-1]], 0)
-            w = alpha * T_excl  # [K,P]
-            rgb = w.t() @ col[ids]  # [P,3]
-            T = T_incl[-1]
-            if bg is not None:
-                rgb = rgb + T[:, None] * bg[cam][None]
-            vals.append(torch.cat([rgb, T[:, None]], -1))
+
+def twin_composite(m, c, col, o, bg, offsets, fids, C, W, H, absbuf: Optional[torch.Tensor] = None):
+    """The kernels' compositing in torch, vectorised per tile (gsplat's alpha/skip/stop rules).
+
+    m [C*N,2], c [C*N,3], col [C*N,3], o [C*N], bg [C,3] or None; returns rgb [C,H,W,3] (with
+    T*bg), alpha [C,H,W,1], T [C,H,W]. ``absbuf`` [C*N,2]: the backward adds the per-pixel
+    |dL/dmean2d| into it (gsplat's absgrad)."""
+    vals, idxs = [], []
+    for cam, px, py, ids in tile_lists(offsets, fids, C, W, H):
+        idxs.append((cam * H + py) * W + px)
+        P = px.numel()
+        if ids.numel() == 0:
+            rgb = torch.zeros(P, 3) + (bg[cam][None] if bg is not None else 0.0)
+            vals.append(torch.cat([rgb, torch.ones(P, 1)], -1))
+            continue
+        dx = m[ids, 0][:, None] - (px.float() + 0.5)[None, :]  # [K,P]
+        dy = m[ids, 1][:, None] - (py.float() + 0.5)[None, :]
+        if absbuf is not None and dx.requires_grad:
+            def _hook(g, col, ids=ids):
+                absbuf[:, col].index_add_(0, ids, g.abs().sum(1))
+
+            dx.register_hook(lambda g, ids=ids: _hook(g, 0, ids))
+            dy.register_hook(lambda g, ids=ids: _hook(g, 1, ids))
+        cc = c[ids]
+        sigma = 0.5 * (cc[:, 0:1] * dx * dx + cc[:, 2:3] * dy * dy) + cc[:, 1:2] * dx * dy
+        alpha = torch.clamp(o[ids][:, None] * torch.exp(-sigma), max=0.999)
+        with torch.no_grad():
+            keep = (sigma >= 0) & (alpha >= 1.0 / 255.0)
+            T_try = torch.cumprod(1 - alpha * keep, 0)
+            keep &= T_try > 1e-4  # non-increasing: a prefix; the pixel stops before the rest
+        alpha = alpha * keep
+        T_incl = torch.cumprod(1 - alpha, 0)
+        T_excl = torch.cat([torch.ones_like(T_incl[:1]), T_incl[:-1]], 0)
+        w = alpha * T_excl  # [K,P]
+        rgb = w.t() @ col[ids]  # [P,3]
+        T = T_incl[-1]
+        if bg is not None:
+            rgb = rgb + T[:, None] * bg[cam][None]
+        vals.append(torch.cat([rgb, T[:, None]], -1))
     out = torch.zeros(C * H * W, 4).index_copy(0, torch.cat(idxs), torch.cat(vals))
     out = out.view(C, H, W, 4)
     return out[..., :3], 1 - out[..., 3:], out[..., 3]
@@ -92,29 +96,21 @@ def twin_contribution(m, c, o, offsets, fids, C, W, H):
     """The pruning score as the backward kernels gather it, in torch: walking each tile's list (the
     fused binning) front to back, the largest alpha*T each entry gets at a pixel of the tile, the
     Gaussian that stops a pixel counting with the T in front of it. [C*N]."""
-    tw, th = math.ceil(W / F.TILE_SIZE), math.ceil(H / F.TILE_SIZE)
-    offs = offsets.long().tolist()
     out = torch.zeros(m.shape[0], dtype=m.dtype)
-    for cam in range(C):
-        for t in range(tw * th):
-            tx, ty = t % tw, t // tw
-            xs = torch.arange(tx * F.TILE_SIZE, min((tx + 1) * F.TILE_SIZE, W))
-            ys = torch.arange(ty * F.TILE_SIZE, min((ty + 1) * F.TILE_SIZE, H))
-            py, px = torch.meshgrid(ys, xs, indexing="ij")
-            ids = fids[offs[cam * tw * th + t]: offs[cam * tw * th + t + 1]].long()
-            if ids.numel() == 0:
-                continue
-            dx = m[ids, 0][:, None] - (px.flatten().float() + 0.5)[None, :]  # [K,P]
-            dy = m[ids, 1][:, None] - (py.flatten().float() + 0.5)[None, :]
-            cc = c[ids]
-            sigma = 0.5 * (cc[:, 0:1] * dx * dx + cc[:, 2:3] * dy * dy) + cc[:, 1:2] * dx * dy
-            alpha = torch.clamp(o[ids][:, None] * torch.exp(-sigma), max=0.999)
-            alpha = alpha * ((sigma >= 0) & (alpha >= 1.0 / 255.0))
-            T_incl = torch.cumprod(1 - alpha, 0)
-            T_excl = torch.cat([torch.ones_like(T_incl[:1]), T_incl[:-1]], 0)
-            # up to the stopping Gaussian T in front is the composited one; behind it, <= 1e-4
-            w = alpha * T_excl * (T_excl > 1e-4)
-            out.scatter_reduce_(0, ids, w.amax(1), reduce="amax")
+    for cam, px, py, ids in tile_lists(offsets, fids, C, W, H):
+        if ids.numel() == 0:
+            continue
+        dx = m[ids, 0][:, None] - (px.flatten().float() + 0.5)[None, :]  # [K,P]
+        dy = m[ids, 1][:, None] - (py.flatten().float() + 0.5)[None, :]
+        cc = c[ids]
+        sigma = 0.5 * (cc[:, 0:1] * dx * dx + cc[:, 2:3] * dy * dy) + cc[:, 1:2] * dx * dy
+        alpha = torch.clamp(o[ids][:, None] * torch.exp(-sigma), max=0.999)
+        alpha = alpha * ((sigma >= 0) & (alpha >= 1.0 / 255.0))
+        T_incl = torch.cumprod(1 - alpha, 0)
+        T_excl = torch.cat([torch.ones_like(T_incl[:1]), T_incl[:-1]], 0)
+        # up to the stopping Gaussian T in front is the composited one; behind it, <= 1e-4
+        w = alpha * T_excl * (T_excl > 1e-4)
+        out.scatter_reduce_(0, ids, w.amax(1), reduce="amax")
     return out
 
 
