@@ -14,20 +14,14 @@ from typing import Dict
 
 import torch
 
+from bytesplat_ns.distributed import SPLATFACTO_LRS
+
 SEED = 7
 N_GAUSSIANS = 240
 NUM_VIEWS = 4
 WIDTH, HEIGHT = 40, 32
 SH_DEGREE = 3
 STEPS = 3
-LRS = {
-    "means": 1.6e-4,
-    "features_dc": 0.0025,
-    "features_rest": 0.0025 / 20,
-    "opacities": 0.05,
-    "scales": 0.005,
-    "quats": 0.001,
-}
 
 
 def look_at(eye, target=(0.0, 0.0, 0.0), up=(0.0, -1.0, 0.0)) -> torch.Tensor:
@@ -89,7 +83,7 @@ def single_process_run(steps: int = STEPS):
 
     views = make_views()
     params = to_params(make_gaussians(N_GAUSSIANS, SEED))
-    opts = make_adam_optimizers(params, LRS, NUM_VIEWS)
+    opts = make_adam_optimizers(params, SPLATFACTO_LRS, NUM_VIEWS)
     losses = []
     states = []
     for _ in range(steps):
@@ -129,7 +123,7 @@ def run_training(name: str, communicator_name: str, counts, out: Path, rank: int
     views = make_views()
     layout = ShardLayout(tuple(counts))
     params = to_params(shard_of(make_gaussians(N_GAUSSIANS, SEED), layout, rank))
-    opts = make_adam_optimizers(params, LRS, NUM_VIEWS)
+    opts = make_adam_optimizers(params, SPLATFACTO_LRS, NUM_VIEWS)
     comm = make_communicator(communicator_name)
     record = {"steps": [], "rebalance": None}
     for step in range(STEPS):
@@ -291,7 +285,7 @@ def main() -> None:
             views = make_views()
             layout = ShardLayout.even(N_GAUSSIANS, world)
             params = to_params(shard_of(make_gaussians(N_GAUSSIANS, SEED), layout, rank))
-            opts = make_adam_optimizers(params, LRS, NUM_VIEWS)
+            opts = make_adam_optimizers(params, SPLATFACTO_LRS, NUM_VIEWS)
             comm = make_communicator("sparse-grad")
             state = {"step": 0}
 

@@ -14,6 +14,7 @@ from typing import Dict
 
 import torch
 
+from bytesplat_ns.distributed import SPLATFACTO_LRS
 from tests.distributed_worker import WireCounter, look_at  # shared by every distributed worker
 
 SEED = 11
@@ -24,7 +25,6 @@ CELLS_PER_RANK = 2
 BORDER_MARGIN = 0.3  # world units kept between a Gaussian's mean and its cell's faces (no crossing)
 SCALE_COUNTS = (800, 3200, 12800)  # 1x, 4x, 16x
 TRAIN_STEPS = 3
-TRAIN_LRS = {"means": 1.6e-4, "features_dc": 0.0025, "features_rest": 0.0025 / 20, "opacities": 0.05, "scales": 0.005, "quats": 0.001}
 EYES = [(0.2, 0.4, -3.2), (2.9, -0.5, -1.8), (-2.8, 0.6, -1.5), (0.4, -2.6, -1.9)]
 
 
@@ -175,7 +175,7 @@ def main() -> None:
             # K training steps on a scene without border crossings (compared with one process).
             ge, treee = make_scene(400, n_cells, crossing=False)
             params, gids, cells = local_part(ge, treee, rank, world)
-            opts = make_adam_optimizers(params, TRAIN_LRS, NUM_VIEWS)
+            opts = make_adam_optimizers(params, SPLATFACTO_LRS, NUM_VIEWS)
             losses = [pixel_step(params, opts, cells, views, SH_DEGREE).loss for _ in range(TRAIN_STEPS)]
             rec["train"] = {"gids": gids, "params": {k: v.detach().clone() for k, v in params.items()}, "losses": losses}
 
@@ -234,7 +234,7 @@ def main() -> None:
             ge = only_rank0_cells(g, tree, world)
             rec["empty_rank"] = run_once(ge, tree, rank, world, dv, PixelConfig(transmittance=True), wire, device, "fused")
             params, gids, cells = local_part(g, tree, rank, world, device)
-            opts = make_adam_optimizers(params, TRAIN_LRS, NUM_VIEWS)
+            opts = make_adam_optimizers(params, SPLATFACTO_LRS, NUM_VIEWS)
             losses = [pixel_step(params, opts, cells, dv, SH_DEGREE, renderer="fused").loss for _ in range(TRAIN_STEPS)]
             with torch.no_grad():  # beyond the margin this scene keeps from every face: some must migrate
                 params["means"][:, 0] += 2 * BORDER_MARGIN

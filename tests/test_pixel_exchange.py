@@ -386,14 +386,14 @@ def test_migration_moves_gaussians_and_adam_state_to_their_cells(world, runs):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_training_steps_equal_single_process_without_border_crossings(world, runs):
-    from bytesplat_ns.distributed import make_adam_optimizers, single_process_step
+    from bytesplat_ns.distributed import SPLATFACTO_LRS, make_adam_optimizers, single_process_step
 
     ranks = runs("migrate", world)
     g, _ = P.make_scene(400, P.CELLS_PER_RANK * world, crossing=False)
     torch.set_num_threads(1)
     views = P.make_views()
     params = {k: torch.nn.Parameter(v.clone()) for k, v in g.items()}
-    opts = make_adam_optimizers(params, P.TRAIN_LRS, P.NUM_VIEWS)
+    opts = make_adam_optimizers(params, SPLATFACTO_LRS, P.NUM_VIEWS)
     losses = [single_process_step(params, opts, views, P.SH_DEGREE) for _ in range(P.TRAIN_STEPS)]
     assert ranks[0]["train"]["losses"] == pytest.approx(losses, rel=REL_TOL)
     gids = torch.cat([r["train"]["gids"] for r in ranks])

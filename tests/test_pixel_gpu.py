@@ -145,14 +145,14 @@ def test_pixel_step_on_cuda_equals_one_process(transmittance):
 
 
 def test_pixel_training_steps_and_migration_on_cuda():
-    from bytesplat_ns.distributed import make_adam_optimizers
+    from bytesplat_ns.distributed import SPLATFACTO_LRS, make_adam_optimizers
     from bytesplat_ns.distributed.cells import migrate
     from bytesplat_ns.distributed.pixel import pixel_step
 
     g, tree = P.make_scene(240, 4, crossing=True)
     views = P.views_on(P.make_views(), "cuda")
     params, gids, cells = P.local_part(g, tree, 0, 1, "cuda")
-    opts = make_adam_optimizers(params, P.TRAIN_LRS, P.NUM_VIEWS)
+    opts = make_adam_optimizers(params, SPLATFACTO_LRS, P.NUM_VIEWS)
     losses = [pixel_step(params, opts, cells, views, P.SH_DEGREE, renderer="fused").loss for _ in range(3)]
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0], losses
     with torch.no_grad():

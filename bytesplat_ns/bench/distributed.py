@@ -68,14 +68,6 @@ import torch.distributed as dist
 from torch import Tensor
 
 STAT_KEYS = ("forward_bytes", "backward_bytes", "meta_bytes", "forward_records", "backward_records")
-LRS = {  # splatfacto's initial learning rates (means: its final-scene-scale value)
-    "means": 1.6e-4,
-    "features_dc": 0.0025,
-    "features_rest": 0.0025 / 20,
-    "opacities": 0.05,
-    "scales": 0.005,
-    "quats": 0.001,
-}
 GSPLAT_CPU_REASON = "gsplat's rasterization runs CUDA kernels only; this run has no GPU"
 
 
@@ -136,9 +128,9 @@ def _leaves(params: Mapping[str, Tensor], rows: Optional[Tensor], device: torch.
 
 
 def _adam(params: Mapping[str, Tensor], batch: int) -> Dict[str, torch.optim.Optimizer]:
-    from bytesplat_ns.distributed import make_adam_optimizers
+    from bytesplat_ns.distributed import SPLATFACTO_LRS, make_adam_optimizers
 
-    return make_adam_optimizers(params, LRS, batch)
+    return make_adam_optimizers(params, SPLATFACTO_LRS, batch)
 
 
 def _opt_step(params: Mapping[str, Tensor], opts: Mapping[str, torch.optim.Optimizer]) -> None:

@@ -596,6 +596,18 @@ def distributed_step(
     return StepResult(float(total.item()), fwd.stats, fwd.info, fwd.layout)
 
 
+# splatfacto's initial learning rates per parameter (means: its final-scene-scale value), for the
+# sharded steps driven outside nerfstudio's trainer (benchmarks, tests).
+SPLATFACTO_LRS = {
+    "means": 1.6e-4,
+    "features_dc": 0.0025,
+    "features_rest": 0.0025 / 20,
+    "opacities": 0.05,
+    "scales": 0.005,
+    "quats": 0.001,
+}
+
+
 def make_adam_optimizers(
     params: Mapping[str, Tensor],
     lrs: Mapping[str, float],
