@@ -9,14 +9,13 @@
 #   NS="125000000 150000000" BENCH_ARGS="--skip-one-rank --skip-gsplat" bash scripts/gpu_capacity_x2.sh
 set -o pipefail
 OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT/runs"
-export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 BYTESPLAT_DIST_TIMEOUT=${BYTESPLAT_DIST_TIMEOUT:-300}
+export BYTESPLAT_DIST_TIMEOUT=${BYTESPLAT_DIST_TIMEOUT:-300}
 NS=${NS:-25000000 50000000 100000000 150000000}
 BUDGET=${BUDGET:-540}
 VIEWS=${VIEWS:-4}
 BENCH_ARGS=${BENCH_ARGS:-}  # e.g. "--skip-one-rank --skip-gsplat" past what one GPU / gsplat can hold
 exec > >(tee -a "$OUT/log.txt") 2>&1
 source scripts/gpu_setup.sh || exit 1
-left() { echo $(( BUDGET - $(date +%s) + T0 )); }
 timeout 200 $PY -c "from bytesplat_ns.distributed.sparse_kernels import load_extension; load_extension(); print('sparse-grad ext ok')" 2>&1 | tail -n 1
 
 # One 2-rank run per N measures both GPU counts: its 1-rank rows run on rank 0 alone; an

@@ -9,12 +9,11 @@
 #   device tool: kind nvidia-h200-x2, carry [".whl", ".ext"]; BUDGET = seconds this script may use
 set -o pipefail
 OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
-export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 BYTESPLAT_DIST_TIMEOUT=${BYTESPLAT_DIST_TIMEOUT:-300}
+export BYTESPLAT_DIST_TIMEOUT=${BYTESPLAT_DIST_TIMEOUT:-300}
 BUDGET=${BUDGET:-330}
 N=${N:-100000000}
 exec > >(tee -a "$OUT/log.txt") 2>&1
 source scripts/gpu_setup.sh || exit 1
-left() { echo $(( BUDGET - $(date +%s) + T0 )); }
 
 tests() {
   export CUDA_VISIBLE_DEVICES=0

@@ -17,12 +17,11 @@
 #   device tool: kind nvidia-h200-x2 (or nvidia-h200), carry [".whl", ".ext"], timeout_s 540
 set -o pipefail
 OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
-export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 BYTESPLAT_DIST_TIMEOUT=${BYTESPLAT_DIST_TIMEOUT:-200}
+export BYTESPLAT_DIST_TIMEOUT=${BYTESPLAT_DIST_TIMEOUT:-200}
 BUDGET=${BUDGET:-420}
 ITERS=${ITERS:-3000}
 exec > >(tee -a "$OUT/log.txt") 2>&1
 source scripts/gpu_setup.sh || exit 1
-left() { echo $(( BUDGET - $(date +%s) + T0 )); }
 
 gpu0() {
   export CUDA_VISIBLE_DEVICES=0

@@ -14,7 +14,6 @@ METHODS1=${METHODS1:-splatfacto}
 BUDGET=${BUDGET:-560}
 exec > >(tee -a "$OUT/log.txt") 2>&1
 source scripts/gpu_setup.sh || exit 1
-left() { echo $(( BUDGET - $(date +%s) + T0 )); }
 $PY -c "from bytesplat_ns.data.scene import SceneSpec, ensure_scene; print(ensure_scene(SceneSpec(size='large')))"  # generated before both runs start (they would wait on its lock)
 
 run() {  # run GPU METHODS

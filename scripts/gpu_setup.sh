@@ -1,10 +1,12 @@
-# Sourced by the single-GPU scripts (after they set OUT): packages (gpu_packages.sh), then JIT
-# builds of gsplat and of our two extensions in parallel.
+# Sourced by every GPU script (after it sets OUT and BUDGET): environment, stamp, left, packages
+# (gpu_packages.sh), then JIT builds of gsplat and of our two extensions in parallel.
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 MAX_JOBS=${MAX_JOBS:-16}
+export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # NVLink multicast stays off
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/ext} BYTESPLAT_CACHE=${BYTESPLAT_CACHE:-/tmp/bytesplat_cache}
 PY=${PYTHON:-python3}
 T0=${T0:-$(date +%s)}
 stamp() { echo "[$(basename "$0") +$(( $(date +%s) - T0 ))s] $*"; }
+left() { echo $(( ${BUDGET:-600} - $(date +%s) + T0 )); }  # seconds left of the caller's BUDGET
 
 source scripts/gpu_packages.sh || exit 1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader

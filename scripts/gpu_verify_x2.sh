@@ -15,13 +15,12 @@
 #   device tool: kind nvidia-h200-x2, carry [".whl", ".ext"], timeout_s 600
 set -o pipefail
 OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
-export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 BYTESPLAT_DIST_TIMEOUT=${BYTESPLAT_DIST_TIMEOUT:-200}
+export BYTESPLAT_DIST_TIMEOUT=${BYTESPLAT_DIST_TIMEOUT:-200}
 BUDGET=${BUDGET:-560}
 ITERS=${ITERS:-3000}
 TRAIN_METHODS=${TRAIN_METHODS:-bytesplat:fused splatfacto bytesplat:fused@hw_prune=on}
 exec > >(tee -a "$OUT/log.txt") 2>&1
 source scripts/gpu_setup.sh || exit 1
-left() { echo $(( BUDGET - $(date +%s) + T0 )); }
 RUNS=/tmp/train_runs
 TRAINED=$RUNS/bytesplat-fused/bytesplat/bench  # the first training run's directory
 
