@@ -625,6 +625,16 @@ def trained_regime_scene(N=100000, W=256, H=192, seed=31):
     return scene
 
 
+def trained_regime_case():
+    """The trained-regime scene with a smooth random ground truth and a background (seed 9)."""
+    scene = trained_regime_scene()
+    W, H = scene["width"], scene["height"]
+    g = torch.Generator(device="cuda").manual_seed(9)
+    gt = torch.rand(1, H, W, 3, device="cuda", generator=g)
+    gt = torch.nn.functional.avg_pool2d(gt.permute(0, 3, 1, 2), 5, 1, 2).permute(0, 2, 3, 1).contiguous()
+    return scene, gt, torch.rand(1, 3, device="cuda", generator=g)
+
+
 @needs_gsplat
 @pytest.mark.parametrize("mode", ["two_launch", "one_launch", "split"])
 def test_fused_loss_trained_regime_matches_gsplat(mode):
@@ -636,12 +646,8 @@ def test_fused_loss_trained_regime_matches_gsplat(mode):
 
     from bytesplat_ns.raster.fused import fused_render_loss, splatfacto_loss_torch
 
-    scene = trained_regime_scene()
+    scene, gt, bg = trained_regime_case()
     W, H = scene["width"], scene["height"]
-    g = torch.Generator(device="cuda").manual_seed(9)
-    gt = torch.rand(1, H, W, 3, device="cuda", generator=g)
-    gt = torch.nn.functional.avg_pool2d(gt.permute(0, 3, 1, 2), 5, 1, 2).permute(0, 2, 3, 1).contiguous()
-    bg = torch.rand(1, 3, device="cuda", generator=g)
 
     pf = _params(scene)
     loss_f, rgb_f, alpha_f, inf = fused_render_loss(*_args(pf, scene), gt, bg, sh_degree=3, absgrad=True,
@@ -695,12 +701,7 @@ def test_split_matches_two_launch_trained_regime():
     parameter gradients, absgrad: norm-wise rel <= 1e-5."""
     from bytesplat_ns.raster.fused import fused_render_loss
 
-    scene = trained_regime_scene()
-    W, H = scene["width"], scene["height"]
-    g = torch.Generator(device="cuda").manual_seed(9)
-    gt = torch.rand(1, H, W, 3, device="cuda", generator=g)
-    gt = torch.nn.functional.avg_pool2d(gt.permute(0, 3, 1, 2), 5, 1, 2).permute(0, 2, 3, 1).contiguous()
-    bg = torch.rand(1, 3, device="cuda", generator=g)
+    scene, gt, bg = trained_regime_case()
     projection = "gsplat" if _gsplat_available() else "torch"
     runs = {}
     for mode in ("two_launch", "split"):
