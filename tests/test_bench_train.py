@@ -23,6 +23,13 @@ def test_model_options_parse_to_the_field_type():
         set_model_option(cfg, "hw_prune")
 
 
+def test_unknown_method_is_one_clear_error():
+    from bytesplat_ns.bench.train import method_from_entry
+
+    with pytest.raises(SystemExit, match="unknown method 'nosuch'.*splatfacto"):
+        method_from_entry("nosuch:fused")
+
+
 def test_cpu_run_writes_per_method_results(tmp_path):
     out = tmp_path / "train.json"
     main(["--scene", "small", "--iterations", "4", "--num-downscales", "0", "--work-dir", str(tmp_path / "w"),

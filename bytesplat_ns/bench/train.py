@@ -50,6 +50,8 @@ def environment(args: Optional[List[str]] = None, prog: str = "python -m bytespl
 def method_config(name: str, rasterizer: Optional[str]):
     from nerfstudio.configs.method_configs import all_methods  # built-in and plugin methods
 
+    if name not in all_methods:
+        raise SystemExit(f"bytesplat-bench: unknown method {name!r} (known: {', '.join(sorted(all_methods))})")
     config = copy.deepcopy(all_methods[name])
     if rasterizer is not None:
         config.pipeline.model.rasterizer = rasterizer
