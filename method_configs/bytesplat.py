@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import torch
 from nerfstudio.configs.base_config import MachineConfig, ViewerConfig
-from nerfstudio.engine.optimizers import AdamOptimizerConfig
 from nerfstudio.engine.schedulers import ExponentialDecaySchedulerConfig
 from nerfstudio.pipelines.base_pipeline import VanillaPipelineConfig
 from nerfstudio.plugins.types import MethodSpecification
@@ -16,17 +15,19 @@ from nerfstudio.plugins.types import MethodSpecification
 from bytesplat_ns.data.datamanager import BytesplatDatamanagerConfig
 from bytesplat_ns.data.dataparser import BytesplatSceneDataParserConfig
 from bytesplat_ns.model import ByteSplatModelConfig
+from bytesplat_ns.optim import DeviceAdamOptimizerConfig
 from bytesplat_ns.trainer import ByteSplatTrainerConfig
 
 
 def adam(lr: float, final_lr: float | None = None, max_steps: int = 30000, warmup_steps: int = 0) -> dict:
-    """One optimizer group as nerfstudio expects it: Adam (eps 1e-15, as splatfacto) plus schedule."""
+    """One optimizer group as nerfstudio expects it: Adam (eps 1e-15, as splatfacto; fused on a GPU,
+    bytesplat_ns/optim.py) plus schedule."""
     scheduler = None
     if final_lr is not None:
         scheduler = ExponentialDecaySchedulerConfig(
             lr_final=final_lr, max_steps=max_steps, warmup_steps=warmup_steps, lr_pre_warmup=0
         )
-    return {"optimizer": AdamOptimizerConfig(lr=lr, eps=1e-15), "scheduler": scheduler}
+    return {"optimizer": DeviceAdamOptimizerConfig(lr=lr, eps=1e-15), "scheduler": scheduler}
 
 
 def gaussian_optimizers() -> dict:
