@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from bytesplat_ns.bench.train import main, set_model_option
 from bytesplat_ns.model import ByteSplatModelConfig
@@ -72,3 +73,45 @@ def test_several_seeds_run_every_method_and_summarize(tmp_path):
     psnrs = [r["eval"]["psnr"] for r in report["runs"]]
     assert row["runs"] == 2 and row["psnr_mean"] == pytest.approx(sum(psnrs) / 2)
     assert row["psnr_std"] == pytest.approx(abs(psnrs[0] - psnrs[1]) / 2 ** 0.5)
+
+
+def test_sync_sources_counts_each_synchronising_line_per_iteration(monkeypatch):
+    """profile's sync_sources: the warnings torch's sync debug mode raises are counted at the
+    innermost line outside torch; other warnings are not counted. (The debug mode itself is CUDA's:
+    stubbed here.)"""
+    import warnings
+
+    from bytesplat_ns.bench import profile_train
+
+    modes = []
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+
+    def synchronising_call():
+        warnings.warn("called a synchronizing CUDA operation")
+
+    def run_steps():
+        for _ in range(2):
+            synchronising_call()
+            synchronising_call()
+            warnings.warn("an unrelated warning")
+
+    rows = profile_train.sync_sources(run_steps, iters=2)
+    assert modes == ["warn", 0]
+    assert len(rows) == 1 and rows[0]["per_iteration"] == 2.0
+    assert rows[0]["where"].startswith("tests/test_bench_train.py:") and rows[0]["where"].endswith("synchronising_call")
+
+
+def test_summary_pairs_each_method_with_the_baseline_by_seed():
+    from bytesplat_ns.bench.train import summarize
+
+    def run(method, seed, psnr, ms):
+        return {"method": method, "seed": seed, "eval": {"psnr": psnr, "ssim": 0.9}, "ms_per_iteration": ms}
+
+    runs = [run("a", 1, 30.0, 10.0), run("base", 1, 29.5, 15.0), run("a", 2, 33.0, 10.0), run("base", 2, 33.1, 20.0),
+            run("a", 3, 31.0, 10.0)]  # seed 3 has no baseline run: not paired
+    s = summarize(runs, baseline="base")
+    vs = s["a"]["vs_baseline"]
+    assert vs["seeds"] == [1, 2] and vs["baseline"] == "base"
+    assert vs["psnr_diff_mean"] == pytest.approx(0.2) and vs["psnr_diff_std"] == pytest.approx(0.6 / 2 ** 0.5)
+    assert vs["speedup_mean"] == pytest.approx(1.75) and vs["ssim_diff_mean"] == pytest.approx(0.0)
+    assert "vs_baseline" not in s["base"] and "vs_baseline" not in summarize(runs)["a"]

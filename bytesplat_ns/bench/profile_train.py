@@ -8,7 +8,10 @@ body (callbacks before, ``train_iteration``, callbacks after) and report
 - wall ms per iteration, and the GPU's busy ms per iteration (sum of kernel times): when wall is
   well above busy, the step is bound by the host (Python, launches, synchronisations), not the GPU;
 - the ops with the largest host time and the largest device time, and the number of host-device
-  synchronisations (``cudaStreamSynchronize``, ``cudaDeviceSynchronize``, blocking copies).
+  synchronisations (``cudaStreamSynchronize``, ``cudaDeviceSynchronize``, blocking copies);
+- where those synchronisations come from (CUDA only): ``--profile-iters`` more iterations under
+  torch's sync debug mode, each synchronising call counted at the innermost Python line outside
+  torch that made it (``sync_sources``).
 
     python -m bytesplat_ns.bench.profile_train --scene large --warmup-iters 1000 --profile-iters 30 \\
         --methods splatfacto bytesplat:fused --out profile.json
@@ -19,6 +22,9 @@ from __future__ import annotations
 import argparse
 import json
 import time
+import traceback
+import warnings
+from collections import Counter
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -37,6 +43,30 @@ def loop_body(trainer, step: int) -> None:
     trainer.train_iteration(step)
     for callback in trainer.callbacks:
         callback.run_callback_at_location(step, location=TrainingCallbackLocation.AFTER_TRAIN_ITERATION)
+
+
+def sync_sources(run_steps, iters: int) -> List[Dict]:
+    """Each host-device synchronisation ``run_steps()`` makes, counted per iteration at the innermost
+    Python frame outside torch (torch's sync debug mode warns at every synchronising call)."""
+    counts: Counter = Counter()
+
+    def record(message, *_args, **_kwargs) -> None:
+        if "synchronizing" not in str(message):  # another warning raised during the steps
+            return
+        frames = [f for f in traceback.extract_stack()[:-1]
+                  if "/torch/" not in f.filename and not f.filename.endswith("warnings.py")]
+        where = frames[-1] if frames else None
+        counts["?" if where is None else f"{'/'.join(Path(where.filename).parts[-2:])}:{where.lineno} {where.name}"] += 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            run_steps()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    return [{"where": where, "per_iteration": n / iters} for where, n in counts.most_common()]
 
 
 def _table(events, key: str, top: int) -> List[Dict]:
@@ -71,19 +101,25 @@ def profile_method(label: str, config, data: Path, warmup: int, iters: int, work
     kernels = [e for e in events if getattr(e, "device_type", None) is not None and "CUDA" in str(e.device_type)]
     busy_ms = sum(e.self_device_time_total for e in kernels) / 1e3 / iters
     syncs = {e.key: e.count / iters for e in events if e.key.startswith(SYNC_EVENTS)}
+    sources: List[Dict] = []
+    if device == "cuda":
+        def run_steps() -> None:
+            for i in range(iters):
+                loop_body(trainer, step0 + 2 * iters + i)
+            sync()
+
+        sources = sync_sources(run_steps, iters)
     result = {
         "label": label,
         "num_gaussians": int(trainer.pipeline.model.num_points),
-        "profiled_steps": [step0, step0 + 2 * iters - 1],
+        "profiled_steps": [step0, step0 + (3 if sources else 2) * iters - 1],
         "wall_ms_per_iteration": wall_ms,
         "device_busy_ms_per_iteration": busy_ms,
         "syncs_per_iteration": syncs,
+        "sync_sources": sources,
         "top_host": _table(events, "self_cpu_time_total", top),
         "top_device": _table(events, "self_device_time_total", top) if device == "cuda" else [],
     }
-    del trainer
-    if device == "cuda":
-        torch.cuda.empty_cache()
     return result
 
 
@@ -112,6 +148,8 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     for entry in a.methods:
         label, config = method_from_entry(entry, configure)
         r = profile_method(label, config, data, a.warmup_iters, a.profile_iters, a.work_dir, a.seed, a.top)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # the method's trainer is gone with profile_method's frame
         report["runs"].append(r)
         print(f"{label}: {r['num_gaussians']} Gaussians, wall {r['wall_ms_per_iteration']:.2f} ms/it, "
               f"GPU busy {r['device_busy_ms_per_iteration']:.2f} ms/it, syncs/it {r['syncs_per_iteration']}", flush=True)
@@ -119,6 +157,8 @@ def main(argv: Optional[List[str]] = None) -> Dict:
             print(f"   host {row['host_ms'] / a.profile_iters:7.3f} ms/it  x{row['calls'] / a.profile_iters:5.1f}  {row['name'][:70]}")
         for row in r["top_device"][:12]:
             print(f"    dev {row['device_ms'] / a.profile_iters:7.3f} ms/it  x{row['calls'] / a.profile_iters:5.1f}  {row['name'][:70]}")
+        for row in r["sync_sources"][:12]:
+            print(f"   sync x{row['per_iteration']:5.2f}/it  {row['where']}")
         if a.out:
             a.out.parent.mkdir(parents=True, exist_ok=True)
             a.out.write_text(json.dumps(report, indent=1))

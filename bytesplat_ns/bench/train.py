@@ -22,7 +22,7 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -226,29 +226,44 @@ def main(argv: Optional[List[str]] = None) -> dict:
             run = train_and_evaluate(label, config, data, args.iterations, args.work_dir.resolve(), seed, device)
             report["runs"].append(dict(run, method=entry, seed=seed))
             if len(seeds) > 1:
-                report["summary"] = summarize(report["runs"])
+                report["summary"] = summarize(report["runs"], baseline="splatfacto" if "splatfacto" in args.methods else None)
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps(report, indent=2))  # after every run: a cut-short job keeps its results
     print(json.dumps(report, indent=2))
     return report
 
 
-def summarize(runs: List[dict]) -> Dict[str, dict]:
+def summarize(runs: List[dict], baseline: Optional[str] = None) -> Dict[str, dict]:
     """Per method entry: the number of runs, mean and sample standard deviation of eval PSNR/SSIM and
-    of ms per iteration."""
+    of ms per iteration. With ``baseline`` (a method entry), every other method also gets its paired
+    comparison over the seeds both ran (``vs_baseline``): the mean and spread of its per-seed PSNR and
+    SSIM differences and of the baseline's ms per iteration over its own. Seeds move both methods'
+    PSNR together (the same seed starts both from the same Gaussians), so the paired difference says
+    far more about equal quality than the two means do."""
     import statistics
+
+    def mean_std(values: List[float]) -> Tuple[float, float]:
+        return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
     out: Dict[str, dict] = {}
     for method in dict.fromkeys(r["method"] for r in runs):
         mine = [r for r in runs if r["method"] == method]
-        row: Dict[str, float] = {"runs": len(mine)}
+        row: Dict[str, Any] = {"runs": len(mine)}
         for name, values in (("psnr", [r["eval"]["psnr"] for r in mine]), ("ssim", [r["eval"]["ssim"] for r in mine]),
                              ("ms_per_iteration", [r["ms_per_iteration"] for r in mine])):
-            row[f"{name}_mean"] = statistics.fmean(values)
-            row[f"{name}_std"] = statistics.stdev(values) if len(values) > 1 else 0.0
+            row[f"{name}_mean"], row[f"{name}_std"] = mean_std(values)
         out[method] = row
+    base_runs = {r["seed"]: r for r in runs if r["method"] == baseline}
+    for method, row in out.items():
+        pairs = [(r, base_runs[r["seed"]]) for r in runs if r["method"] == method and r.get("seed") in base_runs]
+        if method == baseline or not pairs:
+            continue
+        vs: Dict[str, Any] = {"baseline": baseline, "seeds": [r["seed"] for r, _ in pairs]}
+        vs["psnr_diff_mean"], vs["psnr_diff_std"] = mean_std([r["eval"]["psnr"] - b["eval"]["psnr"] for r, b in pairs])
+        vs["ssim_diff_mean"], vs["ssim_diff_std"] = mean_std([r["eval"]["ssim"] - b["eval"]["ssim"] for r, b in pairs])
+        vs["speedup_mean"], vs["speedup_std"] = mean_std([b["ms_per_iteration"] / r["ms_per_iteration"] for r, b in pairs])
+        row["vs_baseline"] = vs
     return out
-
 
 if __name__ == "__main__":
     main()
