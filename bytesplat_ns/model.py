@@ -12,6 +12,7 @@ from typing import Dict, List, Literal, Optional, Tuple, Type, Union
 
 import torch
 from nerfstudio.cameras.cameras import Cameras
+from nerfstudio.model_components.lib_bilagrid import color_correct
 from nerfstudio.models.splatfacto import (
     RGB2SH,
     SplatfactoModel,
@@ -78,6 +79,21 @@ def viewmat_from_camera_to_world(camera_to_world: torch.Tensor) -> torch.Tensor:
     viewmat[:, :3, 3:4] = -rotation_inv @ translation
     viewmat[:, 3, 3] = 1.0
     return viewmat
+
+
+def intrinsics_matrices(camera: Cameras) -> torch.Tensor:
+    """``camera.get_intrinsics_matrices()`` [*,3,3], built on the device the camera's tensors are on.
+    nerfstudio's fills a CPU tensor element by element: for a camera on the GPU, four read-backs
+    (each a host-device wait) and then a copy back."""
+    fx, fy, cx, cy = (v.squeeze(-1).float() for v in (camera.fx, camera.fy, camera.cx, camera.cy))
+    zero, one = torch.zeros_like(fx), torch.ones_like(fx)
+    return torch.stack([fx, zero, cx, zero, fy, cy, zero, zero, one], dim=-1).unflatten(-1, (3, 3))
+
+
+def training_psnr(predicted: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """PSNR for the training log (images in [0, 1]), computed on the device: torchmetrics' metric
+    copies the pixel count to the GPU from the host, a host-device wait on every step."""
+    return -10.0 * torch.log10(torch.mean((predicted - target) ** 2))
 
 
 class ByteSplatModel(SplatfactoModel):
@@ -221,7 +237,7 @@ class ByteSplatModel(SplatfactoModel):
             width, height = int(camera.width.item()), int(camera.height.item())
             camera.rescale_output_resolution(scale_factor)
             return intrinsics, width, height
-        intrinsics = camera.get_intrinsics_matrices().to(self.device)
+        intrinsics = intrinsics_matrices(camera).to(self.device)
         if scale_factor == 1:
             return intrinsics, host[0], host[1]
         # rescale_output_resolution's arithmetic: float32 factor, sizes truncated to int64
@@ -313,7 +329,16 @@ class ByteSplatModel(SplatfactoModel):
                 outputs.update(self._render_outputs(raster_args, sh_degree, outputs["background"], metadata))
             else:
                 self._run_fused_step(outputs, batch)
-        return super().get_metrics_dict(outputs, batch)
+        if not self.training:
+            return super().get_metrics_dict(outputs, batch)
+        # splatfacto's training metrics, with a PSNR that does not wait for the GPU
+        gt_rgb = self.composite_with_background(self.get_gt_img(batch["image"]), outputs["background"])
+        metrics_dict = {"psnr": training_psnr(outputs["rgb"], gt_rgb)}
+        if self.config.color_corrected_metrics:
+            metrics_dict["cc_psnr"] = training_psnr(color_correct(outputs["rgb"], gt_rgb), gt_rgb)
+        metrics_dict["gaussian_count"] = self.num_points
+        self.camera_optimizer.get_metrics_dict(metrics_dict)
+        return metrics_dict
 
     def get_loss_dict(self, outputs, batch, metrics_dict=None) -> Dict[str, torch.Tensor]:
         if "fused_loss" not in outputs:
@@ -326,7 +351,7 @@ class ByteSplatModel(SplatfactoModel):
     def _scale_regularization(self) -> torch.Tensor:
         """PhysGaussian's penalty on needle-like Gaussians, as splatfacto applies it (every 10 steps)."""
         if not (self.config.use_scale_regularization and self.step % 10 == 0):
-            return torch.tensor(0.0, device=self.device)
+            return torch.zeros((), device=self.device)  # not torch.tensor(0.0, ...): a copy from the host
         scales = torch.exp(self.scales)
         ratio = scales.amax(dim=-1) / scales.amin(dim=-1)
         return 0.1 * (torch.clamp_min(ratio, self.config.max_gauss_ratio) - self.config.max_gauss_ratio).mean()

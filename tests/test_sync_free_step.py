@@ -134,3 +134,43 @@ def test_viewmat_equals_the_flip_by_multiplication():
     want[:, :3, :3] = rotation.transpose(1, 2)
     want[:, :3, 3:4] = -rotation.transpose(1, 2) @ c2w[:, :3, 3:4]
     assert torch.equal(viewmat_from_camera_to_world(c2w), want)
+
+
+def test_rigid_camera_centers_equal_the_inverse():
+    from bytesplat_ns.model import viewmat_from_camera_to_world
+    from bytesplat_ns.raster.projection import camera_centers, rigid_camera_centers
+
+    q, _ = torch.linalg.qr(torch.randn(4, 3, 3, dtype=torch.float64))
+    c2w = torch.cat([q, 5 * torch.randn(4, 3, 1, dtype=torch.float64)], dim=2)
+    viewmats = viewmat_from_camera_to_world(c2w)
+    torch.testing.assert_close(rigid_camera_centers(viewmats), camera_centers(viewmats), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(rigid_camera_centers(viewmats), c2w[:, :, 3], rtol=1e-12, atol=1e-12)
+
+
+def test_training_psnr_equals_torchmetrics():
+    from torchmetrics.image import PeakSignalNoiseRatio
+
+    from bytesplat_ns.model import training_psnr
+
+    a, b = torch.rand(31, 17, 3), torch.rand(31, 17, 3)
+    torch.testing.assert_close(training_psnr(a, b), PeakSignalNoiseRatio(data_range=1.0)(a, b))
+
+
+def test_training_metrics_are_splatfactos():
+    """The model's training metrics (PSNR computed on the device) have splatfacto's keys and values."""
+    from nerfstudio.data.scene_box import SceneBox
+    from nerfstudio.models.splatfacto import SplatfactoModel
+
+    from bytesplat_ns.model import ByteSplatModel, ByteSplatModelConfig
+
+    model = ByteSplatModelConfig(rasterizer="reference", num_random=300, num_downscales=0).setup(
+        scene_box=SceneBox(torch.tensor([[-1.0] * 3, [1.0] * 3])), num_train_data=4, metadata={})
+    assert isinstance(model, ByteSplatModel)
+    model.train()
+    outputs = {"rgb": torch.rand(20, 30, 3), "background": torch.rand(3)}
+    batch = {"image": torch.rand(20, 30, 3)}
+    ours = model.get_metrics_dict(outputs, batch)
+    theirs = SplatfactoModel.get_metrics_dict(model, outputs, batch)
+    assert ours.keys() == theirs.keys()
+    for key in ours:
+        torch.testing.assert_close(torch.as_tensor(ours[key]).float(), torch.as_tensor(theirs[key]).float())

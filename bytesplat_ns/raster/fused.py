@@ -134,12 +134,14 @@ def project(
     if projection == "gsplat":
         from gsplat.cuda._wrapper import fully_fused_projection, spherical_harmonics
 
+        from bytesplat_ns.raster.projection import rigid_camera_centers
+
         radii, means2d, depths, conics, _ = fully_fused_projection(
             means, None, quats, scales, viewmats, Ks, width, height,
             eps2d=eps2d, near_plane=near_plane, far_plane=far_plane, packed=False,
         )
         if sh_degree is not None:
-            dirs = means[None, :, :] - torch.inverse(viewmats)[:, None, :3, 3]
+            dirs = means[None, :, :] - rigid_camera_centers(viewmats)[:, None, :]
             if colors.dim() == 3 and C > 1:
                 # One camera at a time: gsplat makes its coefficients contiguous, so a [C,N,K,3]
                 # broadcast would be materialised, and its gradient too (2 x 36 GiB for 50M

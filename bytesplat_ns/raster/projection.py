@@ -60,6 +60,13 @@ def camera_centers(viewmats: Tensor) -> Tensor:
     return torch.linalg.inv(viewmats)[:, :3, 3]
 
 
+def rigid_camera_centers(viewmats: Tensor) -> Tensor:
+    """Camera centers in world space [C,3] of rigid world-to-camera matrices: -R^T t. Equal to
+    :func:`camera_centers` up to rounding, without the matrix inverse, whose CUDA version checks
+    for singular input by reading a flag back from the GPU (a host-device wait every step)."""
+    return -(viewmats[:, :3, :3].transpose(1, 2) @ viewmats[:, :3, 3:4]).squeeze(-1)
+
+
 def project_gaussians(
     means: Tensor,
     quats: Tensor,
