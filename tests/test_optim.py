@@ -51,3 +51,18 @@ def test_cuda_parameters_take_the_fused_kernel_and_match_adam():
     assert opt.param_groups[0]["fused"] is True
     for x, y in zip(a, b):
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
+
+
+def test_replaced_parameter_keeps_a_fused_optimizers_step_on_its_device():
+    """Rebalancing/migration hand a rank that had no Adam state a host step count: with a fused
+    optimizer it goes to the parameter's device (fused Adam refuses a host step)."""
+    from bytesplat_ns.distributed.sharding import _replace_param
+
+    p = torch.nn.Parameter(torch.zeros(3))
+    opt = torch.optim.Adam([p], lr=0.1)
+    opt.param_groups[0]["fused"] = True  # as DeviceAdam on a GPU; the move itself is what is checked
+    params = {"x": p}
+    _replace_param(params, "x", torch.ones(5), opt, {"step": torch.tensor(7.0, dtype=torch.float64)})
+    state = opt.state[params["x"]]
+    assert state["step"].dtype == torch.float32 and state["step"].device == params["x"].device
+    assert opt.param_groups[0]["params"][0] is params["x"]

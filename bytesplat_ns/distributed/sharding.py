@@ -129,6 +129,11 @@ def _replace_param(
                 group["params"][i] = new
     optimizer.state.pop(old, None)
     if new_state:
+        step = new_state.get("step")
+        if isinstance(step, Tensor) and any(g.get("fused") or g.get("capturable") for g in optimizer.param_groups):
+            # fused Adam keeps its step count on the parameter's device (a rank that had no state
+            # before builds it on the host)
+            new_state["step"] = step.to(device=new.device, dtype=torch.float32)
         optimizer.state[new] = new_state
 
 

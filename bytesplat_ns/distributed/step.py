@@ -615,9 +615,12 @@ def make_adam_optimizers(
     betas: Tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-15,
 ) -> Dict[str, torch.optim.Optimizer]:
-    """One Adam per parameter (nerfstudio's layout), learning rates and betas scaled for the batch."""
+    """One Adam per parameter (nerfstudio's layout), learning rates and betas scaled for the batch;
+    fused on the GPU (optim.DeviceAdam: also no parameter-sized temporaries, which count at 100M)."""
+    from bytesplat_ns.optim import DeviceAdam
+
     out = {}
     for name, p in params.items():
         lr, b = scale_adam_for_batch(lrs[name], betas, batch_size)
-        out[name] = torch.optim.Adam([p], lr=lr, betas=b, eps=eps)
+        out[name] = DeviceAdam([p], lr=lr, betas=b, eps=eps)
     return out
