@@ -115,3 +115,17 @@ def test_summary_pairs_each_method_with_the_baseline_by_seed():
     assert vs["psnr_diff_mean"] == pytest.approx(0.2) and vs["psnr_diff_std"] == pytest.approx(0.6 / 2 ** 0.5)
     assert vs["speedup_mean"] == pytest.approx(1.75) and vs["ssim_diff_mean"] == pytest.approx(0.0)
     assert "vs_baseline" not in s["base"] and "vs_baseline" not in summarize(runs)["a"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_fused_training_step_never_waits_for_the_gpu(tmp_path):
+    """Between densification steps a bytesplat (fused) training iteration makes no host-device
+    synchronisation: profile's sync_sources finds none (splatfacto's makes about 17)."""
+    from bytesplat_ns.bench.profile_train import main as profile_main
+
+    report = profile_main(["--scene", "small", "--methods", "bytesplat:fused", "--warmup-iters", "20",
+                           "--profile-iters", "5", "--top", "3", "--work-dir", str(tmp_path / "w")])
+    (run,) = report["runs"]
+    assert run["profiled_steps"] == [20, 34]  # no refine step (every 100 from 500) among them
+    assert run["sync_sources"] == [], run["sync_sources"]
