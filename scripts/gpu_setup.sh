@@ -1,5 +1,6 @@
 # Sourced by every GPU script (after it sets OUT and BUDGET): environment, stamp, left, packages
-# (gpu_packages.sh), then JIT builds of gsplat and of our two extensions in parallel.
+# (gpu_packages.sh), then JIT builds of gsplat and of our two extensions in parallel, and with
+# SCENES="large medium ..." the built-in scenes of those sizes generated alongside.
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 MAX_JOBS=${MAX_JOBS:-16}
 export TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # NVLink multicast stays off
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-/tmp/ext} BYTESPLAT_CACHE=${BYTESPLAT_CACHE:-/tmp/bytesplat_cache}
@@ -20,8 +21,13 @@ ext = load_extension()
 print('fused ext ok in %.0fs, capacity(2 blocks/SM)=%d' % (time.time() - t, ext.fused_capacity(2)))" > /tmp/fused_build.log 2>&1 ) &
 FUSED_BUILD_PID=$!
 ( timeout 420 $PY -c "from bytesplat_ns.distributed.sparse_kernels import load_extension; load_extension(); print('sparse-grad ext ok')" > /tmp/sparse_build.log 2>&1 ) &
-# wait on these three only: a bare `wait` would also wait on the caller's process substitutions
-wait $GSPLAT_BUILD_PID $FUSED_BUILD_PID $!; tail -n 3 /tmp/gsplat_build.log /tmp/fused_build.log /tmp/sparse_build.log
+SPARSE_BUILD_PID=$!
+( for size in ${SCENES:-}; do
+    timeout 300 $PY -c "from bytesplat_ns.data.scene import SceneSpec, ensure_scene; print(ensure_scene(SceneSpec(size='$size')))"
+  done > /tmp/scenes.log 2>&1 ) &
+# wait on these only: a bare `wait` would also wait on the caller's process substitutions
+wait $GSPLAT_BUILD_PID $FUSED_BUILD_PID $SPARSE_BUILD_PID $!
+tail -n 3 /tmp/gsplat_build.log /tmp/fused_build.log /tmp/sparse_build.log; [[ -n ${SCENES:-} ]] && tail -n 2 /tmp/scenes.log
 # A fresh gsplat build goes back through $OUT, for later runs to carry in .ext/ (gpu_packages.sh).
 so=$TORCH_EXTENSIONS_DIR/gsplat_cuda/gsplat_cuda.so
 if [[ -n "$OUT" && -f "$so" && ! -f .ext/gsplat_cuda.so ]]; then cp "$so" "$OUT/"; fi

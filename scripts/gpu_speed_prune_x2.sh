@@ -16,47 +16,10 @@ BUDGET=${BUDGET:-560}
 SEEDS=${SEEDS:-1 2 3}
 PRUNE_SEEDS=${PRUNE_SEEDS:-1 2}
 exec > >(tee -a "$OUT/log.txt") 2>&1
-T0=$(date +%s)
-# the scenes generate while the kernels build (the large one takes ~50 s)
-( ${PYTHON:-python3} -c "
-from bytesplat_ns.data.scene import SceneSpec, ensure_scene
-for size in ('large', 'medium'): print(ensure_scene(SceneSpec(size=size)))" > /tmp/scenes.log 2>&1 ) &
-SCENES_PID=$!
+SCENES="large medium"  # generated while the kernels build (the large one takes ~50 s)
 source scripts/gpu_setup.sh || exit 1
-wait $SCENES_PID; tail -n 2 /tmp/scenes.log
 
-seeds() {  # seeds GPU NAME SCENE "SEEDS" "METHODS" [bench.train options]
-  local gpu=$1 name=$2 scene=$3 seeds=$4 methods=$5; shift 5
-  export CUDA_VISIBLE_DEVICES=$gpu
-  stamp "GPU $gpu: $methods, $scene scene, seeds $seeds $* (timeout $(( $(left) - 10 ))s)"
-  timeout $(( $(left) - 10 )) $PY -m bytesplat_ns.bench.train --scene $scene --iterations 3000 --num-downscales 0 \
-    --methods $methods --seeds $seeds --work-dir /tmp/runs_$name --out /tmp/$name.json "$@" > /tmp/$name.log 2>&1
-  stamp "GPU $gpu: $name rc=$?"; grep -E "Error" /tmp/$name.log | head -3
-}
-merge() {  # merge OUT_NAME BASELINE NOTE IN_NAME...
-  local out=$1 baseline=$2 note=$3; shift 3
-  $PY scripts/merge_train_json.py "$OUT/$out.json" "$note" "${@/#//tmp/}"
-  $PY - "$OUT/$out.json" "$baseline" <<'EOF'
-import json, sys
-from bytesplat_ns.bench.train import summarize
-d = json.load(open(sys.argv[1]))
-d["summary"] = summarize(d["runs"], baseline=sys.argv[2])
-json.dump(d, open(sys.argv[1], "w"), indent=1)
-for method, row in d["summary"].items():
-    print(f"{method}: {row['runs']} runs, PSNR {row['psnr_mean']:.3f} +- {row['psnr_std']:.3f}, "
-          f"{row['ms_per_iteration_mean']:.2f} ms/it")
-    vs = row.get("vs_baseline")
-    if vs:
-        print(f"  paired vs {vs['baseline']} over seeds {vs['seeds']}: PSNR {vs['psnr_diff_mean']:+.3f} +- "
-              f"{vs['psnr_diff_std']:.3f} dB, SSIM {vs['ssim_diff_mean']:+.4f} +- {vs['ssim_diff_std']:.4f}, "
-              f"speed-up {vs['speedup_mean']:.2f}x +- {vs['speedup_std']:.2f}")
-EOF
-}
-both() {  # both "CMD0" "CMD1": the two at the same time, one per GPU
-  ( eval "$1" ) & local p0=$!
-  ( eval "$2" ) & local p1=$!
-  wait $p0 $p1
-}
+source scripts/gpu_train_lib.sh
 
 both 'seeds 0 speed0 large "$SEEDS" bytesplat:fused' 'seeds 1 speed1 large "$SEEDS" splatfacto'
 merge train_seeds splatfacto "GPU 0: bytesplat:fused, GPU 1: splatfacto, at the same time; seeds $SEEDS" speed0.json speed1.json

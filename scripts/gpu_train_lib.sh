@@ -1,0 +1,47 @@
+# Sourced by the GPU scripts that train on the built-in scenes (after gpu_setup.sh): seeds, merge,
+# both. Expects OUT, PY, stamp and left.
+
+seeds() {  # seeds GPU NAME SCENE "SEEDS" "METHODS" [bench.train options]
+  local gpu=$1 name=$2 scene=$3 seeds=$4 methods=$5; shift 5
+  export CUDA_VISIBLE_DEVICES=$gpu
+  stamp "GPU $gpu: $methods, $scene scene, seeds $seeds $* (timeout $(( $(left) - 10 ))s)"
+  timeout $(( $(left) - 10 )) $PY -m bytesplat_ns.bench.train --scene $scene --iterations 3000 --num-downscales 0 \
+    --methods $methods --seeds $seeds --work-dir /tmp/runs_$name --out /tmp/$name.json "$@" > /tmp/$name.log 2>&1
+  stamp "GPU $gpu: $name rc=$?"; grep -E "Error" /tmp/$name.log | head -3
+}
+merge() {  # merge OUT_NAME BASELINE NOTE IN_NAME...
+  local out=$1 baseline=$2 note=$3; shift 3
+  $PY scripts/merge_train_json.py "$OUT/$out.json" "$note" "${@/#//tmp/}"
+  $PY - "$OUT/$out.json" "$baseline" <<'EOF'
+import json, sys
+from bytesplat_ns.bench.train import summarize
+d = json.load(open(sys.argv[1]))
+d["summary"] = summarize(d["runs"], baseline=sys.argv[2])
+json.dump(d, open(sys.argv[1], "w"), indent=1)
+for method, row in d["summary"].items():
+    print(f"{method}: {row['runs']} runs, PSNR {row['psnr_mean']:.3f} +- {row['psnr_std']:.3f}, "
+          f"{row['ms_per_iteration_mean']:.2f} ms/it")
+    vs = row.get("vs_baseline")
+    if vs:
+        print(f"  paired vs {vs['baseline']} over seeds {vs['seeds']}: PSNR {vs['psnr_diff_mean']:+.3f} +- "
+              f"{vs['psnr_diff_std']:.3f} dB, SSIM {vs['ssim_diff_mean']:+.4f} +- {vs['ssim_diff_std']:.4f}, "
+              f"speed-up {vs['speedup_mean']:.2f}x +- {vs['speedup_std']:.2f}")
+EOF
+}
+both() {  # both "CMD0" "CMD1": the two at the same time, one per GPU
+  ( eval "$1" ) & local p0=$!
+  ( eval "$2" ) & local p1=$!
+  wait $p0 $p1
+}
+gpu_tests() {  # every one-GPU test on GPU 0, then the two-GPU NCCL tests, in what is left (tests.log)
+  export CUDA_VISIBLE_DEVICES=0
+  stamp "GPU 0: one-GPU tests (timeout $(( $(left) - 75 ))s)"
+  BYTESPLAT_TEST_GSPLAT_PROJECTION=1 timeout $(( $(left) - 75 )) $PY -m pytest -q -p no:cacheprovider -o addopts="" \
+    tests -m gpu -k "not two_gpus and not nccl and not training_run_cross_checked" -rfE --tb=short > "$OUT/tests.log" 2>&1
+  stamp "one-GPU tests rc=$? $(tail -n 1 "$OUT/tests.log")"
+  unset CUDA_VISIBLE_DEVICES
+  stamp "both GPUs: two-GPU NCCL tests (timeout $(( $(left) - 5 ))s)"
+  timeout $(( $(left) - 5 )) $PY -m pytest -q -p no:cacheprovider -o addopts="" tests -k "two_gpus or nccl" \
+    -rfEs --tb=short >> "$OUT/tests.log" 2>&1
+  stamp "two-GPU tests rc=$? $(tail -n 1 "$OUT/tests.log")"
+}
