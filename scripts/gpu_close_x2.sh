@@ -25,14 +25,6 @@ source scripts/gpu_train_lib.sh
 both 'seeds 0 speed0 large "$SEEDS" bytesplat:fused' 'seeds 1 speed1 large "$SEEDS" splatfacto'
 merge train_seeds splatfacto "GPU 0: bytesplat:fused, GPU 1: splatfacto, at the same time; seeds $SEEDS" speed0.json speed1.json
 
-capacity() {  # capacity NAME NPROC N [bench options]: bytesplat-bench distributed at N Gaussians
-  local name=$1 nproc=$2 n=$3; shift 3
-  stamp "capacity: N=$n on $nproc rank(s) $* (timeout $(( $(left) - 5 ))s)"
-  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout $(( $(left) - 5 )) $PY -m torch.distributed.run --standalone \
-    --nproc-per-node $nproc -m bytesplat_ns.bench.cli distributed --num-gaussians $n --views 4 --width 1920 --height 1080 \
-    --warmup 1 --repeats 2 --out "$OUT/$name.json" "$@" > /tmp/$name.log 2>&1
-  stamp "capacity $name rc=$?"; grep -E "^ +N=|out of memory|Error" /tmp/$name.log | head -8 | cut -c1-300
-}
 gpu0() {
   export CUDA_VISIBLE_DEVICES=0
   stamp "GPU 0: profile"

@@ -1,5 +1,5 @@
-# Sourced by the GPU scripts that train on the built-in scenes (after gpu_setup.sh): seeds, merge,
-# both. Expects OUT, PY, stamp and left.
+# Sourced by the GPU scripts (after gpu_setup.sh): seeds, merge, both, gpu_tests, capacity.
+# Expects OUT, PY, stamp and left.
 
 seeds() {  # seeds GPU NAME SCENE "SEEDS" "METHODS" [bench.train options]
   local gpu=$1 name=$2 scene=$3 seeds=$4 methods=$5; shift 5
@@ -44,4 +44,12 @@ gpu_tests() {  # every one-GPU test on GPU 0, then the two-GPU NCCL tests, in wh
   timeout $(( $(left) - 5 )) $PY -m pytest -q -p no:cacheprovider -o addopts="" tests -k "two_gpus or nccl" \
     -rfEs --tb=short >> "$OUT/tests.log" 2>&1
   stamp "two-GPU tests rc=$? $(tail -n 1 "$OUT/tests.log")"
+}
+capacity() {  # capacity NAME NPROC N [bench options]: bytesplat-bench distributed at N Gaussians
+  local name=$1 nproc=$2 n=$3; shift 3
+  stamp "capacity: N=$n on $nproc rank(s) $* (timeout $(( $(left) - 5 ))s)"
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout $(( $(left) - 5 )) $PY -m torch.distributed.run --standalone \
+    --nproc-per-node $nproc -m bytesplat_ns.bench.cli distributed --num-gaussians $n --views 4 --width 1920 --height 1080 \
+    --warmup 1 --repeats 2 --out "$OUT/$name.json" "$@" > /tmp/$name.log 2>&1
+  stamp "capacity $name rc=$?"; grep -E "^ +N=|out of memory|Error" /tmp/$name.log | head -8 | cut -c1-300
 }

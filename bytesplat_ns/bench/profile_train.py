@@ -114,7 +114,7 @@ def profile_method(label: str, config, data: Path, warmup: int, iters: int, work
     result = {
         "label": label,
         "num_gaussians": int(trainer.pipeline.model.num_points),
-        "profiled_steps": [step0, step0 + (3 if sources else 2) * iters - 1],
+        "profiled_steps": [step0, step0 + (3 if device == "cuda" else 2) * iters - 1],
         "wall_ms_per_iteration": wall_ms,
         "device_busy_ms_per_iteration": busy_ms,
         "syncs_per_iteration": syncs,
