@@ -138,3 +138,20 @@ def test_matrix_dry_run_skips_ranks_beyond_the_gpus(tmp_path, monkeypatch):
     assert {n for n, p in pieces.items() if n.startswith("train_") and p["status"] == "planned"} == {
         "train_small_splatfacto", "train_small_bytesplat-gsplat", "train_small_bytesplat-fused"}
     assert not list(tmp_path.glob("*.png"))
+
+
+def test_train_runs_of_one_label_in_two_files_are_both_plotted(tmp_path, monkeypatch):
+    """Two files with a run of the same label on one scene (two calls' runs of one method): both
+    bars are drawn, each named by its file; a label found in one file keeps its name."""
+    from bytesplat_ns.bench import plots
+
+    run = {"label": "bytesplat-fused", "iterations": 10, "ms_per_iteration": 5.0, "eval": {"psnr": 30.0}}
+    data = {"environment": {"device": "cpu", "date": "d"}, "scene": "/x/large-1", "runs": [run]}
+    other = dict(data, runs=[dict(run, ms_per_iteration=6.0), dict(run, label="splatfacto")])
+    drawn = {}
+    monkeypatch.setattr(plots, "_bars", lambda ax, groups, series, **kw: drawn.setdefault(kw["ylabel"], series))
+    written = []
+    plots.plot_train([(tmp_path / "call1.json", data), (tmp_path / "call2.json", other)], tmp_path, written)
+    assert drawn["ms / iteration (wall)"] == {
+        "bytesplat-fused (call1)": [5.0], "bytesplat-fused (call2)": [6.0], "splatfacto": [5.0]}
+    assert [p.name for p in written] == ["train_psnr_time_cpu_large-1.png"]

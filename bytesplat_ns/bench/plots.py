@@ -336,7 +336,7 @@ def plot_distributed(files: List[Tuple[Path, Dict]], out_dir: Path, written: Lis
         fig.suptitle(f"Multi-GPU scaling: {setting}")
         _footer(fig, footer_devices, dates)
         fig.tight_layout(rect=(0, 0.04, 1, 1))
-        _save(fig, out_dir, _slug("distributed_scaling", device, f"{w}x{h}"), written)
+        _save(fig, out_dir, _slug("distributed_scaling", device, f"{w}x{h}", f"{views}views"), written)
 
         # Bytes sent to other ranks per step, per communicator, for every multi-rank row.
         multi_rows = {k: r for k, r in rows.items() if k[3] > 1}
@@ -366,7 +366,7 @@ def plot_distributed(files: List[Tuple[Path, Dict]], out_dir: Path, written: Lis
         fig.suptitle(f"Bytes sent to other ranks per step: {setting}")
         _footer(fig, footer_devices, dates)
         fig.tight_layout(rect=(0, 0.04, 1, 1))
-        _save(fig, out_dir, _slug("distributed_bytes_per_step", device, f"{w}x{h}"), written)
+        _save(fig, out_dir, _slug("distributed_bytes_per_step", device, f"{w}x{h}", f"{views}views"), written)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -383,9 +383,16 @@ def plot_train(files: List[Tuple[Path, Dict]], out_dir: Path, written: List[Path
     plt = _plt()
     for (device, scene, iterations), members in groups.items():
         runs: Dict[str, Dict] = {}
-        for _, data in members:
+        files_of = {}  # label -> the files holding a run of that label
+        for path, data in members:
             for r in data["runs"]:
-                runs.setdefault(r["label"], r)
+                files_of.setdefault(r["label"], set()).add(path)
+        for path, data in members:
+            for r in data["runs"]:
+                # the same label in several files (e.g. two calls' runs of one method): keep each,
+                # named by its file, instead of silently showing the first
+                label = r["label"] if len(files_of[r["label"]]) == 1 else f"{r['label']} ({path.stem})"
+                runs.setdefault(label, r)
         if not runs:
             print(f"plots: train files {[str(p) for p, _ in members]} hold no runs; skipped")
             continue
