@@ -406,12 +406,11 @@ class _ShardedRenderLoss(torch.autograd.Function):
         outgoing: List[Records] = []
         runner.sent_index = []
         for d in range(world):
-            rows, counts = [], []
-            for v in owners_views[d]:
-                idx = torch.nonzero(visible[v]).squeeze(1)
-                rows.append(idx + v * n)
-                counts.append(int(idx.numel()))
-            flat = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.int64, device=radii.device)
+            # rank d's views are a contiguous block: one nonzero over the block (one host wait per
+            # destination, not per view) gives its rows view by view, in the order a per-view walk would
+            first = owners_views[d][0] if owners_views[d] else 0
+            block = visible[first : first + len(owners_views[d])]
+            flat = torch.nonzero(block.reshape(-1)).squeeze(1) + first * n
             local = flat % n if n > 0 else flat
             runner.sent_index.append(flat)
             outgoing.append(
@@ -419,10 +418,11 @@ class _ShardedRenderLoss(torch.autograd.Function):
                     table.index_select(0, flat),
                     radii.reshape(-1).index_select(0, flat),
                     (local + offset).to(torch.int32),
-                    torch.tensor(counts, dtype=torch.int32, device=radii.device),
+                    block.sum(1, dtype=torch.int32),  # records per view, counted on the device
                 )
             )
         received = runner.communicator.send_records(outgoing, D, [len(v) for v in owners_views], dtype, runner.stats)
+        counts = [r.view_counts.tolist() for r in received]  # [source][view]: one read per source
 
         G = grad_columns(D)
         runner.absgrad_slots = []
@@ -434,7 +434,7 @@ class _ShardedRenderLoss(torch.autograd.Function):
             for j, v in enumerate(mine):
                 parts, radii_v, gids_v = [], [], []
                 for s in range(world):
-                    c = int(received[s].view_counts[j].item())
+                    c = int(counts[s][j])
                     a = starts[s]
                     parts.append(runner.leaves[s][a : a + c])
                     radii_v.append(received[s].radii[a : a + c])
