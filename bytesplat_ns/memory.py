@@ -31,12 +31,15 @@ Strategies (per GPU):
 - ``single``: one GPU holds all N (R must be 1). Step transients: SH concat over N, records for
   B views over N (unpacked) or v N (packed), intersections B v N k.
 - ``dense`` (Grendel-style all-to-all of 2D Gaussians): owns n; projects its n for all B views;
-  sends its visible records (44 forward + 36 gradient back) to each view's renderer and receives
-  the records of the B / R views it renders: send + receive = 2 * B * v * n * 80; intersections for
+  sends its visible records of the other ranks' views (44 forward + 36 gradient back) to their
+  renderers and receives the other ranks' records of the B / R views it renders: send + receive =
+  2 * B * v * n * (R - 1) / R * 80 (its own views' records stay on the GPU); intersections for
   its B / R views over all N: (B / R) v N k = B v n k.
 - ``sparse-grad`` (ByteSplat): as dense, but gradients travel as compact records (int32 index + 9
-  floats = 40 bytes) for the non-zero fraction z only: send + receive of gradients 2 * B v n z 40,
-  plus the dense 2D gradient the renderer computes before encoding (B v n 36).
+  floats = 40 bytes) for the non-zero fraction z only: send + receive of gradients
+  2 * B v n (R - 1) / R z 40,
+  plus the dense 2D gradients of the received records, computed before encoding
+  (B v n (R - 1) / R 36).
 - ``pixel`` (Splaxel): owns a spatial cell of n; renders its n for all B views (records and
   intersections for B v n, nothing per Gaussian on the wire); exchanges per-pixel partial colour +
   transmittance (4 floats) and their gradients: 4 * B * HW * 16 bytes, independent of N.
@@ -175,7 +178,9 @@ def memory_per_gpu(num_gaussians: float, strategy: Strategy, gpus: int = 1, work
         "pixel_exchange": 0.0,
     }
     if strategy in ("dense", "sparse-grad") and R > 1:
-        wire = B * v * n  # records sent (own Gaussians, other views) ~ records received (own views)
+        # records sent (own Gaussians, the other ranks' B (R-1) / R views) = records received (the
+        # other ranks' Gaussians, own B / R views): the own views' records never leave the GPU
+        wire = B * v * n * (R - 1) / R
         if strategy == "dense":
             step["exchange"] = 2 * wire * (RECORD_FORWARD_BYTES + RECORD_GRAD_BYTES)
         else:

@@ -112,3 +112,19 @@ def test_cli(capsys):
     assert M.main(["--memory-gib", "139", "--gpus", "1", "2", "--batch", "2"]) == 0
     out = capsys.readouterr().out
     assert "956" in out and "sparse-grad" in out and out.count("\n") >= 9
+
+
+def test_exchange_counts_only_the_records_that_leave_the_gpu():
+    """A rank sends its records of the other ranks' B (R-1)/R views and receives the other ranks'
+    records of its own B/R views; its own views' records stay local."""
+    w = M.Workload(batch=4, visible_fraction=0.5)
+    n_total = 1e8
+    for R in (2, 4):
+        n = n_total / R
+        wire = w.batch * w.visible_fraction * n * (R - 1) / R
+        dense = M.memory_per_gpu(n_total, "dense", R, w)["step_exchange"]
+        assert dense == pytest.approx(2 * wire * (M.RECORD_FORWARD_BYTES + M.RECORD_GRAD_BYTES))
+        sparse = M.memory_per_gpu(n_total, "sparse-grad", R, w)["step_exchange"]
+        renderer_grads = wire * M.RECORD_GRAD_BYTES  # the received records' dense gradients, before encoding
+        assert sparse == pytest.approx(2 * wire * M.RECORD_FORWARD_BYTES + renderer_grads
+                                       + 2 * wire * w.nonzero_fraction * M.SPARSE_RECORD_BYTES)
