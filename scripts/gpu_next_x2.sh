@@ -15,20 +15,10 @@ BUDGET=${BUDGET:-560}
 export BYTESPLAT_DIST_TIMEOUT=${BYTESPLAT_DIST_TIMEOUT:-300}
 exec > >(tee -a "$OUT/log.txt") 2>&1
 source scripts/gpu_setup.sh || exit 1
+source scripts/gpu_train_lib.sh
 
 t=$(( $(left) - 220 )); (( t > 240 )) && t=240
-stamp "both GPUs: distributed benchmark at 1M and 4M (timeout ${t}s)"
-timeout $t $PY -m torch.distributed.run --standalone --nproc-per-node 2 -m bytesplat_ns.bench.cli distributed \
-  --num-gaussians 1000000 4000000 --views 8 --width 1920 --height 1080 --warmup 3 --repeats 10 \
-  --communicators dense sparse-grad pixel --out "$OUT/distributed.json" > /tmp/dist.log 2>&1
-stamp "distributed rc=$?"; grep -E "^ +N=|targets" /tmp/dist.log | tail -n 24 | cut -c1-300
-
-t=$(( $(left) - 5 ))
-if (( t > 120 )); then
-  stamp "both GPUs: pixel at 100M on two ranks (timeout ${t}s)"
-  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout $t $PY -m torch.distributed.run --standalone --nproc-per-node 2 \
-    -m bytesplat_ns.bench.cli distributed --num-gaussians 100000000 --views 4 --width 1920 --height 1080 \
-    --communicators pixel --skip-one-rank --skip-gsplat --warmup 1 --repeats 2 --out "$OUT/pixel_100m.json" > /tmp/pixel.log 2>&1
-  stamp "pixel 100M rc=$?"; grep -E "^ +N=|out of memory|Error" /tmp/pixel.log | head -6 | cut -c1-300
-fi
+dist_bench distributed 2 $t --num-gaussians 1000000 4000000 --views 8 --warmup 3 --repeats 10 \
+  --communicators dense sparse-grad pixel
+(( $(left) > 125 )) && capacity pixel_100m 2 100000000 --communicators pixel --skip-one-rank --skip-gsplat
 stamp "done"

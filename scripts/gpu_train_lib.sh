@@ -1,4 +1,4 @@
-# Sourced by the GPU scripts (after gpu_setup.sh): seeds, merge, both, gpu_tests, capacity.
+# Sourced by the GPU scripts (after gpu_setup.sh): seeds, merge, both, gpu_tests, dist_bench, capacity.
 # Expects OUT, PY, stamp and left.
 
 seeds() {  # seeds GPU NAME SCENE "SEEDS" "METHODS" [bench.train options]
@@ -45,11 +45,15 @@ gpu_tests() {  # every one-GPU test on GPU 0, then the two-GPU NCCL tests, in wh
     -rfEs --tb=short >> "$OUT/tests.log" 2>&1
   stamp "two-GPU tests rc=$? $(tail -n 1 "$OUT/tests.log")"
 }
-capacity() {  # capacity NAME NPROC N [bench options]: bytesplat-bench distributed at N Gaussians
+dist_bench() {  # dist_bench NAME NPROC TIMEOUT [bench options]: bytesplat-bench distributed -> $OUT/NAME.json
+  local name=$1 nproc=$2 t=$3; shift 3
+  stamp "bytesplat-bench distributed on $nproc rank(s): $* (timeout ${t}s)"
+  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout $t $PY -m torch.distributed.run --standalone \
+    --nproc-per-node $nproc -m bytesplat_ns.bench.cli distributed --width 1920 --height 1080 "$@" \
+    --out "$OUT/$name.json" > /tmp/$name.log 2>&1
+  stamp "$name rc=$?"; grep -E "^ +N=|targets|out of memory|Error" /tmp/$name.log | tail -n 24 | cut -c1-300
+}
+capacity() {  # capacity NAME NPROC N [bench options]: N Gaussians, 4 views, a few steps, in what is left
   local name=$1 nproc=$2 n=$3; shift 3
-  stamp "capacity: N=$n on $nproc rank(s) $* (timeout $(( $(left) - 5 ))s)"
-  PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True timeout $(( $(left) - 5 )) $PY -m torch.distributed.run --standalone \
-    --nproc-per-node $nproc -m bytesplat_ns.bench.cli distributed --num-gaussians $n --views 4 --width 1920 --height 1080 \
-    --warmup 1 --repeats 2 --out "$OUT/$name.json" "$@" > /tmp/$name.log 2>&1
-  stamp "capacity $name rc=$?"; grep -E "^ +N=|out of memory|Error" /tmp/$name.log | head -8 | cut -c1-300
+  dist_bench $name $nproc $(( $(left) - 5 )) --num-gaussians $n --views 4 --warmup 1 --repeats 2 "$@"
 }
