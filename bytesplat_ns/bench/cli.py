@@ -28,19 +28,12 @@ from typing import List, Optional
 
 
 def _raster(argv: List[str]) -> int:
+    from bytesplat_ns.bench.trained import add_scene_options, reject_random_scene_options, run_paths
+
     p = argparse.ArgumentParser(prog="bytesplat-bench raster",
                                 description="gsplat 1.4.0 vs fused: rasterization + loss, forward + backward, "
                                 "on random Gaussians (--num-gaussians) or on a trained scene (--trained)")
-    p.add_argument("--num-gaussians", type=int, nargs="+", default=None,
-                   help="random scenes of these sizes (default 1000000)")
-    p.add_argument("--width", type=int, default=None, help="random scenes' image width (default 1920)")
-    p.add_argument("--height", type=int, default=None, help="random scenes' image height (default 1080)")
-    p.add_argument("--sh-degree", type=int, default=None, help="default: 3, or the trained model's degree")
-    p.add_argument("--trained", type=str, default=None, metavar="RUN_DIR",
-                   help="benchmark a trained scene instead: the Gaussians of a finished nerfstudio run of bytesplat or "
-                   "splatfacto (the directory with config.yml, dataparser_transforms.json, nerfstudio_models/; "
-                   "`bytesplat-bench train` records it as run_dir), rendered from one of its train cameras "
-                   "against that view's real image")
+    add_scene_options(p, "rendered from one of its train cameras against that view's real image")
     p.add_argument("--trained-view", type=int, default=0, help="--trained: which train view (index in the train split)")
     p.add_argument("--trained-scale", type=float, default=1.0,
                    help="--trained: render at this multiple of the view's resolution (intrinsics scaled, ground truth "
@@ -54,12 +47,7 @@ def _raster(argv: List[str]) -> int:
     p.add_argument("--out", type=str, default=None, help="JSON output path")
     a = p.parse_args(argv)
     if a.trained is not None:
-        given = [f for f, v in (("--num-gaussians", a.num_gaussians), ("--width", a.width), ("--height", a.height)) if v is not None]
-        if given:
-            p.error(f"{', '.join(given)} cannot be combined with --trained (the trained scene sets them; "
-                    "--trained-scale changes the resolution)")
-        from bytesplat_ns.bench.trained import run_paths
-
+        reject_random_scene_options(p, a)
         run_paths(a.trained)  # a bad directory: one clear error line now, before anything else runs
     elif a.trained_view != 0 or a.trained_scale != 1.0:
         p.error("--trained-view and --trained-scale need --trained")

@@ -624,19 +624,13 @@ def print_table(report: Dict) -> None:
 
 
 def parse_args(argv: Optional[List[str]] = None):
+    from bytesplat_ns.bench.trained import add_scene_options, reject_random_scene_options
+
     p = argparse.ArgumentParser(prog="bytesplat-bench distributed", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--num-gaussians", type=int, nargs="+", default=None,
-                   help="random scenes: one per count, in this order (default 1000000)")
+    add_scene_options(p, "its train cameras and images are the views")
     p.add_argument("--views", type=int, default=None,
                    help="B: views per step (the batch), spread over the ranks (default 8, or len(--trained-views))")
-    p.add_argument("--width", type=int, default=None, help="random scenes' image width (default 1920)")
-    p.add_argument("--height", type=int, default=None, help="random scenes' image height (default 1080)")
-    p.add_argument("--sh-degree", type=int, default=None, help="default: 3, or the trained model's degree")
-    p.add_argument("--trained", type=str, default=None, metavar="RUN_DIR",
-                   help="a trained scene instead of random Gaussians: a finished nerfstudio run of bytesplat or "
-                   "splatfacto (the directory with config.yml, dataparser_transforms.json, nerfstudio_models/; "
-                   "`bytesplat-bench train` records it as run_dir); its train cameras and images are the views")
     p.add_argument("--trained-views", type=int, nargs="+", default=None, metavar="INDEX",
                    help="--trained: these train views (indices in the train split; same image size) as the batch "
                    "(default: --views of them spread evenly over the split)")
@@ -659,11 +653,7 @@ def parse_args(argv: Optional[List[str]] = None):
     p.add_argument("--out", type=Path, default=None, help="JSON output path (written by rank 0)")
     args = p.parse_args(argv)
     if args.trained is not None:
-        given = [f for f, v in (("--num-gaussians", args.num_gaussians), ("--width", args.width), ("--height", args.height))
-                 if v is not None]
-        if given:
-            p.error(f"{', '.join(given)} cannot be combined with --trained (the trained scene sets them; "
-                    "--trained-scale changes the resolution)")
+        reject_random_scene_options(p, args)
         if args.trained_views is not None:
             if args.views is not None and args.views != len(args.trained_views):
                 p.error(f"--views {args.views} but {len(args.trained_views)} --trained-views")

@@ -44,6 +44,29 @@ HINT = ("pass the directory of a finished `ns-train bytesplat` (or splatfacto) r
         "dataparser_transforms.json and nerfstudio_models/ (bytesplat-bench train prints it as run_dir)")
 
 
+def add_scene_options(parser, trained_use: str) -> None:
+    """The scene options the raster and distributed benchmarks share: random Gaussians (count, image
+    size) or ``--trained RUN_DIR``; ``trained_use`` ends --trained's help (what the run provides)."""
+    parser.add_argument("--num-gaussians", type=int, nargs="+", default=None,
+                        help="random scenes: one per count, in this order (default 1000000)")
+    parser.add_argument("--width", type=int, default=None, help="random scenes' image width (default 1920)")
+    parser.add_argument("--height", type=int, default=None, help="random scenes' image height (default 1080)")
+    parser.add_argument("--sh-degree", type=int, default=None, help="default: 3, or the trained model's degree")
+    parser.add_argument("--trained", type=str, default=None, metavar="RUN_DIR",
+                        help="a trained scene instead of random Gaussians: a finished nerfstudio run of bytesplat or "
+                        "splatfacto (the directory with config.yml, dataparser_transforms.json, nerfstudio_models/; "
+                        f"`bytesplat-bench train` records it as run_dir); {trained_use}")
+
+
+def reject_random_scene_options(parser, args) -> None:
+    """With --trained, the random scenes' options are a usage error (argparse's, exit 2)."""
+    given = [f for f, v in (("--num-gaussians", args.num_gaussians), ("--width", args.width), ("--height", args.height))
+             if v is not None]
+    if given:
+        parser.error(f"{', '.join(given)} cannot be combined with --trained (the trained scene sets them; "
+                     "--trained-scale changes the resolution)")
+
+
 def run_paths(run_dir: Union[str, Path]) -> Tuple[Path, Path, Path]:
     """(run directory, config.yml, latest checkpoint): the cheap checks, without loading anything.
     ``run_dir`` may also be the run's config.yml."""
