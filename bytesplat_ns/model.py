@@ -233,7 +233,7 @@ class ByteSplatModel(SplatfactoModel):
         host = host_image_size(camera)
         if host is None:
             camera.rescale_output_resolution(1 / scale_factor)
-            intrinsics = camera.get_intrinsics_matrices().to(self.device)
+            intrinsics = intrinsics_matrices(camera).to(self.device)
             width, height = int(camera.width.item()), int(camera.height.item())
             camera.rescale_output_resolution(scale_factor)
             return intrinsics, width, height

@@ -209,6 +209,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
     data = (args.data if args.data is not None else ensure_scene(SceneSpec(size=args.scene))).resolve()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     report = {"environment": environment(argv), "scene": str(data), "runs": []}
+
     def configure(config) -> None:
         model = config.pipeline.model
         if args.tile_stats_every and hasattr(model, "tile_stats_every"):
@@ -264,6 +265,7 @@ def summarize(runs: List[dict], baseline: Optional[str] = None) -> Dict[str, dic
         vs["speedup_mean"], vs["speedup_std"] = mean_std([b["ms_per_iteration"] / r["ms_per_iteration"] for r, b in pairs])
         row["vs_baseline"] = vs
     return out
+
 
 if __name__ == "__main__":
     main()
