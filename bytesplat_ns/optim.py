@@ -6,12 +6,15 @@ a few milliseconds per step, those launches and their Python are a visible share
 (`bytesplat-bench profile`). ``fused=True`` does the whole update of a group in one kernel: the
 same Adam arithmetic, rounded differently in the last bits. On CPU (tests, CPU training) nothing
 changes: the default implementation is kept, so CPU runs stay comparable with earlier ones.
+``BYTESPLAT_FUSED_ADAM=0`` keeps the default implementation on the GPU too (A/B runs).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Iterable, Type
+
+import os
 
 import torch
 from nerfstudio.engine.optimizers import AdamOptimizerConfig
@@ -28,7 +31,8 @@ class DeviceAdam(torch.optim.Adam):
 
     def __init__(self, params: Iterable, **kwargs):
         params = list(params)
-        if kwargs.get("fused") is None and kwargs.get("foreach") is None and _all_on_cuda(params):
+        chosen = kwargs.get("fused") is not None or kwargs.get("foreach") is not None
+        if not chosen and os.environ.get("BYTESPLAT_FUSED_ADAM", "1") != "0" and _all_on_cuda(params):
             kwargs["fused"] = True
         super().__init__(params, **kwargs)
 

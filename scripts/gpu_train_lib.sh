@@ -57,15 +57,16 @@ capacity() {  # capacity NAME NPROC N [bench options]: N Gaussians, 4 views, a f
   local name=$1 nproc=$2 n=$3; shift 3
   dist_bench $name $nproc $(( $(left) - 5 )) --num-gaussians $n --views 4 --warmup 1 --repeats 2 "$@"
 }
-quality() {  # quality NAME NPROC GPUS ITERS [ns-train options]: bytesplat-distributed on NPROC GPUs, then ns-eval
-  local name=$1 nproc=$2 gpus=$3 iters=$4; shift 4
+quality() {  # quality NAME NPROC GPUS ITERS [ns-train options]: METHOD (bytesplat-distributed) on NPROC GPUs, then ns-eval
+  local name=$1 nproc=$2 gpus=$3 iters=$4 method=${METHOD:-bytesplat-distributed}; shift 4
   local t=$(( $(left) - 40 ))
-  stamp "GPUs $gpus: ns-train bytesplat-distributed --machine.num-devices $nproc $* ($iters steps, timeout ${t}s)"
-  CUDA_VISIBLE_DEVICES=$gpus timeout $t $PY -m nerfstudio.scripts.train bytesplat-distributed --machine.num-devices $nproc \
+  stamp "GPUs $gpus: ns-train $method --machine.num-devices $nproc $* ($iters steps, timeout ${t}s)"
+  CUDA_VISIBLE_DEVICES=$gpus timeout $t $PY -m nerfstudio.scripts.train $method --machine.num-devices $nproc \
     --experiment-name $name --output-dir /tmp/quality --timestamp run --vis tensorboard --max-num-iterations $iters \
     --steps-per-save $(( iters / 4 )) --steps-per-eval-image 100000 --steps-per-eval-batch 100000 \
     --steps-per-eval-all-images 100000 "$@" > /tmp/quality_$name.log 2>&1
   stamp "$name train rc=$? $(grep -E 'Error|error:' /tmp/quality_$name.log | tail -n 1 | cut -c1-200)"
+  mkdir -p "$OUT/events_$name"; cp /tmp/quality/$name/*/run/events.out.* "$OUT/events_$name/" 2>/dev/null
   local cfg; cfg=$(find /tmp/quality/$name -name config.yml | head -1)
   [[ -n "$cfg" ]] && CUDA_VISIBLE_DEVICES=${gpus%%,*} timeout 60 $PY -m nerfstudio.scripts.eval --load-config "$cfg" \
     --output-path "$OUT/eval_$name.json" >> /tmp/quality_$name.log 2>&1
