@@ -72,3 +72,11 @@ quality() {  # quality NAME NPROC GPUS ITERS [ns-train options]: METHOD (bytespl
     --output-path "$OUT/eval_$name.json" >> /tmp/quality_$name.log 2>&1
   stamp "$name eval rc=$? $(grep -o '"checkpoint": "[^"]*"\|"psnr": [0-9.]*\|"ssim": [0-9.]*' "$OUT/eval_$name.json" 2>/dev/null | tr '\n' ' ')"
 }
+eval_at() {  # eval_at NAME STEP: ns-eval of run NAME's checkpoint at STEP (eval_NAME_STEP.json)
+  local name=$1 step=$2 cfg; cfg=$(find /tmp/quality/$name -name config.yml | head -1)
+  [[ -z "$cfg" ]] && return 1
+  sed "s/^load_step: null/load_step: $step/" "$cfg" > "${cfg%.yml}_$step.yml"
+  timeout 60 $PY -m nerfstudio.scripts.eval --load-config "${cfg%.yml}_$step.yml" --output-path "$OUT/eval_${name}_$step.json" \
+    >> /tmp/quality_$name.log 2>&1
+  stamp "$name eval at step $step rc=$? $(grep -o '"psnr": [0-9.]*\|"ssim": [0-9.]*' "$OUT/eval_${name}_$step.json" 2>/dev/null | tr '\n' ' ')"
+}
