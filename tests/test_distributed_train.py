@@ -208,3 +208,17 @@ def test_ns_train_num_devices_on_cpu_points_to_torchrun(tmp_path, monkeypatch):
     with pytest.raises(BytesplatError, match="torchrun --nproc-per-node N -m bytesplat_ns.train"):
         ns_train.main(config)
     assert not (tmp_path / "out").exists()  # stopped before writing anything
+
+
+def test_ranks_of_nerfstudios_launcher_share_the_cores(monkeypatch):
+    """torchrun gives its workers OMP_NUM_THREADS=1; nerfstudio's launcher gives nothing, so each
+    sharded rank takes its share of the cores instead of one thread per core."""
+    from bytesplat_ns.distributed.runtime import cpu_threads_per_rank
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert cpu_threads_per_rank(2, cpu_count=32) == 16
+    assert cpu_threads_per_rank(3, cpu_count=32) == 10
+    assert cpu_threads_per_rank(4, cpu_count=2) == 1
+    assert cpu_threads_per_rank(1, cpu_count=32) is None  # one process keeps torch's default
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    assert cpu_threads_per_rank(2, cpu_count=32) is None  # the user's setting wins

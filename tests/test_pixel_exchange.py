@@ -120,6 +120,8 @@ def test_kd_cells_balanced_partition_and_locate():
         # boxes tile space: no point is inside two boxes
         n_in = ((pts.double()[:, None] >= lo[None]) & (pts.double()[:, None] < hi[None])).all(-1).sum(1)
         assert bool((n_in == 1).all())
+        assert tree.depth() == math.ceil(math.log2(n_cells))  # balanced: the loop in locate runs this often
+        assert tree.locate(pts[:0]).shape == (0,)
     assert cell_ranks(8, 4) == [0, 0, 1, 1, 2, 2, 3, 3]
     assert cell_ranks(5, 2) == [0, 0, 0, 1, 1]
     # the first split of an elongated cloud is along its long axis

@@ -121,24 +121,39 @@ class KdCells:
 
     # ---- queries ----
     def locate(self, points: Tensor) -> Tensor:
-        """Cell id of each point [N,3] -> [N] int64 (``x < split`` goes left)."""
-        p = points.detach().to(torch.float64).cpu()
-        node = torch.zeros(p.shape[0], dtype=torch.int64)
-        axis = torch.tensor(self.axis, dtype=torch.int64)
-        split = torch.tensor(self.split, dtype=torch.float64)
-        left = torch.tensor(self.left, dtype=torch.int64)
-        right = torch.tensor(self.right, dtype=torch.int64)
-        leaf = torch.tensor(self.leaf, dtype=torch.int64)
-        while True:
-            inner = leaf[node] < 0
-            if not bool(inner.any()):
-                break
-            ax = axis[node].clamp_min(0)
-            v = p.gather(1, ax[:, None]).squeeze(1) if p.shape[0] else p[:, 0]
-            go_left = v < split[node]
-            nxt = torch.where(go_left, left[node], right[node])
-            node = torch.where(inner, nxt, node)
-        return leaf[node].to(points.device)
+        """Cell id of each point [N,3] -> [N] int64 on the points' device (``x < split`` goes left).
+
+        Runs where the points are: migration locates every Gaussian twice per pixel step, and a
+        round trip through the host (a float64 copy of all means, then CPU kernels that compete with
+        the other ranks' threads) was most of that step. A fixed number of levels (the tree's depth)
+        instead of "until every point is in a leaf" reads nothing back; float64 keeps the
+        comparisons with the (float64) splits exact."""
+        dev = points.device
+        p = points.detach().to(torch.float64)
+        node = torch.zeros(p.shape[0], dtype=torch.int64, device=dev)
+        axis = torch.tensor(self.axis, dtype=torch.int64, device=dev).clamp_min(0)
+        split = torch.tensor(self.split, dtype=torch.float64, device=dev)
+        left = torch.tensor(self.left, dtype=torch.int64, device=dev)
+        right = torch.tensor(self.right, dtype=torch.int64, device=dev)
+        leaf = torch.tensor(self.leaf, dtype=torch.int64, device=dev)
+        if p.shape[0] == 0:
+            return node
+        for _ in range(self.depth()):
+            v = p.gather(1, axis[node][:, None]).squeeze(1)
+            nxt = torch.where(v < split[node], left[node], right[node])
+            node = torch.where(leaf[node] < 0, nxt, node)  # points already in a leaf stay there
+        return leaf[node]
+
+    def depth(self) -> int:
+        """Edges on the longest root-to-leaf path (0 for a single cell)."""
+        deepest, stack = 0, [(0, 0)]
+        while stack:
+            node, d = stack.pop()
+            if self.leaf[node] >= 0:
+                deepest = max(deepest, d)
+            else:
+                stack += [(self.left[node], d + 1), (self.right[node], d + 1)]
+        return deepest
 
     def visibility_order(self, camera_center: Sequence[float]) -> List[int]:
         """Cell ids front to back for a camera at ``camera_center`` (world space)."""
@@ -269,8 +284,7 @@ def migrate(
     names = list(params.keys())
     means = params["means"].detach()
     cell = tree.locate(means)
-    rk = torch.tensor(list(ranks_of_cells), dtype=torch.int64)
-    dest = rk[cell.cpu()].to(means.device)
+    dest = torch.tensor(list(ranks_of_cells), dtype=torch.int64, device=cell.device)[cell]
     opts = {n: _param_optimizer(optimizers, n, params[n]) for n in names}
     # Agree on which Adam rows exist (a rank that never stepped has none) and on the step count.
     flags, steps = [], []

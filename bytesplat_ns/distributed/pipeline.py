@@ -58,6 +58,7 @@ import contextlib
 import copy
 import functools
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,7 +76,7 @@ from nerfstudio.utils.rich_utils import CONSOLE
 from bytesplat_ns.distributed.communicators import CommStats, make_communicator
 from bytesplat_ns.distributed.pixel import CellState, PixelConfig, pixel_render_loss, resolve_renderer
 from bytesplat_ns.distributed.exchange import ExchangeStats, all_reduce_, comm_device, rank_and_world, wrap_failure
-from bytesplat_ns.distributed.runtime import StepWatchdog
+from bytesplat_ns.distributed.runtime import StepWatchdog, share_cpu_threads
 from bytesplat_ns.distributed.sharding import ShardLayout, gather_layout, gather_to_rank0, rebalance
 from bytesplat_ns.distributed.step import (
     PARAM_NAMES,
@@ -147,6 +148,7 @@ class ShardedPipeline(VanillaPipeline):
         rank, world = rank_and_world()
         if str(device).startswith("cuda") and ":" in str(device):
             torch.cuda.set_device(torch.device(device))  # NCCL collectives use the current device
+        share_cpu_threads(int(os.environ.get("LOCAL_WORLD_SIZE", world)))
         if world != world_size:
             raise BytesplatError(
                 f"The trainer was set up for {world_size} processes but the process group has {world}.",

@@ -46,6 +46,26 @@ def launched_distributed() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
+def cpu_threads_per_rank(ranks_on_host: int, cpu_count: Optional[int] = None) -> Optional[int]:
+    """Intra-op CPU threads for one of ``ranks_on_host`` processes, or None to leave torch's default.
+
+    torchrun sets ``OMP_NUM_THREADS=1`` for its workers; nerfstudio's own launcher
+    (``ns-train --machine.num-devices N``) sets nothing, so each of its N workers starts one thread
+    per core and they fight over the cores in every CPU op (the pixel step, with CPU work between
+    its kernels, was several times slower under that launcher than under torchrun on two H200s).
+    An explicit ``OMP_NUM_THREADS`` wins; otherwise the cores are split evenly."""
+    if ranks_on_host <= 1 or os.environ.get("OMP_NUM_THREADS"):
+        return None
+    return max(1, (cpu_count or os.cpu_count() or 1) // ranks_on_host)
+
+
+def share_cpu_threads(ranks_on_host: int) -> None:
+    """Apply :func:`cpu_threads_per_rank` to this process."""
+    threads = cpu_threads_per_rank(ranks_on_host)
+    if threads is not None:
+        torch.set_num_threads(threads)
+
+
 def init_distributed(backend: Optional[str] = None, timeout_s: Optional[float] = None) -> torch.device:
     """Initialise the default process group from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT.
 
