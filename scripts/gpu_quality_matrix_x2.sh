@@ -10,7 +10,7 @@
 #   2. alone: cProfile of both ranks of a short two-GPU pixel run (profile_rank{0,1}.txt): where the
 #      pixel step's time goes;
 #   3. alone: `bytesplat-bench matrix` with its raster and distributed pieces (1M and 4M Gaussians,
-#      1920x1080, 8 views, 1 and 2 ranks, dense / sparse-grad / pixel, gsplat) into $OUT/matrix/.
+#      1920x1080, 8 views, 1 and 2 ranks, dense / sparse-grad / pixel, gsplat) into $OUT/matrix.tgz.
 # Writes to $OUT: log.txt and the files named above.
 #   device tool: kind nvidia-h200-x2, carry [".whl", ".ext"], timeout_s 600
 set -o pipefail
@@ -45,9 +45,5 @@ stamp "pixel profile rc=$? $(grep -E '^ *50 \(' /tmp/prof.log | tail -n 1)"
 grep -A 25 "Ordered by: internal" "$OUT/profile_rank0.txt" | head -30 | cut -c1-160
 
 t=$(( $(left) - 5 )); (( t > 200 )) && t=200
-stamp "bytesplat-bench matrix: raster and distributed (timeout ${t}s)"
-timeout $t $PY -m bytesplat_ns.bench.cli matrix --benchmarks raster distributed --gaussians 1000000 4000000 \
-  --width 1920 --height 1080 --views 8 --ranks 1 2 --communicators dense sparse-grad pixel --warmup 3 --repeats 10 \
-  --piece-timeout 100 --out-dir "$OUT/matrix" > /tmp/matrix.log 2>&1
-stamp "matrix rc=$?"; tail -n 30 /tmp/matrix.log | cut -c1-250
+matrix_parts $t
 stamp "done"

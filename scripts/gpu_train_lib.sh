@@ -1,4 +1,5 @@
-# Sourced by the GPU scripts (after gpu_setup.sh): seeds, merge, both, gpu_tests, dist_bench, capacity.
+# Sourced by the GPU scripts (after gpu_setup.sh): seeds, merge, both, gpu_tests, dist_bench, capacity,
+# quality, eval_at, matrix_parts.
 # Expects OUT, PY, stamp and left.
 
 seeds() {  # seeds GPU NAME SCENE "SEEDS" "METHODS" [bench.train options]
@@ -66,7 +67,6 @@ quality() {  # quality NAME NPROC GPUS ITERS [ns-train options]: METHOD (bytespl
     --steps-per-save $(( iters / 4 )) --steps-per-eval-image 100000 --steps-per-eval-batch 100000 \
     --steps-per-eval-all-images 100000 "$@" > /tmp/quality_$name.log 2>&1
   stamp "$name train rc=$? $(grep -E 'Error|error:' /tmp/quality_$name.log | tail -n 1 | cut -c1-200)"
-  mkdir -p "$OUT/events_$name"; cp /tmp/quality/$name/*/run/events.out.* "$OUT/events_$name/" 2>/dev/null
   local cfg; cfg=$(find /tmp/quality/$name -name config.yml | head -1)
   [[ -n "$cfg" ]] && CUDA_VISIBLE_DEVICES=${gpus%%,*} timeout 60 $PY -m nerfstudio.scripts.eval --load-config "$cfg" \
     --output-path "$OUT/eval_$name.json" >> /tmp/quality_$name.log 2>&1
@@ -79,4 +79,14 @@ eval_at() {  # eval_at NAME STEP: ns-eval of run NAME's checkpoint at STEP (eval
   timeout 60 $PY -m nerfstudio.scripts.eval --load-config "${cfg%.yml}_$step.yml" --output-path "$OUT/eval_${name}_$step.json" \
     >> /tmp/quality_$name.log 2>&1
   stamp "$name eval at step $step rc=$? $(grep -o '"psnr": [0-9.]*\|"ssim": [0-9.]*' "$OUT/eval_${name}_$step.json" 2>/dev/null | tr '\n' ' ')"
+}
+matrix_parts() {  # matrix_parts TIMEOUT: the matrix's raster and distributed parts (1M, 4M; 1 and 2 ranks) -> $OUT/matrix.tgz
+  local t=$1
+  stamp "bytesplat-bench matrix: raster and distributed (timeout ${t}s)"
+  timeout $t $PY -m bytesplat_ns.bench.cli matrix --benchmarks raster distributed --gaussians 1000000 4000000 \
+    --width 1920 --height 1080 --views 8 --ranks 1 2 --communicators dense sparse-grad pixel --warmup 3 --repeats 10 \
+    --piece-timeout 100 --out-dir /tmp/matrix > /tmp/matrix.log 2>&1
+  stamp "matrix rc=$?"; tail -n 30 /tmp/matrix.log | cut -c1-250
+  # one archive: the device tool returns at most 8 files (the first run's matrix files did not come back)
+  tar czf "$OUT/matrix.tgz" -C /tmp matrix
 }

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Written for the next two-GPU call (nvidia-h200-x2); NOT RUN YET. Issues 5 and 6, quality against
+# one GPU shown with seeds instead of one run (one run each gave -0.41 / +0.17 / +0.12 dB on
+# 2026-11-30, the size of the run-to-run spread; docs/benchmarks.md "Training quality on two GPUs"):
+# for each seed in SEEDS, at the same time: one GPU (bytesplat-distributed, 1 process, the reference),
+# two GPUs with sparse-grad, two GPUs with pixel; built-in medium scene at full resolution, 2 views
+# per step, ITERS steps, each ns-eval'd. Then the paired differences per seed (quality_seeds.json)
+# and each run's median ms per step after warm-up: the first pixel run under nerfstudio's launcher
+# since its ranks share the CPU cores and KdCells.locate runs on the GPU (was 180-360 ms per step).
+# Writes to $OUT: log.txt, quality_seeds.json (the per-run ns-eval files stay on the machine).
+#   device tool: kind nvidia-h200-x2, carry [".whl", ".ext"], timeout_s 600
+set -o pipefail
+OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
+BUDGET=${BUDGET:-570}
+ITERS=${ITERS:-1000}
+SEEDS=${SEEDS:-1 2 3}
+exec > >(tee -a "$OUT/log.txt") 2>&1
+SCENES=medium
+source scripts/gpu_setup.sh || exit 1
+source scripts/gpu_train_lib.sh
+EVAL_DIR=/tmp/evals; mkdir -p $EVAL_DIR
+
+Q="--pipeline.model.num-downscales 0 --pipeline.views-per-step 2"
+DATA="bytesplat-scene --scene-size medium"
+for seed in $SEEDS; do
+  (( $(left) < 150 )) && { stamp "stopping before seed $seed: $(left)s left"; break; }
+  ( OUT=$EVAL_DIR quality gpu1_s$seed 1 1 $ITERS $Q --machine.seed $seed $DATA ) & A=$!
+  ( OUT=$EVAL_DIR quality sparse2_s$seed 2 0,1 $ITERS $Q --machine.seed $seed --pipeline.communicator sparse-grad $DATA ) & B=$!
+  ( OUT=$EVAL_DIR quality pixel2_s$seed 2 0,1 $ITERS $Q --machine.seed $seed --pipeline.communicator pixel $DATA ) & C=$!
+  wait $A $B $C
+done
+$PY scripts/pair_quality.py --evals $EVAL_DIR --logs /tmp --baseline gpu1 --out "$OUT/quality_seeds.json"
+stamp "done"
