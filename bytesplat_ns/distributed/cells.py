@@ -123,10 +123,11 @@ class KdCells:
     def locate(self, points: Tensor) -> Tensor:
         """Cell id of each point [N,3] -> [N] int64 on the points' device (``x < split`` goes left).
 
-        Runs where the points are: migration locates every Gaussian twice per pixel step, and a
-        round trip through the host (a float64 copy of all means, then CPU kernels that compete with
-        the other ranks' threads) was most of that step. A fixed number of levels (the tree's depth)
-        instead of "until every point is in a leaf" reads nothing back; float64 keeps the
+        Runs where the points are: migration locates every Gaussian twice per pixel step, and the
+        host round trip it replaces (a float64 copy of all means, then CPU kernels competing with the
+        other ranks' threads) is a suspect for the pixel step's slowness under nerfstudio's launcher
+        (docs/benchmarks.md, "Training quality on two GPUs"). A fixed number of levels (the tree's
+        depth) instead of "until every point is in a leaf" reads nothing back; float64 keeps the
         comparisons with the (float64) splits exact."""
         dev = points.device
         p = points.detach().to(torch.float64)
