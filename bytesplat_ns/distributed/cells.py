@@ -289,12 +289,15 @@ def migrate(
     opts = {n: _param_optimizer(optimizers, n, params[n]) for n in names}
     # Agree on which Adam rows exist (a rank that never stepped has none) and on the step count.
     flags, steps = [], []
+    wire = comm_device(group)
     for n in names:
         st = opts[n].state.get(params[n], {}) if opts[n] is not None else {}
         flags += [1.0 if isinstance(st.get(k), Tensor) and st[k].shape == params[n].shape else 0.0 for k in ROW_STATE_KEYS]
         s = st.get("step", 0.0)
-        steps.append(float(s.item() if isinstance(s, Tensor) else s))
-    agree = torch.tensor(flags + steps, dtype=torch.float64, device=comm_device(group))
+        # fused Adam keeps its step count on the GPU: gathered there, read once with the flags below
+        steps.append(s.detach().reshape(()).to(wire, torch.float64) if isinstance(s, Tensor)
+                     else torch.tensor(float(s), dtype=torch.float64, device=wire))
+    agree = torch.cat([torch.tensor(flags, dtype=torch.float64, device=wire), torch.stack(steps)])
     all_reduce_(agree, dist.ReduceOp.MAX, group, stats, phase="migration (optimizer state)")
     agree = agree.cpu().tolist()
     K = len(ROW_STATE_KEYS)
