@@ -26,11 +26,9 @@ def median_ms_per_step(log: Path, after_step: int = 100) -> Optional[float]:
     return statistics.median(times) if times else None
 
 
-def _mean_std(values):
-    return (statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0) if values else (None, None)
-
-
 def pair(evals: Path, logs: Path, baseline: str) -> Dict:
+    from bytesplat_ns.bench.train import paired_differences
+
     runs: Dict[str, Dict[int, Dict]] = {}
     for f in sorted(evals.glob("eval_*_s*.json")):
         m = _EVAL.search(f.name)
@@ -43,15 +41,17 @@ def pair(evals: Path, logs: Path, baseline: str) -> Dict:
             "ms_per_step": median_ms_per_step(logs / f"quality_{name}.log"),
         }
     base = runs.get(baseline, {})
+
+    def as_run(seed: int, row: Dict) -> Dict:  # bench.train's run shape
+        return {"seed": seed, "eval": {"psnr": row["psnr"], "ssim": row["ssim"]}}
+
     summary = {}
     for kind, by_seed in runs.items():
-        seeds = sorted(s for s in by_seed if s in base)
-        dpsnr = [by_seed[s]["psnr"] - base[s]["psnr"] for s in seeds]
-        dssim = [by_seed[s]["ssim"] - base[s]["ssim"] for s in seeds]
+        pairs = [(as_run(s, by_seed[s]), as_run(s, base[s])) for s in sorted(by_seed) if s in base]
+        diffs = paired_differences(pairs) if pairs else {"seeds": [], "psnr_diff_mean": None, "psnr_diff_std": None,
+                                                         "ssim_diff_mean": None, "ssim_diff_std": None}
         ms = [v["ms_per_step"] for v in by_seed.values() if v["ms_per_step"] is not None]
-        (pm, ps), (sm, ss) = _mean_std(dpsnr), _mean_std(dssim)
-        summary[kind] = {"seeds": seeds, "psnr_diff_mean": pm, "psnr_diff_std": ps, "ssim_diff_mean": sm,
-                         "ssim_diff_std": ss, "median_ms_per_step": statistics.median(ms) if ms else None}
+        summary[kind] = dict(diffs, median_ms_per_step=statistics.median(ms) if ms else None)
     return {"baseline": baseline, "runs": runs, "summary": summary}
 
 

@@ -234,6 +234,21 @@ def main(argv: Optional[List[str]] = None) -> dict:
     return report
 
 
+def _mean_std(values: List[float]) -> Tuple[float, float]:
+    import statistics
+
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def paired_differences(pairs: List[Tuple[dict, dict]]) -> Dict[str, Any]:
+    """Over (run, baseline run) pairs of one seed each (``seed``, ``eval.psnr``, ``eval.ssim``): the
+    seeds and the mean and sample standard deviation of the PSNR and SSIM differences."""
+    out: Dict[str, Any] = {"seeds": [r["seed"] for r, _ in pairs]}
+    for name in ("psnr", "ssim"):
+        out[f"{name}_diff_mean"], out[f"{name}_diff_std"] = _mean_std([r["eval"][name] - b["eval"][name] for r, b in pairs])
+    return out
+
+
 def summarize(runs: List[dict], baseline: Optional[str] = None) -> Dict[str, dict]:
     """Per method entry: the number of runs, mean and sample standard deviation of eval PSNR/SSIM and
     of ms per iteration. With ``baseline`` (a method entry), every other method also gets its paired
@@ -241,31 +256,23 @@ def summarize(runs: List[dict], baseline: Optional[str] = None) -> Dict[str, dic
     SSIM differences and of the baseline's ms per iteration over its own. Seeds move both methods'
     PSNR together (the same seed starts both from the same Gaussians), so the paired difference says
     far more about equal quality than the two means do."""
-    import statistics
-
-    def mean_std(values: List[float]) -> Tuple[float, float]:
-        return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
-
     out: Dict[str, dict] = {}
     for method in dict.fromkeys(r["method"] for r in runs):
         mine = [r for r in runs if r["method"] == method]
         row: Dict[str, Any] = {"runs": len(mine)}
         for name, values in (("psnr", [r["eval"]["psnr"] for r in mine]), ("ssim", [r["eval"]["ssim"] for r in mine]),
                              ("ms_per_iteration", [r["ms_per_iteration"] for r in mine])):
-            row[f"{name}_mean"], row[f"{name}_std"] = mean_std(values)
+            row[f"{name}_mean"], row[f"{name}_std"] = _mean_std(values)
         out[method] = row
     base_runs = {r["seed"]: r for r in runs if r["method"] == baseline}
     for method, row in out.items():
         pairs = [(r, base_runs[r["seed"]]) for r in runs if r["method"] == method and r.get("seed") in base_runs]
         if method == baseline or not pairs:
             continue
-        vs: Dict[str, Any] = {"baseline": baseline, "seeds": [r["seed"] for r, _ in pairs]}
-        vs["psnr_diff_mean"], vs["psnr_diff_std"] = mean_std([r["eval"]["psnr"] - b["eval"]["psnr"] for r, b in pairs])
-        vs["ssim_diff_mean"], vs["ssim_diff_std"] = mean_std([r["eval"]["ssim"] - b["eval"]["ssim"] for r, b in pairs])
-        vs["speedup_mean"], vs["speedup_std"] = mean_std([b["ms_per_iteration"] / r["ms_per_iteration"] for r, b in pairs])
+        vs: Dict[str, Any] = {"baseline": baseline, **paired_differences(pairs)}
+        vs["speedup_mean"], vs["speedup_std"] = _mean_std([b["ms_per_iteration"] / r["ms_per_iteration"] for r, b in pairs])
         row["vs_baseline"] = vs
     return out
-
 
 if __name__ == "__main__":
     main()
