@@ -476,26 +476,33 @@ class ShardedPipeline(VanillaPipeline):
         model.info = fwd.info
         if getattr(model, "optimizers", None) is not None:
             model.strategy.step_pre_backward(model.gauss_params, model.optimizers, model.strategy_state, step, model.info)
-        local_terms = [fwd.local_loss]
+        meta = ExchangeStats()
+        loss_dict = self._batch_loss_dict(step, fwd.local_loss, fwd.layout.total, meta)
+        fwd.stats.meta_bytes += meta.meta_bytes
+        self._pending_stats = fwd.stats
+        metrics = {"gaussian_count": fwd.layout.total, "shard_gaussians": int(fwd.layout.counts[self.rank])}
+        return {}, loss_dict, metrics
+
+    def _batch_loss_dict(self, step: int, local_loss: torch.Tensor, total_gaussians: int, meta: ExchangeStats) -> Dict:
+        """Both communicator families' loss dict (collective): this rank's loss share and, every 10
+        steps, its share of splatfacto's scale regulariser over the whole scene's Gaussians, summed over
+        the ranks. Value: the whole batch's; gradient: this rank's share only."""
+        model = self.model
+        local_terms = [local_loss]
         use_reg = model.config.use_scale_regularization and step % 10 == 0
         if use_reg:
             scale_exp = torch.exp(model.gauss_params["scales"])
             ratio = torch.maximum(
                 scale_exp.amax(dim=-1) / scale_exp.amin(dim=-1), torch.tensor(model.config.max_gauss_ratio, device=scale_exp.device)
             )
-            local_terms.append(0.1 * (ratio - model.config.max_gauss_ratio).sum() / max(1, fwd.layout.total))
+            local_terms.append(0.1 * (ratio - model.config.max_gauss_ratio).sum() / max(1, total_gaussians))
         totals = torch.stack([t.detach().to(torch.float64) for t in local_terms]).to(comm_device())
-        meta = ExchangeStats()
         all_reduce_(totals, stats=meta, phase="summing the batch loss")
-        fwd.stats.meta_bytes += meta.meta_bytes
-        totals = totals.to(fwd.local_loss.device, fwd.local_loss.dtype)
-        # value: the whole batch's loss; gradient: this rank's share only.
+        totals = totals.to(local_loss.device, local_loss.dtype)
         loss_dict = {"main_loss": local_terms[0] + (totals[0] - local_terms[0]).detach()}
         if use_reg:
             loss_dict["scale_reg"] = local_terms[1] + (totals[1] - local_terms[1]).detach()
-        self._pending_stats = fwd.stats
-        metrics = {"gaussian_count": fwd.layout.total, "shard_gaussians": int(fwd.layout.counts[self.rank])}
-        return {}, loss_dict, metrics
+        return loss_dict
 
     def _pixel_loss_dict(self, step: int, views: Views, lam: float):
         """pixel: render this rank's cell into every view, exchange partial images (pixel.py)."""
@@ -522,22 +529,9 @@ class ShardedPipeline(VanillaPipeline):
         model.info = info
         if getattr(model, "optimizers", None) is not None:
             model.strategy.step_pre_backward(model.gauss_params, model.optimizers, model.strategy_state, step, model.info)
-        local_terms = [fwd.local_loss]
         meta = ExchangeStats()
         layout = gather_layout(n, None, meta)
-        use_reg = model.config.use_scale_regularization and step % 10 == 0
-        if use_reg:
-            scale_exp = torch.exp(params["scales"])
-            ratio = torch.maximum(
-                scale_exp.amax(dim=-1) / scale_exp.amin(dim=-1), torch.tensor(model.config.max_gauss_ratio, device=scale_exp.device)
-            )
-            local_terms.append(0.1 * (ratio - model.config.max_gauss_ratio).sum() / max(1, layout.total))
-        totals = torch.stack([t.detach().to(torch.float64) for t in local_terms]).to(comm_device())
-        all_reduce_(totals, stats=meta, phase="summing the batch loss")
-        totals = totals.to(fwd.local_loss.device, fwd.local_loss.dtype)
-        loss_dict = {"main_loss": local_terms[0] + (totals[0] - local_terms[0]).detach()}
-        if use_reg:
-            loss_dict["scale_reg"] = local_terms[1] + (totals[1] - local_terms[1]).detach()
+        loss_dict = self._batch_loss_dict(step, fwd.local_loss, layout.total, meta)
         st = fwd.stats
         # Filled in by the backward (bytes sent back, bytes saved): read after the iteration.
         self._pending_pixel_stats = (st, int(meta.meta_bytes))
