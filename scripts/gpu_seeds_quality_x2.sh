@@ -7,7 +7,9 @@
 # per step, ITERS steps, each ns-eval'd. Then the paired differences per seed (quality_seeds.json)
 # and each run's median ms per step after warm-up: the first pixel run under nerfstudio's launcher
 # since its ranks share the CPU cores and KdCells.locate runs on the GPU (was 180-360 ms per step).
-# Writes to $OUT: log.txt, quality_seeds.json (the per-run ns-eval files stay on the machine).
+# Alongside, on the same GPUs: every GPU test (gpu_tests; KdCells.locate and migration changed since
+# the last GPU test run).
+# Writes to $OUT: log.txt, tests.log, quality_seeds.json, evals.tgz (the per-run ns-eval files).
 #   device tool: kind nvidia-h200-x2, carry [".whl", ".ext"], timeout_s 600
 set -o pipefail
 OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
@@ -22,6 +24,7 @@ EVAL_DIR=/tmp/evals; mkdir -p $EVAL_DIR
 
 Q="--pipeline.model.num-downscales 0 --pipeline.views-per-step 2"
 DATA="bytesplat-scene --scene-size medium"
+( gpu_tests ) & TESTS=$!
 for seed in $SEEDS; do
   (( $(left) < 150 )) && { stamp "stopping before seed $seed: $(left)s left"; break; }
   ( OUT=$EVAL_DIR quality gpu1_s$seed 1 1 $ITERS $Q --machine.seed $seed $DATA ) & A=$!
@@ -29,5 +32,7 @@ for seed in $SEEDS; do
   ( OUT=$EVAL_DIR quality pixel2_s$seed 2 0,1 $ITERS $Q --machine.seed $seed --pipeline.communicator pixel $DATA ) & C=$!
   wait $A $B $C
 done
+wait $TESTS
 $PY scripts/pair_quality.py --evals $EVAL_DIR --logs /tmp --baseline gpu1 --out "$OUT/quality_seeds.json"
+tar czf "$OUT/evals.tgz" -C $EVAL_DIR .
 stamp "done"
