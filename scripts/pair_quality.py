@@ -2,7 +2,9 @@
 ``quality`` in scripts/gpu_train_lib.sh): per run kind, PSNR / SSIM differences to the baseline
 kind with the same seed (mean and standard deviation over seeds), and the median ms per step after
 warm-up read from the run's ns-train log (``quality_{RUN}_s{SEED}.log``, the trainer's progress
-table). Prints a table and writes the JSON given by --out."""
+table), and the Gaussian count of the evaluated checkpoint where that file is still there (a run that
+densified far more than its pairs is the first thing to look at when one seed scores low). Prints a
+table and writes the JSON given by --out."""
 
 from __future__ import annotations
 
@@ -26,6 +28,16 @@ def median_ms_per_step(log: Path, after_step: int = 100) -> Optional[float]:
     return statistics.median(times) if times else None
 
 
+def checkpoint_gaussians(checkpoint: Optional[str]) -> Optional[int]:
+    """Number of Gaussians in a nerfstudio checkpoint (its ``...gauss_params.means``), None if absent."""
+    if not checkpoint or not Path(checkpoint).is_file():
+        return None
+    import torch
+
+    state = torch.load(checkpoint, map_location="cpu", weights_only=False).get("pipeline", {})
+    return next((int(v.shape[0]) for k, v in state.items() if k.endswith("gauss_params.means")), None)
+
+
 def pair(evals: Path, logs: Path, baseline: str) -> Dict:
     from bytesplat_ns.bench.train import paired_differences
 
@@ -39,6 +51,7 @@ def pair(evals: Path, logs: Path, baseline: str) -> Dict:
         runs.setdefault(m["kind"], {})[int(m["seed"])] = {
             "psnr": r["results"]["psnr"], "ssim": r["results"]["ssim"], "checkpoint": r.get("checkpoint"),
             "ms_per_step": median_ms_per_step(logs / f"quality_{name}.log"),
+            "num_gaussians": checkpoint_gaussians(r.get("checkpoint")),
         }
     base = runs.get(baseline, {})
 
@@ -69,6 +82,9 @@ def main(argv=None) -> None:
             f"{row['psnr_diff_mean']:+.3f} +- {row['psnr_diff_std']:.3f} dB, SSIM {row['ssim_diff_mean']:+.4f}")
         ms = "-" if row["median_ms_per_step"] is None else f"{row['median_ms_per_step']:.1f} ms/step"
         print(f"{kind:>10}: seeds {row['seeds']} vs {a.baseline}: {diff}; {ms}")
+    for kind, by_seed in result["runs"].items():
+        print(f"{kind:>10}: " + ", ".join(f"s{s} {r['psnr']:.3f} dB {r['num_gaussians'] or '?'} Gaussians"
+                                          for s, r in sorted(by_seed.items())))
 
 
 if __name__ == "__main__":

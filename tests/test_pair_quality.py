@@ -47,3 +47,14 @@ def test_main_writes_json_and_prints_a_line_per_kind(tmp_path, capsys):
     pair_quality.main(["--evals", str(tmp_path), "--logs", str(tmp_path), "--out", str(tmp_path / "q.json")])
     assert json.loads((tmp_path / "q.json").read_text())["summary"]["sparse2"]["psnr_diff_mean"] == pytest.approx(-0.5)
     assert "sparse2: seeds [1] vs gpu1: -0.500 +- 0.000 dB" in capsys.readouterr().out
+
+
+def test_gaussian_count_read_from_the_checkpoint_when_it_is_there(tmp_path):
+    import torch
+
+    ckpt = tmp_path / "step-999.ckpt"
+    torch.save({"pipeline": {"_model.gauss_params.means": torch.zeros(7, 3), "_model.x": torch.zeros(2)}}, ckpt)
+    assert pair_quality.checkpoint_gaussians(str(ckpt)) == 7
+    assert pair_quality.checkpoint_gaussians(str(tmp_path / "gone.ckpt")) is None
+    (tmp_path / "eval_gpu1_s1.json").write_text(json.dumps({"checkpoint": str(ckpt), "results": {"psnr": 28.0, "ssim": 0.9}}))
+    assert pair_quality.pair(tmp_path, tmp_path, "gpu1")["runs"]["gpu1"][1]["num_gaussians"] == 7
