@@ -51,6 +51,19 @@ def test_plots_from_the_committed_gpu_results(tmp_path, capsys):
     assert "no tile occupancy logged" in out  # that training run did not log it: a message, no figure
 
 
+CAPACITY = ["capacity_1gpu_50m_h200.json", "capacity_1gpu_62m_h200.json", "capacity_1gpu_75m_h200.json",
+            "capacity_100m_h200.json", "capacity_125m_h200.json", "capacity_pixel_140m_h200.json"]
+
+
+def test_a_capacity_sweep_gets_a_figure_against_the_gaussian_count(tmp_path):
+    """Three or more counts at one setting: views/s and peak memory against the count (the 75M
+    file's two out-of-memory rows become crosses); two counts (the matrix's 1M and 4M) do not."""
+    written = plot_inputs([DOCS / f for f in CAPACITY], tmp_path / "sweep", log=lambda _: None)
+    assert "distributed_counts_nvidia-h200_1920x1080_4views.png" in _pngs(written)
+    written = plot_inputs([DOCS / "distributed_h200.json"], tmp_path / "two", log=lambda _: None)
+    assert not [p for p in written if p.name.startswith("distributed_counts")]
+
+
 def test_a_folder_skips_other_json_and_absent_kinds(tmp_path):
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "eval.json").write_text((DOCS / "distributed_eval_1gpu_h200.json").read_text())

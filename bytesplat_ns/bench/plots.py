@@ -338,6 +338,8 @@ def plot_distributed(files: List[Tuple[Path, Dict]], out_dir: Path, written: Lis
         fig.tight_layout(rect=(0, 0.04, 1, 1))
         _save(fig, out_dir, _slug("distributed_scaling", device, f"{w}x{h}", f"{views}views"), written)
 
+        _plot_counts(plt, members, rows, out_dir, written, device, (w, h, views), footer_devices, dates)
+
         # Bytes sent to other ranks per step, per communicator, for every multi-rank row.
         multi_rows = {k: r for k, r in rows.items() if k[3] > 1}
         if not multi_rows:
@@ -367,6 +369,52 @@ def plot_distributed(files: List[Tuple[Path, Dict]], out_dir: Path, written: Lis
         _footer(fig, footer_devices, dates)
         fig.tight_layout(rect=(0, 0.04, 1, 1))
         _save(fig, out_dir, _slug("distributed_bytes_per_step", device, f"{w}x{h}", f"{views}views"), written)
+
+
+def _plot_counts(plt, members, rows: Dict[Tuple, Dict], out_dir: Path, written: List[Path], device, setting,
+                 footer_devices, dates) -> None:
+    """With three or more Gaussian counts (a capacity sweep): views/s and peak memory per GPU against
+    the count, one line per implementation, communicator and rank count; a configuration that failed
+    at a count (out of memory) is an x at that count."""
+    counts = sorted({k[0] for k in rows})
+    if len(counts) < 3:
+        return
+    failed: Dict[Tuple, List[int]] = {}
+    for _, data in members:
+        for r in data["results"]:
+            if r["status"] != "ok":
+                failed.setdefault((r["impl"], r["communicator"], int(r["ranks"])), []).append(int(r["num_gaussians"]))
+    series = sorted({k[1:] for k in rows} | set(failed), key=lambda k: (k[2], k[0], k[1]))
+    w, h, views = setting
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), squeeze=False)
+    for ax, field, ylabel in ((axes[0][0], "views_per_second", "views / s (median step)"),
+                              (axes[0][1], "peak_memory_mb", "peak GiB per GPU (largest rank)")):
+        crosses, failed_at = [], {}
+        for impl, comm, ranks in series:
+            pts = sorted((k[0], r) for k, r in rows.items() if k[1:] == (impl, comm, ranks))
+            label = f"{_series_label(impl, comm)}, {ranks} GPU{'s' if ranks > 1 else ''}"
+            ys = [r[field] if field == "views_per_second" else max(r[field]) / 1024 for _, r in pts]
+            line = ax.plot([n for n, _ in pts], ys, marker="o" if pts else "x", ls="-" if pts else "", label=label)[0]
+            bad = sorted(set(failed.get((impl, comm, ranks), [])) - {n for n, _ in pts})
+            for n in bad:  # side by side where several configurations failed at one count
+                crosses.append((n * 1.03 ** failed_at.get(n, 0), line.get_color()))
+                failed_at[n] = failed_at.get(n, 0) + 1
+        if crosses:  # at the bottom edge, once every line has set the axis range
+            ax.set_xlim(min([ax.get_xlim()[0]] + [n * 0.9 for n, _ in crosses]), max([ax.get_xlim()[1]] + [n * 1.1 for n, _ in crosses]))
+            lo = ax.get_ylim()[0]
+            ax.scatter([n for n, _ in crosses], [lo] * len(crosses), c=[c for _, c in crosses], marker="x", s=60,
+                       zorder=3, clip_on=False)
+            ax.set_ylim(bottom=lo)
+        ax.set_xscale("log")
+        ax.set_xlabel("Gaussians (x: out of memory or failed)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    axes[0][0].set_yscale("log")
+    fig.suptitle(f"Growing Gaussian counts: {w}x{h}, {views} views per step")
+    _footer(fig, footer_devices, dates)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    _save(fig, out_dir, _slug("distributed_counts", device, f"{w}x{h}", f"{views}views"), written)
 
 
 # ---------------------------------------------------------------------------------------------
