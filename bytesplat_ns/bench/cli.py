@@ -1,4 +1,4 @@
-"""``bytesplat-bench``: the project's benchmarks, each writing one JSON file.
+r"""``bytesplat-bench``: the project's benchmarks, each writing one JSON file.
 
     bytesplat-bench raster --num-gaussians 1000000 4000000 --width 1920 --height 1080 \
         --out docs/benchmarks/raster.json

@@ -1,4 +1,4 @@
-"""``bytesplat-bench distributed``: side-by-side multi-GPU benchmark in one job (issue 5, item 7).
+r"""``bytesplat-bench distributed``: side-by-side multi-GPU benchmark in one job (issue 5, item 7).
 
 One synthetic scene (N random Gaussians in a camera frustum, ``synthetic_scene``'s distribution)
 and one batch of B views at W x H, the same for every configuration. Measured, one configuration
