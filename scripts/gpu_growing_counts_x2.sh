@@ -13,14 +13,10 @@
 # Then: bytesplat-bench plots --inputs <every counts_*.json> (the growing-counts figure).
 # Writes to $OUT: log.txt, counts.tgz (counts_N.json per count, and their logs).
 #   device tool: kind nvidia-h200-x2, carry [".whl", ".ext"], timeout_s 600
-set -o pipefail
-OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
 BUDGET=${BUDGET:-570}
 COUNTS=${COUNTS:-1000000 4000000 16000000 50000000}
 export BYTESPLAT_DIST_TIMEOUT=${BYTESPLAT_DIST_TIMEOUT:-300}
-exec > >(tee -a "$OUT/log.txt") 2>&1
-source scripts/gpu_setup.sh || exit 1
-source scripts/gpu_train_lib.sh
+source scripts/gpu_begin.sh || exit 1
 mkdir -p /tmp/counts
 for n in $COUNTS; do
   (( $(left) < 60 )) && { stamp "stopping before N=$n: $(left)s left"; break; }

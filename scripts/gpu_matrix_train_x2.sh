@@ -5,12 +5,9 @@
 # Short on purpose: the session's last 260 s of device time.
 # Writes to $OUT: log.txt, matrix_train.tgz.
 #   device tool: kind nvidia-h200-x2, carry [".whl", ".ext"], timeout_s 230
-set -o pipefail
-OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
 BUDGET=${BUDGET:-215}
-exec > >(tee -a "$OUT/log.txt") 2>&1
 SCENES=small
-source scripts/gpu_setup.sh || exit 1
+source scripts/gpu_begin.sh || exit 1
 stamp "bytesplat-bench matrix: train (timeout $(( $(left) - 8 ))s)"
 CUDA_VISIBLE_DEVICES=0 timeout $(( $(left) - 8 )) $PY -m bytesplat_ns.bench.cli matrix --benchmarks train \
   --scene-sizes small --iterations 1000 --num-downscales 0 --piece-timeout 70 --out-dir /tmp/matrix_train \

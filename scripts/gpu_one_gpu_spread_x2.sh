@@ -8,14 +8,10 @@
 # same views seen); each with its tensorboard events (train loss, Gaussian count per step) returned.
 # Writes to $OUT: log.txt, spread.json (pair_quality.py), runs.tgz (ns-eval files + event files).
 #   device tool: kind nvidia-h200-x2, carry [".whl", ".ext"], timeout_s 600
-set -o pipefail
-OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
 BUDGET=${BUDGET:-570}
 SEEDS=${SEEDS:-1 2 3 4 5 6}
-exec > >(tee -a "$OUT/log.txt") 2>&1
 SCENES=medium
-source scripts/gpu_setup.sh || exit 1
-source scripts/gpu_train_lib.sh
+source scripts/gpu_begin.sh || exit 1
 EVAL_DIR=/tmp/evals; mkdir -p $EVAL_DIR
 Q="--pipeline.model.num-downscales 0"
 DATA="bytesplat-scene --scene-size medium"

@@ -6,15 +6,11 @@
 # as gpu_seeds_quality_x2.sh), all six at once.
 # Writes to $OUT: log.txt, pixel_140m.json, quality_seeds_78.json, evals.tgz.
 #   device tool: kind nvidia-h200-x2, carry [".whl", ".ext"], timeout_s 600
-set -o pipefail
-OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
 BUDGET=${BUDGET:-540}
 ITERS=${ITERS:-1000}
 export BYTESPLAT_DIST_TIMEOUT=${BYTESPLAT_DIST_TIMEOUT:-300}
-exec > >(tee -a "$OUT/log.txt") 2>&1
 SCENES=medium
-source scripts/gpu_setup.sh || exit 1
-source scripts/gpu_train_lib.sh
+source scripts/gpu_begin.sh || exit 1
 EVAL_DIR=/tmp/evals; mkdir -p $EVAL_DIR
 
 dist_bench pixel_140m 2 $(( $(left) - 150 )) --num-gaussians 140000000 --views 4 --warmup 1 --repeats 2 \

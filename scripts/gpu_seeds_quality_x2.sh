@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Written for the next two-GPU call (nvidia-h200-x2); NOT RUN YET. Issues 5 and 6, quality against
+# Two-GPU call (nvidia-h200-x2), run 2026-11-30 02:58 UTC (log docs/benchmarks/gpu_seeds_quality_h200.log). Issues 5 and 6, quality against
 # one GPU shown with seeds instead of one run (one run each gave -0.41 / +0.17 / +0.12 dB on
 # 2026-11-30, the size of the run-to-run spread; docs/benchmarks.md "Training quality on two GPUs"):
 # for each seed in SEEDS, at the same time: one GPU (bytesplat-distributed, 1 process, the reference),
@@ -11,15 +11,11 @@
 # the last GPU test run).
 # Writes to $OUT: log.txt, tests.log, quality_seeds.json, evals.tgz (the per-run ns-eval files).
 #   device tool: kind nvidia-h200-x2, carry [".whl", ".ext"], timeout_s 600
-set -o pipefail
-OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
 BUDGET=${BUDGET:-570}
 ITERS=${ITERS:-1000}
 SEEDS=${SEEDS:-1 2 3}
-exec > >(tee -a "$OUT/log.txt") 2>&1
 SCENES=medium
-source scripts/gpu_setup.sh || exit 1
-source scripts/gpu_train_lib.sh
+source scripts/gpu_begin.sh || exit 1
 EVAL_DIR=/tmp/evals; mkdir -p $EVAL_DIR
 
 Q="--pipeline.model.num-downscales 0 --pipeline.views-per-step 2"

@@ -9,16 +9,12 @@
 # Each run's Gaussian count comes from its checkpoint (pair_quality.py).
 # Writes to $OUT: log.txt, quality_seeds_more.json, evals.tgz (ns-eval files), logs.tgz (ns-train logs).
 #   device tool: kind nvidia-h200-x2, carry [".whl", ".ext"], timeout_s 600
-set -o pipefail
-OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
 BUDGET=${BUDGET:-560}
 ITERS=${ITERS:-1000}
 SEEDS=${SEEDS:-4 5 6}
 REPEAT_SEEDS=${REPEAT_SEEDS:-1 2 3}
-exec > >(tee -a "$OUT/log.txt") 2>&1
 SCENES=medium
-source scripts/gpu_setup.sh || exit 1
-source scripts/gpu_train_lib.sh
+source scripts/gpu_begin.sh || exit 1
 EVAL_DIR=/tmp/evals; mkdir -p $EVAL_DIR
 
 Q="--pipeline.model.num-downscales 0 --pipeline.views-per-step 2"
