@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issues 5 and 6, quality against one GPU: the follow-up of gpu_seeds_quality_x2.sh (2026-11-30 03:10,
+# Issues 5 and 6, quality against one GPU: the follow-up of gpu_seeds_quality_x2.sh (2026-11-30 02:58-03:05,
 # seeds 1-3: one-GPU seed 3 scored 1.6 dB below its seeds 1-2 while every two-GPU run of seeds 1-3
 # was within 0.4 dB of 28.8). Two questions, on the same scene and settings:
 #   1. how far apart are two runs of the SAME configuration and seed (GPU runs are not bit-
