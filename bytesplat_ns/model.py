@@ -62,6 +62,11 @@ class ByteSplatModelConfig(SplatfactoModelConfig):
     tile_stats_every: int = 0
     """Every this many steps, log how many tiles hold more Gaussians than the fused kernel keeps on chip
     (tensorboard tiles/*, model.tile_occupancy_log; 0: off). Any backend; capacity as for hw-prune."""
+    min_train_resolution: int = 100
+    """splatfacto's coarse start (num_downscales) never trains on images whose longer side is below this
+    many pixels. Its quarter resolution is meant for photos; on small images (the built-in 128x96 scene:
+    32x24) densification runs away (262k Gaussians by step 1500 on a CPU, 74k at full resolution).
+    0: splatfacto's schedule whatever the image size."""
 
 
 def viewmat_from_camera_to_world(camera_to_world: torch.Tensor) -> torch.Tensor:
@@ -100,6 +105,31 @@ class ByteSplatModel(SplatfactoModel):
     """splatfacto with a pluggable rasterizer (reference / gsplat / fused) that also runs on CPU."""
 
     config: ByteSplatModelConfig
+
+    def get_training_callbacks(self, training_callback_attributes):
+        cameras = getattr(getattr(getattr(training_callback_attributes.pipeline, "datamanager", None),
+                                  "train_dataset", None), "cameras", None)
+        if cameras is not None:
+            self.limit_downscales(int(max(cameras.width.max().item(), cameras.height.max().item())))
+        return super().get_training_callbacks(training_callback_attributes)
+
+    def limit_downscales(self, long_side: int) -> int:
+        """Cap the coarse start so training images keep ``min_train_resolution`` pixels on their longer
+        side (``long_side``: the training images' at full resolution); returns the downscales allowed."""
+        wanted = allowed = self.config.num_downscales
+        floor = self.config.min_train_resolution
+        while allowed > 0 and long_side / 2**allowed < floor:
+            allowed -= 1
+        self._max_downscales = allowed
+        if allowed < wanted:
+            CONSOLE.log(f"bytesplat: training images are {long_side} px on their longer side; starting at 1/{2**allowed} "
+                        f"of that instead of splatfacto's 1/{2**wanted} (min_train_resolution {floor} px; 0 turns this off)")
+        return allowed
+
+    def _get_downscale_factor(self):
+        factor = super()._get_downscale_factor()
+        cap = getattr(self, "_max_downscales", None)
+        return factor if cap is None else min(factor, 2**cap)
 
     def populate_modules(self):
         seed_points = self.seed_points

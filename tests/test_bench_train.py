@@ -4,6 +4,7 @@ JSON it writes (the GPU runs in docs/benchmarks.md use the same code)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -42,6 +43,8 @@ def test_cpu_run_writes_per_method_results(tmp_path):
     assert [e["step"] for e in run["tile_occupancy"]] == [0.0, 2.0]
     assert all(e["capacity"] == 8 for e in run["tile_occupancy"]) and run["hw_prune_steps"] == []
     assert report["environment"]["command"].startswith("python -m bytesplat_ns.bench.train --scene small --iterations 4")
+    # A/B against splatfacto: bytesplat follows splatfacto's coarse start as is (no resolution floor)
+    assert "min_train_resolution: 0" in (Path(run["run_dir"]) / "config.yml").read_text()
 
 
 def test_profile_train_reports_host_and_device_time(tmp_path):

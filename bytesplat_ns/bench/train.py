@@ -216,6 +216,8 @@ def main(argv: Optional[List[str]] = None) -> dict:
             model.tile_stats_every = args.tile_stats_every
         if args.num_downscales is not None:
             model.num_downscales = args.num_downscales
+        if hasattr(model, "min_train_resolution"):  # A/B: every method on splatfacto's schedule as is
+            model.min_train_resolution = 0
         if args.hw_prune is not None and hasattr(model, "hw_prune"):
             model.hw_prune = args.hw_prune
 
