@@ -393,7 +393,8 @@ def _plot_counts(plt, members, rows: Dict[Tuple, Dict], out_dir: Path, written: 
         for impl, comm, ranks in series:
             pts = sorted((k[0], r) for k, r in rows.items() if k[1:] == (impl, comm, ranks))
             label = f"{_series_label(impl, comm)}, {ranks} GPU{'s' if ranks > 1 else ''}"
-            ys = [r[field] if field == "views_per_second" else max(r[field]) / 1024 for _, r in pts]
+            ys = [r[field] if field == "views_per_second"
+                  else max((m for m in r[field] if m is not None), default=float("nan")) / 1024 for _, r in pts]
             line = ax.plot([n for n, _ in pts], ys, marker="o" if pts else "x", ls="-" if pts else "", label=label)[0]
             bad = sorted(set(failed.get((impl, comm, ranks), [])) - {n for n, _ in pts})
             for n in bad:  # side by side where several configurations failed at one count
