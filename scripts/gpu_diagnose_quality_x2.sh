@@ -7,14 +7,10 @@
 #   --pipeline.compositor reference | BYTESPLAT_FUSED_ADAM=0 | SH degree 0 | ns-train bytesplat (control).
 # Writes to $OUT: log.txt, eval_*.json, events_*/.
 #   device tool: kind nvidia-h200-x2, carry [".whl", ".ext"], timeout_s 600
-set -o pipefail
-OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
 BUDGET=${BUDGET:-330}
 ITERS=${ITERS:-2000}
-exec > >(tee -a "$OUT/log.txt") 2>&1
 SCENES=medium
-source scripts/gpu_setup.sh || exit 1
-source scripts/gpu_train_lib.sh
+source scripts/gpu_begin.sh || exit 1
 
 P=()
 D="--pipeline.views-per-step 2 bytesplat-scene --scene-size medium"

@@ -15,15 +15,11 @@
 # quarter of the eval resolution (splatfacto's default start), which gpu_quality_matrix_x2.sh fixes.
 # Writes to $OUT: log.txt, tests.log and the JSON files named above.
 #   device tool: kind nvidia-h200-x2, carry [".whl", ".ext"], timeout_s 600
-set -o pipefail
-OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
 BUDGET=${BUDGET:-565}
 ITERS=${ITERS:-2000}
 export BYTESPLAT_DIST_TIMEOUT=${BYTESPLAT_DIST_TIMEOUT:-300}
-exec > >(tee -a "$OUT/log.txt") 2>&1
 SCENES=medium
-source scripts/gpu_setup.sh || exit 1
-source scripts/gpu_train_lib.sh
+source scripts/gpu_begin.sh || exit 1
 
 DATA="bytesplat-scene --scene-size medium"
 one_gpu_tests() {

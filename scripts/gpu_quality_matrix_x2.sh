@@ -13,16 +13,12 @@
 #      1920x1080, 8 views, 1 and 2 ranks, dense / sparse-grad / pixel, gsplat) into $OUT/matrix.tgz.
 # Writes to $OUT: log.txt and the files named above.
 #   device tool: kind nvidia-h200-x2, carry [".whl", ".ext"], timeout_s 600
-set -o pipefail
-OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
 BUDGET=${BUDGET:-570}
 ITERS=${ITERS:-1000}
 P_ITERS=${P_ITERS:-401}  # the last checkpoint at step 400 (nerfstudio saves at max - 1)
 export BYTESPLAT_DIST_TIMEOUT=${BYTESPLAT_DIST_TIMEOUT:-300}
-exec > >(tee -a "$OUT/log.txt") 2>&1
 SCENES=medium
-source scripts/gpu_setup.sh || exit 1
-source scripts/gpu_train_lib.sh
+source scripts/gpu_begin.sh || exit 1
 
 Q="--steps-per-save 100 --pipeline.model.num-downscales 0 --pipeline.views-per-step 2"
 DATA="bytesplat-scene --scene-size medium"
