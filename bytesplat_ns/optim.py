@@ -11,10 +11,9 @@ changes: the default implementation is kept, so CPU runs stay comparable with ea
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Iterable, Type
-
-import os
 
 import torch
 from nerfstudio.engine.optimizers import AdamOptimizerConfig

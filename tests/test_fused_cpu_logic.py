@@ -826,4 +826,3 @@ def test_model_fused_step_gathers_the_pruning_score(torch_ops, monkeypatch, mode
     assert pruner.period == 10 and pruner.first_score == 1 and not pruner.scores_step(0)
     assert [s["step"] for s in pruner.history] == [10]
     assert pruner.history[0]["tiles"] > 0 and pruner.history[0]["removed"] > 0
-
