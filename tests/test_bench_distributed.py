@@ -219,3 +219,23 @@ def test_torchrun_style_launch(tmp_path):
     report = json.loads(out.read_text())
     assert report["complete"] is True and report["command"].startswith("torchrun")
     assert [(r["impl"], r["ranks"], r["status"]) for r in report["results"]] == [("bytesplat", 2, "ok")]  # --skip-one-rank
+
+
+def test_synthetic_scene_in_blocks_is_deterministic_and_keeps_its_first_block(monkeypatch):
+    """Large benchmark scenes are drawn block by block in threads: the same seed gives the same
+    scene, the first block is the scene a one-block draw gives, and later blocks are new draws."""
+    from bytesplat_ns.bench import raster
+
+    one_block = raster.synthetic_scene(1000, 64, 48, sh_degree=1, seed=3, device="cpu")
+    monkeypatch.setattr(raster, "SCENE_BLOCK", 1000)
+    a = raster.synthetic_scene(3500, 64, 48, sh_degree=1, seed=3, device="cpu")
+    b = raster.synthetic_scene(3500, 64, 48, sh_degree=1, seed=3, device="cpu")
+    other_seed = raster.synthetic_scene(3500, 64, 48, sh_degree=1, seed=4, device="cpu")
+    keys = ("means", "scales", "quats", "opacities", "colors")
+    assert all(torch.equal(a[k], b[k]) for k in keys)
+    assert all(torch.equal(a[k][:1000], one_block[k]) for k in keys)
+    assert not torch.equal(a["means"][1000:2000], a["means"][2000:3000])
+    assert not torch.equal(a["means"][1000:], other_seed["means"][1000:])
+    assert torch.equal(a["gt"], one_block["gt"])
+    z = a["means"][:, 2]
+    assert bool(((z >= 2.0) & (z <= 20.0)).all())  # every block fills the same frustum

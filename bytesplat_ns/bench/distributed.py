@@ -61,7 +61,7 @@ import time
 import traceback
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
@@ -119,11 +119,12 @@ def _views(scene: Dict, device: torch.device, keep: Optional[Sequence[int]] = No
                  scene["backgrounds"].to(device))
 
 
-def _leaves(params: Mapping[str, Tensor], rows: Optional[Tensor], device: torch.device) -> Dict[str, Tensor]:
+def _leaves(params: Mapping[str, Tensor], rows: Union[None, slice, Tensor], device: torch.device) -> Dict[str, Tensor]:
+    """Fresh leaf copies on ``device`` of ``rows`` (all, a contiguous slice, or indices) of ``params``."""
     out = {}
     for k, v in params.items():
-        t = v if rows is None else v.index_select(0, rows)
-        out[k] = torch.nn.Parameter(t.to(device).contiguous().clone())
+        t = v if rows is None else v[rows] if isinstance(rows, slice) else v.index_select(0, rows)
+        out[k] = torch.nn.Parameter(t.to(device, copy=True).contiguous())
     return out
 
 
@@ -496,9 +497,8 @@ def _run_scene(args, N: int, rank: int, world: int, device: torch.device, one, c
     rank_groups = ([] if args.skip_one_rank and world > 1 else [(1, one)]) + ([(world, None)] if world > 1 else [])
     layouts = {R: ShardLayout.even(N, R) for R, _ in rank_groups}
 
-    def shard_rows(R: int) -> Tensor:
-        lo, hi = layouts[R].range(rank)
-        return torch.arange(lo, hi)
+    def shard_rows(R: int) -> slice:
+        return slice(*layouts[R].range(rank))
 
     for R, group in rank_groups:
         comms = ["dense"] if R == 1 else list(args.communicators)
