@@ -64,6 +64,29 @@ def test_a_capacity_sweep_gets_a_figure_against_the_gaussian_count(tmp_path):
     assert not [p for p in written if p.name.startswith("distributed_counts")]
 
 
+def test_growing_counts_figures_keep_every_count_on_log_axes(tmp_path, monkeypatch):
+    """The one-job sweep of 1M-140M (docs/benchmarks/growing_counts_h200/): views/s on log axes whose
+    range holds every count, the 140M out-of-memory rows included; bytes per step on a log axis, so
+    the pixel exchange's ~80 MB bars stay visible next to 10 GB ones."""
+    from bytesplat_ns.bench import plots
+
+    axes_of = {}
+    real_save = plots._save
+
+    def save(fig, out_dir, name, written):
+        axes_of[name.split("_nvidia")[0]] = [(a.get_xscale(), a.get_yscale(), a.get_xlim(), a.get_ylim()) for a in fig.axes]
+        real_save(fig, out_dir, name, written)
+
+    monkeypatch.setattr(plots, "_save", save)
+    plot_inputs(sorted((DOCS / "growing_counts_h200").glob("counts_*.json")), tmp_path, log=lambda _: None)
+    (xs, ys, xlim, ylim), (xs_mem, _, xlim_mem, _) = axes_of["distributed_counts"]
+    assert (xs, ys, xs_mem) == ("log", "log", "log")
+    for lo, hi in (xlim, xlim_mem):
+        assert 0 < lo < 1e6 and hi > 140e6
+    assert 0 < ylim[0] < 5 and ylim[1] > 200  # 4.8 views/s at 140M (pixel) .. 222 at 1M (dense)
+    assert [a[1] for a in axes_of["distributed_bytes_per_step"]] == ["log", "log"]
+
+
 def test_a_folder_skips_other_json_and_absent_kinds(tmp_path):
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "eval.json").write_text((DOCS / "distributed_eval_1gpu_h200.json").read_text())

@@ -213,6 +213,15 @@ def _bars(ax, groups: Sequence[str], series: Dict[str, List[Optional[float]]], e
     ax.legend(fontsize=7)
 
 
+def _spread_out(ax, values: Sequence[float], num_groups: int) -> None:
+    """A log value axis when the bars span more than 100x (a count sweep), slanted group labels
+    when there are many groups, so that neither the small bars nor the labels vanish."""
+    if values and max(values) > 100 * min(values):
+        ax.set_yscale("log")
+    if num_groups > 4:
+        ax.tick_params(axis="x", labelrotation=30, labelsize=7)
+
+
 # ---------------------------------------------------------------------------------------------
 # (a) raster: time per stage
 
@@ -363,8 +372,9 @@ def plot_distributed(files: List[Tuple[Path, Dict]], out_dir: Path, written: Lis
                     name += " (estimated)"
                 series[name], hatched[name] = vals, not exact
             _bars(ax, [f"{_count(n)}, {ranks} ranks" for n, ranks in cases], series, ylabel="MB per step (all ranks)",
-                  hatched=hatched)
+                  hatched=hatched, fmt="{:.0f}")
             ax.set_title(title, fontsize=9)
+            _spread_out(ax, [v for vals in series.values() for v in vals if v], len(cases))
         fig.suptitle(f"Bytes sent to other ranks per step: {setting}")
         _footer(fig, footer_devices, dates)
         fig.tight_layout(rect=(0, 0.04, 1, 1))
@@ -385,10 +395,15 @@ def _plot_counts(plt, members, rows: Dict[Tuple, Dict], out_dir: Path, written: 
             if r["status"] != "ok":
                 failed.setdefault((r["impl"], r["communicator"], int(r["ranks"])), []).append(int(r["num_gaussians"]))
     series = sorted({k[1:] for k in rows} | set(failed), key=lambda k: (k[2], k[0], k[1]))
+    tried_and_failed = [n for ns in failed.values() for n in ns]
     w, h, views = setting
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), squeeze=False)
     for ax, field, ylabel in ((axes[0][0], "views_per_second", "views / s (median step)"),
                               (axes[0][1], "peak_memory_mb", "peak GiB per GPU (largest rank)")):
+        ax.set_xscale("log")  # before any limit is read: the crosses' limits are log-scale ones
+        if field == "views_per_second":
+            ax.set_yscale("log")
+        ax.set_xlim(min(counts + tried_and_failed) / 1.6, max(counts + tried_and_failed) * 1.6)
         crosses, failed_at = [], {}
         for impl, comm, ranks in series:
             pts = sorted((k[0], r) for k, r in rows.items() if k[1:] == (impl, comm, ranks))
@@ -401,17 +416,14 @@ def _plot_counts(plt, members, rows: Dict[Tuple, Dict], out_dir: Path, written: 
                 crosses.append((n * 1.03 ** failed_at.get(n, 0), line.get_color()))
                 failed_at[n] = failed_at.get(n, 0) + 1
         if crosses:  # at the bottom edge, once every line has set the axis range
-            ax.set_xlim(min([ax.get_xlim()[0]] + [n * 0.9 for n, _ in crosses]), max([ax.get_xlim()[1]] + [n * 1.1 for n, _ in crosses]))
             lo = ax.get_ylim()[0]
             ax.scatter([n for n, _ in crosses], [lo] * len(crosses), c=[c for _, c in crosses], marker="x", s=60,
                        zorder=3, clip_on=False)
             ax.set_ylim(bottom=lo)
-        ax.set_xscale("log")
         ax.set_xlabel("Gaussians (x: out of memory or failed)")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
-    axes[0][0].set_yscale("log")
     fig.suptitle(f"Growing Gaussian counts: {w}x{h}, {views} views per step")
     _footer(fig, footer_devices, dates)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
