@@ -111,3 +111,36 @@ def test_fused_loss_compositor_equals_reference_and_splatfacto_loss(n):
     for a, b in zip(g_r, g_f):
         assert (a - b).norm().item() <= 1e-4 * max(a.norm().item(), 1e-12)
     assert (a_r - a_f).norm().item() <= 1e-4 * max(a_r.norm().item(), 1e-12)
+
+
+def test_sharded_forward_reads_the_device_once_plus_once_per_view():
+    """The sharded forward's host reads (torch's sync debug mode counts them): one for the step's
+    gather of shard sizes and records per view, and one per rendered view (its tile binning's
+    intersection count). The record exchange, the per-view record ranges and the global-id order
+    need none; each read empties the GPU's queue, which is what held the 1M two-GPU step back."""
+    import warnings
+
+    from bytesplat_ns.distributed import make_communicator, sharded_render_loss
+    from tests import distributed_worker as W
+
+    params = {k: torch.nn.Parameter(v.cuda()) for k, v in W.make_gaussians(W.N_GAUSSIANS, W.SEED).items()}
+    views = W.make_views()
+    views.viewmats, views.Ks, views.backgrounds = views.viewmats.cuda(), views.Ks.cuda(), views.backgrounds.cuda()
+    views.images = views.images.cuda()
+
+    def forward():
+        return sharded_render_loss(params, views, make_communicator("dense"), W.SH_DEGREE, compositor="fused")
+
+    forward().local_loss.backward()  # builds, first-use allocations
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fwd = forward()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    reads = [f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
+    print(f"{len(reads)} host reads in the forward for {views.num_views} views: {reads}")
+    assert len(reads) <= 1 + views.num_views, reads
+    fwd.local_loss.backward()

@@ -17,9 +17,10 @@ record is produced by exactly one renderer, so adding the non-zero rows equals c
 Wire formats (one message per pair of ranks and phase, built with ``exchange.pack``):
 
 - forward, owner -> renderer: ``floats [m, F]`` (means2d 2, conics 3, colors D, opacity 1,
-  depth 1; the parameters' dtype), ``radii [m] int32``, ``global ids [m] int32``, ``records per view
-  [V] int32`` (V: the renderer's number of views). Record size ``F*itemsize + 8`` bytes plus a
-  ``4*V`` byte header per message.
+  depth 1; the parameters' dtype), ``radii [m] int32``, ``global ids [m] int32``, the renderer's
+  views in order. Record size ``F*itemsize + 8`` bytes. No header and no size exchange: how many
+  records every rank sends for every view is known to all ranks before the exchange (the step's
+  one all-gather, ``sharding.gather_layout_and_view_counts``, counted as meta bytes).
 - backward ``dense``, renderer -> owner: ``grads [m, G] `` (G = D + 6: the differentiable columns,
   depth is only a sort key). ``G*itemsize`` bytes per record.
 - backward ``sparse-grad``: ``values [k, G]``, ``index [k] int32`` (row in the forward message);
@@ -72,7 +73,6 @@ class Records(NamedTuple):
     floats: Tensor  # [m, F]
     radii: Tensor  # [m] int32
     gids: Tensor  # [m] int32 global Gaussian ids (depth-order tie-break)
-    view_counts: Tensor  # [V] int32 records per view
 
 
 @dataclass
@@ -106,26 +106,26 @@ class Communicator(ABC):
         self,
         outgoing: Sequence[Records],
         num_channels: int,
-        views_per_rank: Sequence[int],
+        incoming_counts: Sequence[Sequence[int]],
         dtype: torch.dtype,
         stats: CommStats,
     ) -> List[Records]:
-        """Send ``outgoing[d]`` to rank ``d``; return the records received from every rank."""
+        """Send ``outgoing[d]`` to rank ``d``; return the records received from every rank.
+        ``incoming_counts[s]``: how many records rank ``s`` sends for each of this rank's views
+        (every rank knows them before the exchange, so the messages' sizes need no round of their own)."""
         rank, world = rank_and_world(self.group)
-        messages = [pack([r.floats, r.radii.to(INDEX_DTYPE), r.gids.to(INDEX_DTYPE), r.view_counts.to(INDEX_DTYPE)]) for r in outgoing]
-        ex = ExchangeStats()
-        received = exchange(messages, None, self.group, ex, phase="forward exchange of 2D records")
+        messages = [pack([r.floats, r.radii.to(INDEX_DTYPE), r.gids.to(INDEX_DTYPE)]) for r in outgoing]
         F = float_columns(num_channels)
         rec_bytes = forward_record_bytes(num_channels, dtype)
-        V = int(views_per_rank[rank])
+        sizes = [sum(int(c) for c in counts) for counts in incoming_counts]
+        ex = ExchangeStats()
+        received = exchange(messages, [m * rec_bytes for m in sizes], self.group, ex, phase="forward exchange of 2D records")
         out: List[Records] = []
-        for s, msg in enumerate(received):
-            body = msg.numel() - V * nbytes(INDEX_DTYPE)
-            if body < 0 or body % rec_bytes:
-                raise ValueError(f"malformed record message from rank {s}: {msg.numel()} bytes")
-            m = body // rec_bytes
-            floats, radii, gids, counts = unpack(msg, [(dtype, (m, F)), (INDEX_DTYPE, (m,)), (INDEX_DTYPE, (m,)), (INDEX_DTYPE, (V,))])
-            out.append(Records(floats, radii, gids, counts))
+        for s, (msg, m) in enumerate(zip(received, sizes)):
+            if msg.numel() != m * rec_bytes:
+                raise ValueError(f"malformed record message from rank {s}: {msg.numel()} bytes, expected {m} records")
+            floats, radii, gids = unpack(msg, [(dtype, (m, F)), (INDEX_DTYPE, (m,)), (INDEX_DTYPE, (m,))])
+            out.append(Records(floats, radii, gids))
         stats.forward_bytes += ex.payload_bytes
         stats.meta_bytes += ex.meta_bytes
         stats.forward_records += sum(int(outgoing[d].radii.numel()) for d in range(world) if d != rank)

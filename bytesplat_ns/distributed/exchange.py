@@ -80,8 +80,14 @@ def wrap_failure(phase: str, peer: Optional[int], error: BaseException, group=No
 
 def all_gather_ints(values: Sequence[int], group=None, stats: Optional[ExchangeStats] = None, phase: str = "all_gather") -> Tensor:
     """All ranks' integer vectors of equal length -> [world, len] int64 tensor (on the CPU)."""
-    rank, world = rank_and_world(group)
-    local = torch.tensor(list(values), dtype=torch.int64, device=comm_device(group))
+    return all_gather_rows(torch.tensor(list(values), dtype=torch.int64), group, stats, phase)
+
+
+def all_gather_rows(local: Tensor, group=None, stats: Optional[ExchangeStats] = None, phase: str = "all_gather") -> Tensor:
+    """All ranks' 1-D tensors of equal length (any device: values computed on the GPU are gathered
+    there, with no read before) -> [world, len] on the CPU: one host read for the whole collective."""
+    _, world = rank_and_world(group)
+    local = local.to(comm_device(group))
     if world == 1:
         return local[None].cpu()
     out = [torch.empty_like(local) for _ in range(world)]

@@ -26,6 +26,7 @@ from torch import Tensor
 from bytesplat_ns.distributed.exchange import (
     ExchangeStats,
     all_gather_ints,
+    all_gather_rows,
     all_reduce_,
     comm_device,
     exchange,
@@ -86,6 +87,18 @@ def gather_layout(num_local: int, group=None, stats: Optional[ExchangeStats] = N
     """Every rank's shard size (a collective: all ranks must call it)."""
     counts = all_gather_ints([num_local], group, stats, phase="gathering shard sizes")
     return ShardLayout(tuple(int(c) for c in counts[:, 0].tolist()))
+
+
+def gather_layout_and_view_counts(visible: Tensor, group=None, stats: Optional[ExchangeStats] = None) -> Tuple[ShardLayout, List[List[int]]]:
+    """A sharded step's bookkeeping in one collective and one host read: every rank's shard size
+    (the global-id layout) and how many of its Gaussians each view sees. ``visible`` [B, n] bool
+    (radius > 0) is this rank's projection. Returns (layout, counts) with ``counts[rank][view]``:
+    from it every record message's size and every view's rows in it follow, so the exchange needs
+    no size round of its own and the renderer no read of the received records."""
+    B, n = visible.shape
+    local = torch.cat([torch.full((1,), n, dtype=torch.int64, device=visible.device), visible.sum(1, dtype=torch.int64)])
+    table = all_gather_rows(local, group, stats, phase="gathering shard sizes and records per view").tolist()
+    return ShardLayout(tuple(int(row[0]) for row in table)), [[int(c) for c in row[1:]] for row in table]
 
 
 def shard_of(tensors: Mapping[str, Tensor], layout: ShardLayout, rank: int) -> Dict[str, Tensor]:

@@ -48,7 +48,7 @@ from bytesplat_ns.distributed.communicators import (
     grad_columns,
 )
 from bytesplat_ns.distributed.exchange import DistributedError, ExchangeStats, all_reduce_, rank_and_world
-from bytesplat_ns.distributed.sharding import ShardLayout, gather_layout
+from bytesplat_ns.distributed.sharding import ShardLayout, gather_layout_and_view_counts
 from bytesplat_ns.raster.fused import _default_projection, project
 from bytesplat_ns.raster.reference import rasterize_to_pixels_reference
 
@@ -185,12 +185,26 @@ def project_shard(
     return ShardProjection(means2d, conics, cols, opacities, depths, radii)
 
 
-def _records_in_gid_order(means2d, conics, colors, opacities, depths, radii, gids):
+def _nonzero_of_known_count(mask: Tensor, count: int) -> Tensor:
+    """Indices of the True entries of 1-D ``mask``, whose number the host already knows: sized
+    up front, so the device is not waited on (``torch.nonzero`` must read the count back)."""
+    try:
+        return torch.nonzero_static(mask, size=count).squeeze(1)
+    except NotImplementedError:  # a build without the kernel for this device
+        return torch.nonzero(mask).squeeze(1)
+
+
+def _records_in_gid_order(means2d, conics, colors, opacities, depths, radii, gids, sorted_by_gid=False):
     """Put records in global-id order (a stable depth sort then breaks ties by global id, exactly
-    as one process holding all Gaussians). Returns the permuted tensors and the order (or None)."""
+    as one process holding all Gaussians). Returns the permuted tensors and the order (or None).
+    ``sorted_by_gid``: the caller's records already are (the record exchange's are), so the check,
+    a device read per view, is skipped on the GPU; on the CPU, where it costs no wait, it is asserted."""
     g = gids.to(torch.int64)
     order = None
-    if g.numel() > 1 and bool((g[1:] < g[:-1]).any()):
+    unsorted = g.numel() > 1 and (not sorted_by_gid or not g.is_cuda) and bool((g[1:] < g[:-1]).any())
+    if unsorted and sorted_by_gid:
+        raise AssertionError("records said to be in global-id order are not")
+    if unsorted:
         order = torch.argsort(g, stable=True)
         means2d, conics, colors = means2d[order], conics[order], colors[order]
         opacities, depths, radii = opacities[order], depths[order], radii[order]
@@ -223,6 +237,7 @@ def composite_records(
     tile_size: int = 16,
     absgrad_sink: Optional[List[Tensor]] = None,
     compositor: str = "reference",
+    sorted_by_gid: bool = False,
 ) -> Tuple[Tensor, Tensor]:
     """Composite gathered 2D records of ONE view: [M,2], [M,3], [M,D], [M], [M], [M] int, [M] ids.
 
@@ -233,10 +248,10 @@ def composite_records(
 
     Returns (render [H,W,D], alpha [H,W,1]) without background. With ``absgrad_sink`` (a list),
     the backward appends the per-record sum over pixels of |d loss / d mean2d| ([M,2], in the
-    order of the inputs) to it.
+    order of the inputs) to it. ``sorted_by_gid``: see ``_records_in_gid_order``.
     """
     (means2d, conics, colors, opacities, depths, radii), order = _records_in_gid_order(
-        means2d, conics, colors, opacities, depths, radii, gids)
+        means2d, conics, colors, opacities, depths, radii, gids, sorted_by_gid)
     m = means2d[None]
     absgrad = absgrad_sink is not None and m.requires_grad
     if compositor == "fused" and means2d.shape[0] > 0:
@@ -275,6 +290,7 @@ def composite_records_fused_loss(
     ssim_lambda: float = 0.2,
     tile_size: int = 16,
     absgrad_sink: Optional[List[Tensor]] = None,
+    sorted_by_gid: bool = False,
 ) -> Tuple[Tensor, Tensor]:
     """ONE view's records composited AND scored by the fused kernel (``raster.fused._FusedLoss``):
     splatfacto's loss ``(1-l) L1 + l (1 - SSIM)`` of ``clamp(render + T bg, 0, 1)`` against ``gt``
@@ -285,7 +301,7 @@ def composite_records_fused_loss(
 
     _check(width, height, tile_size, means2d.device)
     (means2d, conics, colors, opacities, depths, radii), order = _records_in_gid_order(
-        means2d, conics, colors, opacities, depths, radii, gids)
+        means2d, conics, colors, opacities, depths, radii, gids, sorted_by_gid)
     m = means2d[None]
     absgrad = absgrad_sink is not None and m.requires_grad
     offsets, flatten_ids = bin_tiles(m, radii[None], depths[None], width, height, tile_size)
@@ -383,6 +399,7 @@ class _Runner:
     num_channels: int = 3
     absgrad_slots: List[Tuple[List[Tuple[int, int, int]], List[Tensor]]] = field(default_factory=list)
     means2d_ref: Optional[Tensor] = None
+    view_counts: List[List[int]] = field(default_factory=list)  # [rank][view]: records each rank sends per view
 
 
 class _ShardedRenderLoss(torch.autograd.Function):
@@ -402,39 +419,35 @@ class _ShardedRenderLoss(torch.autograd.Function):
 
         # [B*n, F] table of detached records; culled entries are never sent.
         table = torch.cat([means2d, conics, colors, opacities[..., None], depths[..., None]], dim=-1).reshape(B * n, -1)
-        visible = radii > 0
+        # Every rank's records per view are known on the host (sharded_render_loss's one gather), so
+        # the visible rows come from one nonzero of known size (no device read), view-major; each
+        # rank's views are a contiguous block, so its rows are the next slice.
+        sent_per_view = runner.view_counts[rank]
+        flat_all = _nonzero_of_known_count((radii > 0).reshape(-1), sum(sent_per_view))
         outgoing: List[Records] = []
         runner.sent_index = []
+        start = 0
         for d in range(world):
-            # rank d's views are a contiguous block: one nonzero over the block (one host wait per
-            # destination, not per view) gives its rows view by view, in the order a per-view walk would
-            first = owners_views[d][0] if owners_views[d] else 0
-            block = visible[first : first + len(owners_views[d])]
-            flat = torch.nonzero(block.reshape(-1)).squeeze(1) + first * n
-            local = flat % n if n > 0 else flat
+            stop = start + sum(sent_per_view[v] for v in owners_views[d])
+            flat = flat_all[start:stop]
+            start = stop
             runner.sent_index.append(flat)
-            outgoing.append(
-                Records(
-                    table.index_select(0, flat),
-                    radii.reshape(-1).index_select(0, flat),
-                    (local + offset).to(torch.int32),
-                    block.sum(1, dtype=torch.int32),  # records per view, counted on the device
-                )
-            )
-        received = runner.communicator.send_records(outgoing, D, [len(v) for v in owners_views], dtype, runner.stats)
-        counts = [r.view_counts.tolist() for r in received]  # [source][view]: one read per source
+            outgoing.append(Records(table.index_select(0, flat), radii.reshape(-1).index_select(0, flat),
+                                    (flat % n + offset).to(torch.int32) if n > 0 else flat.to(torch.int32)))
+        mine = owners_views[rank]
+        counts = [[runner.view_counts[s][v] for v in mine] for s in range(world)]  # [source][my view]
+        received = runner.communicator.send_records(outgoing, D, counts, dtype, runner.stats)
 
         G = grad_columns(D)
         runner.absgrad_slots = []
         runner.leaves = [r.floats.detach().requires_grad_(True) for r in received]
-        mine = owners_views[rank]
         with torch.enable_grad():
             loss = means2d.new_zeros(())
             starts = [0] * world
             for j, v in enumerate(mine):
                 parts, radii_v, gids_v = [], [], []
                 for s in range(world):
-                    c = int(counts[s][j])
+                    c = counts[s][j]
                     a = starts[s]
                     parts.append(runner.leaves[s][a : a + c])
                     radii_v.append(received[s].radii[a : a + c])
@@ -455,13 +468,13 @@ class _ShardedRenderLoss(torch.autograd.Function):
                     # intermediates, no pytorch_msssim graph)
                     loss_v, rgb = composite_records_fused_loss(
                         *fields, views.images[v].to(rec), views.backgrounds[v].to(rec), ssim_lambda=lam,
-                        tile_size=runner.tile_size, absgrad_sink=sink,
+                        tile_size=runner.tile_size, absgrad_sink=sink, sorted_by_gid=True,
                     )
                     runner.renders[v] = rgb
                     loss = loss + loss_v / B
                     continue
                 render, alpha = composite_records(
-                    *fields, runner.tile_size, absgrad_sink=sink, compositor=runner.compositor
+                    *fields, runner.tile_size, absgrad_sink=sink, compositor=runner.compositor, sorted_by_gid=True
                 )
                 rgb = rgb_with_background(render, alpha, views.backgrounds[v].to(render))
                 runner.renders[v] = rgb.detach()
@@ -547,12 +560,13 @@ def sharded_render_loss(
     ``composite_records``."""
     stats = CommStats()
     meta = ExchangeStats()
-    layout = gather_layout(int(params["means"].shape[0]), communicator.group, meta)
-    stats.meta_bytes += meta.meta_bytes
     proj = project_shard(params, views, sh_degree)
     proj.means2d.retain_grad()
+    layout, view_counts = gather_layout_and_view_counts(proj.radii > 0, communicator.group, meta)
+    stats.meta_bytes += meta.meta_bytes
     runner = _Runner(views, communicator, layout, loss_fn, stats, tile_size, absgrad, compositor)
     runner.means2d_ref = proj.means2d
+    runner.view_counts = view_counts
     local_loss = _ShardedRenderLoss.apply(runner, proj.means2d, proj.conics, proj.colors, proj.opacities, proj.depths, proj.radii)
     info = {
         "means2d": proj.means2d,
