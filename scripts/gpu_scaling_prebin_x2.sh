@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Two-GPU call (nvidia-h200-x2), after the sharded forward bins every view's records before it
-# renders any (so the binning's host reads no longer wait on the previous view's render). The
+# Two-GPU call (nvidia-h200-x2) made at commit 46edde2, where the sharded forward binned every
+# view's records before rendering any (so the binning's host reads would not wait on the previous
+# view's render). It measured no gain (docs/benchmarks.md, "Where the 1M two-GPU step loses"), and
+# that change was reverted; the script stays as the record of the run. The
 # one-GPU tests of the sharded step (test_distributed_gpu.py) and the two-GPU NCCL tests, then
 # issue 5's scaling exactly as in gpu_scaling_x2.sh (1M and 4M, 8 and 4 views per step).
 # Writes to $OUT: log.txt, tests.log, scaling_v4.json, scaling_v8.json.

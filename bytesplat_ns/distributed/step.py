@@ -185,15 +185,6 @@ def project_shard(
     return ShardProjection(means2d, conics, cols, opacities, depths, radii)
 
 
-def bin_record_tiles(means2d: Tensor, radii: Tensor, depths: Tensor, width: int, height: int,
-                     tile_size: int = 16) -> Tuple[Tensor, Tensor]:
-    """One view's records ([M,2], [M], [M]) binned into tiles for the fused kernels: (offsets,
-    flatten_ids) of ``raster.fused.bin_tiles`` (one host read: the number of tile entries)."""
-    from bytesplat_ns.raster.fused import bin_tiles
-
-    return bin_tiles(means2d[None], radii[None], depths[None], width, height, tile_size)
-
-
 def _nonzero_of_known_count(mask: Tensor, count: int) -> Tensor:
     """Indices of the True entries of 1-D ``mask``, whose number the host already knows: sized
     up front, so the device is not waited on (``torch.nonzero`` must read the count back)."""
@@ -300,25 +291,20 @@ def composite_records_fused_loss(
     tile_size: int = 16,
     absgrad_sink: Optional[List[Tensor]] = None,
     sorted_by_gid: bool = False,
-    tiles: Optional[Tuple[Tensor, Tensor]] = None,
 ) -> Tuple[Tensor, Tensor]:
     """ONE view's records composited AND scored by the fused kernel (``raster.fused._FusedLoss``):
     splatfacto's loss ``(1-l) L1 + l (1 - SSIM)`` of ``clamp(render + T bg, 0, 1)`` against ``gt``
     [H,W,3], with its 2D gradients computed in the same kernel. Returns (loss, rgb [H,W,3]
     detached); the loss is differentiable wrt the records. Same order and ``absgrad_sink`` contract
-    as :func:`composite_records`; what ``splatfacto_loss`` of ``composite_records`` gives.
-    ``tiles``: ``bin_record_tiles`` of these records, made ahead by the caller (used when the
-    records needed no reordering, i.e. are the ones it was made from)."""
-    from bytesplat_ns.raster.fused import _check, _FusedLoss, fused_schedule
+    as :func:`composite_records`; what ``splatfacto_loss`` of ``composite_records`` gives."""
+    from bytesplat_ns.raster.fused import _check, _FusedLoss, bin_tiles, fused_schedule
 
     _check(width, height, tile_size, means2d.device)
     (means2d, conics, colors, opacities, depths, radii), order = _records_in_gid_order(
         means2d, conics, colors, opacities, depths, radii, gids, sorted_by_gid)
     m = means2d[None]
     absgrad = absgrad_sink is not None and m.requires_grad
-    if tiles is None or order is not None:
-        tiles = bin_record_tiles(means2d, radii, depths, width, height, tile_size)
-    offsets, flatten_ids = tiles
+    offsets, flatten_ids = bin_tiles(m, radii[None], depths[None], width, height, tile_size)
     loss, rgb, _, _, _ = _FusedLoss.apply(
         m, conics[None], colors[None], opacities[None], background.reshape(1, 3).detach().float(),
         gt[None].detach().float().contiguous(), offsets, flatten_ids, width, height, ssim_lambda, absgrad,
@@ -455,12 +441,9 @@ class _ShardedRenderLoss(torch.autograd.Function):
         G = grad_columns(D)
         runner.absgrad_slots = []
         runner.leaves = [r.floats.detach().requires_grad_(True) for r in received]
-        lam = splatfacto_lambda(runner.loss_fn)
-        fused_loss = runner.compositor == "fused" and lam is not None and D == 3
         with torch.enable_grad():
             loss = means2d.new_zeros(())
             starts = [0] * world
-            todo = []
             for j, v in enumerate(mine):
                 parts, radii_v, gids_v = [], [], []
                 for s in range(world):
@@ -479,20 +462,13 @@ class _ShardedRenderLoss(torch.autograd.Function):
                     runner.absgrad_slots.append((spans, sink))
                 fields = (rec[:, 0:2], rec[:, 2:5], rec[:, 5 : 5 + D], rec[:, 5 + D], rec[:, 6 + D].detach(),
                           torch.cat(radii_v), torch.cat(gids_v), views.width, views.height)
-                tiles = None
-                if fused_loss and rec.shape[0] > 0:
-                    # Every view's tile lists before any render: each binning reads its list length
-                    # back, and with no render queued that read waits on nothing, so the views'
-                    # renders then run back to back instead of each waiting for the last.
-                    tiles = bin_record_tiles(fields[0], fields[5], fields[4], views.width, views.height, runner.tile_size)
-                todo.append((v, rec, fields, sink, tiles))
-            for v, rec, fields, sink, tiles in todo:
-                if tiles is not None:
+                lam = splatfacto_lambda(runner.loss_fn)
+                if runner.compositor == "fused" and lam is not None and D == 3 and rec.shape[0] > 0:
                     # splatfacto's loss and its gradients inside the fused kernel (no image-sized
                     # intermediates, no pytorch_msssim graph)
                     loss_v, rgb = composite_records_fused_loss(
                         *fields, views.images[v].to(rec), views.backgrounds[v].to(rec), ssim_lambda=lam,
-                        tile_size=runner.tile_size, absgrad_sink=sink, sorted_by_gid=True, tiles=tiles,
+                        tile_size=runner.tile_size, absgrad_sink=sink, sorted_by_gid=True,
                     )
                     runner.renders[v] = rgb
                     loss = loss + loss_v / B
