@@ -114,15 +114,13 @@ def test_fused_loss_compositor_equals_reference_and_splatfacto_loss(n):
 
 
 def test_sharded_forward_reads_the_device_once_plus_once_per_view():
-    """The sharded forward's host reads (torch's sync debug mode reports them): by design one for the
-    step's gather of shard sizes and records per view, and one per rendered view (its tile
-    binning's entry count); the record exchange, the per-view record ranges and the global-id order
-    need none. Each read empties the GPU's queue, which is what held the 1M two-GPU step back.
-    Measured on an H200 (2026-11-30): 1 + B of them plus one more, earlier than the gather, whose
-    Python frame is in torch/cuda/__init__.py and whose origin is not identified yet; the test
-    prints every read's Python stack so the next GPU run names it. The code before that change made
-    12 reads here (4 views): a gather, a nonzero, a count read, a gid-order check per view and a
-    binning per view."""
+    """The sharded forward's host reads (torch's sync debug mode reports them): one for the step's
+    gather of shard sizes and records per view, and one per rendered view (its tile binning's entry
+    count); the record exchange, the per-view record ranges and the global-id order need none. Each
+    read empties the GPU's queue, which is what held the 1M two-GPU step back. Before that change
+    this forward made 12 reads here (4 views). On an H200 (2026-11-30) this code passed with 1 + B
+    (call 4); a variant that binned every view before rendering (reverted) showed one more, earlier
+    than the gather, in a torch/cuda/__init__.py frame, so the test prints every read's stack."""
     import traceback
     import warnings
 
@@ -156,5 +154,5 @@ def test_sharded_forward_reads_the_device_once_plus_once_per_view():
     print(f"{len(reads)} host reads in the forward for {views.num_views} views:")
     for r in reads:
         print(r)
-    assert len(reads) <= 2 + views.num_views, [r.split("\n")[0] for r in reads]
+    assert views.num_views <= len(reads) <= 1 + views.num_views, [r.split("\n")[0] for r in reads]
     fwd.local_loss.backward()
