@@ -276,5 +276,6 @@ def summarize(runs: List[dict], baseline: Optional[str] = None) -> Dict[str, dic
         row["vs_baseline"] = vs
     return out
 
+
 if __name__ == "__main__":
     main()

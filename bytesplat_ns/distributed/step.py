@@ -400,6 +400,7 @@ class _Runner:
     absgrad_slots: List[Tuple[List[Tuple[int, int, int]], List[Tensor]]] = field(default_factory=list)
     means2d_ref: Optional[Tensor] = None
     view_counts: List[List[int]] = field(default_factory=list)  # [rank][view]: records each rank sends per view
+    visible: Optional[Tensor] = None  # [B, n] bool: this rank's radius > 0, the mask view_counts counted
 
 
 class _ShardedRenderLoss(torch.autograd.Function):
@@ -423,7 +424,7 @@ class _ShardedRenderLoss(torch.autograd.Function):
         # the visible rows come from one nonzero of known size (no device read), view-major; each
         # rank's views are a contiguous block, so its rows are the next slice.
         sent_per_view = runner.view_counts[rank]
-        flat_all = _nonzero_of_known_count((radii > 0).reshape(-1), sum(sent_per_view))
+        flat_all = _nonzero_of_known_count(runner.visible.reshape(-1), sum(sent_per_view))
         outgoing: List[Records] = []
         runner.sent_index = []
         start = 0
@@ -562,11 +563,12 @@ def sharded_render_loss(
     meta = ExchangeStats()
     proj = project_shard(params, views, sh_degree)
     proj.means2d.retain_grad()
-    layout, view_counts = gather_layout_and_view_counts(proj.radii > 0, communicator.group, meta)
+    visible = proj.radii > 0
+    layout, view_counts = gather_layout_and_view_counts(visible, communicator.group, meta)
     stats.meta_bytes += meta.meta_bytes
     runner = _Runner(views, communicator, layout, loss_fn, stats, tile_size, absgrad, compositor)
     runner.means2d_ref = proj.means2d
-    runner.view_counts = view_counts
+    runner.view_counts, runner.visible = view_counts, visible
     local_loss = _ShardedRenderLoss.apply(runner, proj.means2d, proj.conics, proj.colors, proj.opacities, proj.depths, proj.radii)
     info = {
         "means2d": proj.means2d,
