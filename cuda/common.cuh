@@ -26,14 +26,16 @@ constexpr float kAlphaMin = 1.f / 255.f;
 constexpr float kAlphaMax = 0.999f;
 constexpr float kTMin = 1e-4f;
 
-// One Gaussian as staged in shared memory (structure of arrays, 40 bytes per Gaussian).
-// g0 = (x, y, opacity, conic.a), g1 = (conic.b, conic.c, r, g), g2 = b, id = flattened index.
+// One Gaussian as staged in shared memory (structure of arrays, 44 bytes per Gaussian).
+// g0 = (x, y, opacity, conic.a), g1 = (conic.b, conic.c, r, g), g2 = b, id = flattened index,
+// warps = warp_mask (which of the block's warps can see it).
 struct SmemGaussians {
     float4 *g0;
     float4 *g1;
     float *g2;
     int32_t *id;
-    static constexpr int kBytes = 16 + 16 + 4 + 4;
+    uint32_t *warps;
+    static constexpr int kBytes = 16 + 16 + 4 + 4 + 4;
 
     // Carve the arrays for `cap` Gaussians out of `base` (16-byte aligned), return the end.
     __device__ __forceinline__ char *carve(char *base, int cap) {
@@ -41,16 +43,51 @@ struct SmemGaussians {
         g1 = g0 + cap;
         g2 = reinterpret_cast<float *>(g1 + cap);
         id = reinterpret_cast<int32_t *>(g2 + cap);
-        return reinterpret_cast<char *>(id + cap);
+        warps = reinterpret_cast<uint32_t *>(id + cap);
+        return reinterpret_cast<char *>(warps + cap);
     }
 };
 
-// Load list entries [first, first+count) of the tile (flatten_ids are indices into the [C*N] 2D
-// arrays) into shared slots [0, count). Called by the whole block; caller syncs afterwards.
+// ---- Per-warp culling ----
+// Warp w of a block holds pixel rows 2w and 2w+1 of its tile (thread i: column i % 16, row i / 16).
+// A Gaussian is composited only where o*exp(-sigma) >= kAlphaMin, i.e. sigma <= t = ln(o/kAlphaMin):
+// an ellipse with half-extents sqrt(2 t c / det) along x and sqrt(2 t a / det) along y (conic
+// [a b; b c], det = ac - b^2). Bit w of the mask is set when a pixel centre of warp w's rows can
+// lie in that ellipse's bounding box; a warp whose bit is clear would skip the Gaussian at every
+// one of its pixels, so it does not evaluate it at all. Small Gaussians touch few of the 8 warps,
+// which is where the forward and backward spend their time at millions of Gaussians. The box is
+// widened (t by 1% + 0.02, radii by 0.01 px) far beyond float rounding of sigma and the box, so a
+// culled pair is one the pixel test would skip; conics that are nearly degenerate (det < 1e-3 ac,
+// where sigma's rounding grows) or not finite, and non-finite means, keep every warp.
+constexpr uint32_t kAllWarps = (1u << kWarps) - 1u;
+__device__ __forceinline__ uint32_t warp_mask(float mx, float my, float o, float a, float b, float c,
+                                              int x0, int y0) {
+    if (o < kAlphaMin) return 0u;  // sigma >= 0 for a positive definite conic: alpha <= o
+    const float det = a * c - b * b;
+    if (!(a > 0.f && c > 0.f && det > 1e-3f * a * c && o <= 1e30f && fabsf(mx) <= 1e30f &&
+          fabsf(my) <= 1e30f))
+        return kAllWarps;
+    const float t = 1.01f * logf(o / kAlphaMin) + 0.02f;
+    const float rx = sqrtf(2.f * t * c / det) + 0.01f, ry = sqrtf(2.f * t * a / det) + 0.01f;
+    if (!(rx < 1e30f && ry < 1e30f)) return kAllWarps;
+    // columns' centres x0+0.5 .. x0+kTile-0.5
+    if (mx + rx < x0 + 0.5f || mx - rx > x0 + kTile - 0.5f) return 0u;
+    // warp w's row centres: y0 + 2w + 0.5 and y0 + 2w + 1.5
+    const float lo = fmaxf(-1.f, fminf(float(kWarps), ceilf((my - ry - y0 - 1.5f) * 0.5f)));
+    const float hi = fmaxf(-1.f, fminf(float(kWarps), floorf((my + ry - y0 - 0.5f) * 0.5f)));
+    const int wlo = max(0, int(lo)), whi = min(kWarps - 1, int(hi));
+    if (whi < wlo) return 0u;
+    return ((2u << whi) - 1u) & ~((1u << wlo) - 1u);
+}
+
+// Load list entries [first, first+count) of the tile whose top-left pixel is (x0, y0)
+// (flatten_ids are indices into the [C*N] 2D arrays) into shared slots [0, count). Called by the
+// whole block; caller syncs afterwards. cull = false keeps every warp for every Gaussian (A/B runs and
+// the tests that hold culling against its absence: BYTESPLAT_WARP_CULL=0).
 __device__ __forceinline__ void load_gaussians(
     SmemGaussians s, const int32_t *__restrict__ flatten_ids, int64_t first, int count,
     const float *__restrict__ means2d, const float *__restrict__ conics,
-    const float *__restrict__ colors, const float *__restrict__ opacities) {
+    const float *__restrict__ colors, const float *__restrict__ opacities, int x0, int y0, bool cull) {
     for (int i = threadIdx.x; i < count; i += kBlock) {
         const int32_t g = flatten_ids[first + i];
         const float2 xy = reinterpret_cast<const float2 *>(means2d)[g];
@@ -60,6 +97,7 @@ __device__ __forceinline__ void load_gaussians(
         s.g1[i] = make_float4(cb, cc, r, gg);
         s.g2[i] = b;
         s.id[i] = g;
+        s.warps[i] = cull ? warp_mask(xy.x, xy.y, opacities[g], ca, cb, cc, x0, y0) : kAllWarps;
     }
 }
 
@@ -91,7 +129,9 @@ __device__ __forceinline__ void composite_slots(
     const SmemGaussians &s, int count, int base, float px, float py, float &T, float3 &acc,
     int &last, int &stop, bool &done) {
     if (done) return;
+    const uint32_t wbit = 1u << (threadIdx.x >> 5);
     for (int k = 0; k < count; ++k) {
+        if (!(s.warps[k] & wbit)) continue;  // skipped at every pixel of this warp
         const StepResult r = composite_step(s, k, px, py, T, acc);
         if (r == kSaturated) { done = true; stop = base + k; return; }
         if (r == kComposited) last = base + k + 1;
@@ -185,9 +225,12 @@ __device__ __forceinline__ float warp_reduce_scatter16(const float (&v)[kGradPad
 }
 
 // Back-to-front over the shared slots [lo, hi) (slot + base = index in the tile list), in chunks of
-// kChunk Gaussians: per-pixel gradients are summed over the warp by shuffles, over the block in
-// shared memory (s_acc, kChunk*kAccComps floats, zero on entry and on exit), and written to global
-// memory once per Gaussian per tile. All threads of the block must call this with the same lo/hi.
+// CHUNK Gaussians: per-pixel gradients are summed over the warp by shuffles, over the block in
+// shared memory (s_acc, CHUNK*kAccComps floats, zero on entry and on exit), and written to global
+// memory once per Gaussian per tile. The warps meet at two barriers per chunk, so a larger chunk
+// lets a warp with little to do (culled, or its pixels done) run ahead of a busy one for longer;
+// the fused kernel keeps kChunk (its shared memory is the tile capacity), the plain backward uses
+// its whole batch. All threads of the block must call this with the same lo/hi.
 // BUTTERFLY selects the warp reduction: true = warp_reduce_scatter16 (13/12 shuffles per Gaussian,
 // lanes 0..K-1 each add one component to s_acc), false = the original one warp_sum per component
 // (55/45 shuffles, lane 0 adds all K). Both give the same sums up to fp32 reassociation.
@@ -197,7 +240,7 @@ __device__ __forceinline__ float warp_reduce_scatter16(const float (&v)[kGradPad
 // reduction, max-reduced (warp, then a shared and a global integer atomicMax on the bits), so the
 // butterfly needs no extra shuffle with absgrad (K 11 -> 12 is still 13); the caller walks up to
 // max(last, stop + 1) instead of last.
-template <bool ABS, bool BUTTERFLY, bool CONTRIB>
+template <int CHUNK, bool ABS, bool BUTTERFLY, bool CONTRIB>
 __device__ __forceinline__ void backward_slots(
     const SmemGaussians &s, int lo, int hi, int base, PixelBwd &p, float *s_acc,
     float *__restrict__ v_means2d, float *__restrict__ v_conics, float *__restrict__ v_colors,
@@ -206,9 +249,11 @@ __device__ __forceinline__ void backward_slots(
     constexpr int KMAX = CONTRIB ? kContribComp : -1;
     constexpr int kStride = CONTRIB ? kAccComps : kGradComps;  // s_acc floats per Gaussian
     const int lane = threadIdx.x & 31;
-    for (int chunk_hi = hi; chunk_hi > lo; chunk_hi -= kChunk) {
-        const int chunk_lo = max(lo, chunk_hi - kChunk);
+    const uint32_t wbit = 1u << (threadIdx.x >> 5);
+    for (int chunk_hi = hi; chunk_hi > lo; chunk_hi -= CHUNK) {
+        const int chunk_lo = max(lo, chunk_hi - CHUNK);
         for (int k = chunk_hi - 1; k >= chunk_lo; --k) {
+            if (!(s.warps[k] & wbit)) continue;  // warp-uniform: no lane would be valid or stopped
             float g[kGradPad];
 #pragma unroll
             for (int c = kGradComps; c < kGradPad; ++c) g[c] = 0.f;  // butterfly padding (and the score)

@@ -24,7 +24,7 @@ constexpr int kFixedBytes = (kSsimFloats + kAccFloats + 3 * kWarps) * 4;  // + r
 enum Phase : int { kFused = 0, kForwardOnly = 1, kLossAndBackward = 2 };
 
 struct Params {
-    int C, W, H, tw, th, cap, phase, clamp_inclusive, col_major;
+    int C, W, H, tw, th, cap, phase, clamp_inclusive, col_major, warp_cull;
     const float *means2d, *conics, *colors, *opacities, *bg, *gt;
     const int32_t *offsets, *flatten_ids;
     float *rgb, *alpha, *partials;
@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(kBlock, 2) fused_loss_kernel(const Params P) {
         if (__syncthreads_count(done) == kBlock) break;
         const int cnt = min(P.cap, n - b * P.cap);
         load_gaussians(s, P.flatten_ids, start + b * P.cap, cnt, P.means2d, P.conics, P.colors,
-                       P.opacities);
+                       P.opacities, tx * kTile, ty * kTile, P.warp_cull != 0);
         loaded = b;
         __syncthreads();
         composite_slots(s, cnt, b * P.cap, px, py, T, acc, last, stop, done);
@@ -157,12 +157,12 @@ __global__ void __launch_bounds__(kBlock, 2) fused_loss_kernel(const Params P) {
         if (b != loaded) {  // only over-capacity tiles re-stream from global memory
             __syncthreads();
             load_gaussians(s, P.flatten_ids, start + b * P.cap, cnt, P.means2d, P.conics, P.colors,
-                           P.opacities);
+                           P.opacities, tx * kTile, ty * kTile, P.warp_cull != 0);
             loaded = b;
             __syncthreads();
         }
         const int hi = min(cnt, max_last - b * P.cap);
-        backward_slots<ABS, BUTTERFLY, CONTRIB>(s, 0, hi, b * P.cap, p, s_acc, P.v_means2d, P.v_conics,
+        backward_slots<kChunk, ABS, BUTTERFLY, CONTRIB>(s, 0, hi, b * P.cap, p, s_acc, P.v_means2d, P.v_conics,
                                                 P.v_colors, P.v_opacities, P.v_abs, P.contrib);
     }
 }
@@ -201,7 +201,8 @@ std::vector<at::Tensor> fused_loss(const at::Tensor &means2d, const at::Tensor &
                                    int64_t C, int64_t W, int64_t H, double ssim_lambda,
                                    const at::Tensor &window, int64_t cap_override,
                                    int64_t blocks_per_sm, bool absgrad, bool force_two_phase,
-                                   bool clamp_inclusive, bool butterfly, bool contribution) {
+                                   bool clamp_inclusive, bool butterfly, bool contribution,
+                                   bool warp_cull) {
     for (const at::Tensor *t : {&means2d, &conics, &colors, &opacities, &backgrounds, &gt}) {
         TORCH_CHECK(t->is_cuda() && t->scalar_type() == at::kFloat && t->is_contiguous(),
                     "bytesplat: fused_loss inputs must be contiguous float32 CUDA tensors");
@@ -237,6 +238,7 @@ std::vector<at::Tensor> fused_loss(const at::Tensor &means2d, const at::Tensor &
     Params P;
     P.C = C; P.W = W; P.H = H; P.tw = tw; P.th = th; P.cap = cap;
     P.clamp_inclusive = clamp_inclusive ? 1 : 0;
+    P.warp_cull = warp_cull ? 1 : 0;
     P.means2d = means2d.data_ptr<float>();
     P.conics = conics.data_ptr<float>();
     P.colors = colors.data_ptr<float>();

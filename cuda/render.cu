@@ -13,10 +13,12 @@ namespace bytesplat {
 
 namespace {
 
-// One batch of kBlock Gaussians staged in shared memory at a time.
+// One batch of kBlock Gaussians staged in shared memory at a time; the backward reduces a whole
+// batch between two barriers (backward_slots' CHUNK = kBatch).
 constexpr int kBatch = kBlock;
 constexpr int kSmemGauss = kBatch * SmemGaussians::kBytes;
-constexpr int kSmemBytes = kSmemGauss + kChunk * kAccComps * 4 + 64;
+constexpr int kSmemFwdBytes = kSmemGauss;
+constexpr int kSmemBwdBytes = kSmemGauss + kBatch * kAccComps * 4 + 64;
 
 __global__ void __launch_bounds__(kBlock) render_fwd_kernel(
     int W, int H, int tw, int th, const float *__restrict__ means2d,
@@ -24,7 +26,7 @@ __global__ void __launch_bounds__(kBlock) render_fwd_kernel(
     const float *__restrict__ opacities, const float *__restrict__ bg,
     const int32_t *__restrict__ offsets, const int32_t *__restrict__ flatten_ids,
     float *__restrict__ out_rgb, float *__restrict__ out_alpha, float *__restrict__ out_T,
-    int32_t *__restrict__ out_last, int32_t *__restrict__ out_stop) {
+    int32_t *__restrict__ out_last, int32_t *__restrict__ out_stop, bool cull) {
     extern __shared__ float4 smem4[];
     SmemGaussians s;
     s.carve(reinterpret_cast<char *>(smem4), kBatch);
@@ -44,7 +46,8 @@ __global__ void __launch_bounds__(kBlock) render_fwd_kernel(
         // Also the barrier that frees the previous batch's shared memory.
         if (__syncthreads_count(done) == kBlock) break;
         const int cnt = min(kBatch, end - b0);
-        load_gaussians(s, flatten_ids, b0, cnt, means2d, conics, colors, opacities);
+        load_gaussians(s, flatten_ids, b0, cnt, means2d, conics, colors, opacities,
+                       tx * kTile, ty * kTile, cull);
         __syncthreads();
         composite_slots(s, cnt, b0 - start, px, py, T, acc, last, stop, done);
     }
@@ -71,13 +74,13 @@ __global__ void __launch_bounds__(kBlock) render_bwd_kernel(
     const int32_t *__restrict__ stop_ids, const float *__restrict__ v_render,
     const float *__restrict__ v_alpha, float *__restrict__ v_means2d, float *__restrict__ v_conics,
     float *__restrict__ v_colors, float *__restrict__ v_opacities, float *__restrict__ v_means2d_abs,
-    float *__restrict__ contrib) {
+    float *__restrict__ contrib, bool cull) {
     extern __shared__ float4 smem4[];
     SmemGaussians s;
     char *p_end = s.carve(reinterpret_cast<char *>(smem4), kBatch);
     float *s_acc = reinterpret_cast<float *>(p_end);
-    int *s_red = reinterpret_cast<int *>(s_acc + kChunk * kAccComps);
-    for (int i = threadIdx.x; i < kChunk * kAccComps; i += kBlock) s_acc[i] = 0.f;
+    int *s_red = reinterpret_cast<int *>(s_acc + kBatch * kAccComps);
+    for (int i = threadIdx.x; i < kBatch * kAccComps; i += kBlock) s_acc[i] = 0.f;
 
     const int cam = blockIdx.z, tx = blockIdx.x, ty = blockIdx.y;
     const int t = (cam * th + ty) * tw + tx;
@@ -111,10 +114,11 @@ __global__ void __launch_bounds__(kBlock) render_bwd_kernel(
     for (int b = (max_last - 1) / kBatch; b >= 0; --b) {
         const int cnt = min(kBatch, end - start - b * kBatch);
         __syncthreads();
-        load_gaussians(s, flatten_ids, start + b * kBatch, cnt, means2d, conics, colors, opacities);
+        load_gaussians(s, flatten_ids, start + b * kBatch, cnt, means2d, conics, colors, opacities,
+                       tx * kTile, ty * kTile, cull);
         __syncthreads();
         const int hi = min(cnt, max_last - b * kBatch);
-        backward_slots<ABS, BUTTERFLY, CONTRIB>(s, 0, hi, b * kBatch, p, s_acc, v_means2d, v_conics,
+        backward_slots<kBatch, ABS, BUTTERFLY, CONTRIB>(s, 0, hi, b * kBatch, p, s_acc, v_means2d, v_conics,
                                                 v_colors, v_opacities, v_means2d_abs, contrib);
     }
 }
@@ -139,7 +143,7 @@ std::vector<at::Tensor> render_fwd(const at::Tensor &means2d, const at::Tensor &
                                    const at::Tensor &colors, const at::Tensor &opacities,
                                    const c10::optional<at::Tensor> &backgrounds,
                                    const at::Tensor &offsets, const at::Tensor &flatten_ids,
-                                   int64_t C, int64_t W, int64_t H, bool with_stop) {
+                                   int64_t C, int64_t W, int64_t H, bool with_stop, bool warp_cull) {
     check_inputs(means2d, conics, colors, opacities, offsets, flatten_ids);
     const at::cuda::CUDAGuard guard(means2d.device());
     const int tw = (W + kTile - 1) / kTile, th = (H + kTile - 1) / kTile;
@@ -155,11 +159,12 @@ std::vector<at::Tensor> render_fwd(const at::Tensor &means2d, const at::Tensor &
     const float *bg = backgrounds.has_value() ? bg_keep.data_ptr<float>() : nullptr;
     auto stream = at::cuda::getCurrentCUDAStream();
     dim3 grid(tw, th, C);
-    render_fwd_kernel<<<grid, kBlock, kSmemBytes, stream>>>(
+    render_fwd_kernel<<<grid, kBlock, kSmemFwdBytes, stream>>>(
         W, H, tw, th, means2d.data_ptr<float>(), conics.data_ptr<float>(), colors.data_ptr<float>(),
         opacities.data_ptr<float>(), bg, offsets.data_ptr<int32_t>(),
         flatten_ids.data_ptr<int32_t>(), rgb.data_ptr<float>(), alpha.data_ptr<float>(),
-        T.data_ptr<float>(), last.data_ptr<int32_t>(), with_stop ? stop.data_ptr<int32_t>() : nullptr);
+        T.data_ptr<float>(), last.data_ptr<int32_t>(), with_stop ? stop.data_ptr<int32_t>() : nullptr,
+        warp_cull);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return {rgb, alpha, T, last, stop};
 }
@@ -172,7 +177,7 @@ std::vector<at::Tensor> render_bwd(const at::Tensor &means2d, const at::Tensor &
                                    const at::Tensor &last, const at::Tensor &v_render,
                                    const c10::optional<at::Tensor> &v_alpha, bool absgrad,
                                    bool butterfly, bool contribution,
-                                   const c10::optional<at::Tensor> &stop) {
+                                   const c10::optional<at::Tensor> &stop, bool warp_cull) {
     check_inputs(means2d, conics, colors, opacities, offsets, flatten_ids);
     TORCH_CHECK(!contribution || (stop.has_value() && stop->scalar_type() == at::kInt &&
                                   stop->numel() == T_final.numel()),
@@ -196,14 +201,14 @@ std::vector<at::Tensor> render_bwd(const at::Tensor &means2d, const at::Tensor &
     auto stream = at::cuda::getCurrentCUDAStream();
     dim3 grid(tw, th, C);
     auto launch = [&](auto kernel) {
-        kernel<<<grid, kBlock, kSmemBytes, stream>>>(
+        kernel<<<grid, kBlock, kSmemBwdBytes, stream>>>(
             W, H, tw, th, means2d.data_ptr<float>(), conics.data_ptr<float>(),
             colors.data_ptr<float>(), opacities.data_ptr<float>(), bg, offsets.data_ptr<int32_t>(),
             flatten_ids.data_ptr<int32_t>(), T_final.data_ptr<float>(), last.data_ptr<int32_t>(),
             contribution ? stop_keep.data_ptr<int32_t>() : nullptr, vr.data_ptr<float>(), va,
             v_means2d.data_ptr<float>(), v_conics.data_ptr<float>(), v_colors.data_ptr<float>(),
             v_opacities.data_ptr<float>(), absgrad ? v_abs.data_ptr<float>() : nullptr,
-            contribution ? contrib.data_ptr<float>() : nullptr);
+            contribution ? contrib.data_ptr<float>() : nullptr, warp_cull);
     };
     // butterfly: the warp reduction of backward_slots (common.cuh); false = one warp_sum per
     // component, kept for A/B runs (BYTESPLAT_BWD_REDUCE=shuffle). contribution: the pruning score

@@ -35,12 +35,17 @@ both() {  # both "CMD0" "CMD1": the two at the same time, one per GPU
   wait $p0 $p1
 }
 gpu_tests() {  # every one-GPU test on GPU 0, then the two-GPU NCCL tests, in what is left (tests.log)
-  export CUDA_VISIBLE_DEVICES=0
+  gpu_tests_one
+  gpu_tests_two
+}
+gpu_tests_one() {  # every one-GPU test on GPU 0 (tests.log), leaving 75 s
   stamp "GPU 0: one-GPU tests (timeout $(( $(left) - 75 ))s)"
-  BYTESPLAT_TEST_GSPLAT_PROJECTION=1 timeout $(( $(left) - 75 )) $PY -m pytest -q -p no:cacheprovider -o addopts="" \
-    tests -m gpu -k "not two_gpus and not nccl and not training_run_cross_checked" -rfE --tb=short > "$OUT/tests.log" 2>&1
+  CUDA_VISIBLE_DEVICES=0 BYTESPLAT_TEST_GSPLAT_PROJECTION=1 timeout $(( $(left) - 75 )) $PY -m pytest -q -p no:cacheprovider \
+    -o addopts="" tests -m gpu -k "not two_gpus and not nccl and not training_run_cross_checked" -rfE --tb=short \
+    > "$OUT/tests.log" 2>&1
   stamp "one-GPU tests rc=$? $(tail -n 1 "$OUT/tests.log")"
-  unset CUDA_VISIBLE_DEVICES
+}
+gpu_tests_two() {  # the two-GPU NCCL tests, in what is left (appended to tests.log)
   stamp "both GPUs: two-GPU NCCL tests (timeout $(( $(left) - 5 ))s)"
   timeout $(( $(left) - 5 )) $PY -m pytest -q -p no:cacheprovider -o addopts="" tests -k "two_gpus or nccl" \
     -rfEs --tb=short >> "$OUT/tests.log" 2>&1
@@ -79,6 +84,20 @@ eval_at() {  # eval_at NAME STEP: ns-eval of run NAME's checkpoint at STEP (eval
   timeout 60 $PY -m nerfstudio.scripts.eval --load-config "${cfg%.yml}_$step.yml" --output-path "$OUT/eval_${name}_$step.json" \
     >> /tmp/quality_$name.log 2>&1
   stamp "$name eval at step $step rc=$? $(grep -o '"psnr": [0-9.]*\|"ssim": [0-9.]*' "$OUT/eval_${name}_$step.json" 2>/dev/null | tr '\n' ' ')"
+}
+raster_bench() {  # raster_bench NAME [bench options]: bytesplat-bench raster, 1M and 4M, 1080p -> $OUT/NAME.json
+  local name=$1; shift
+  stamp "bytesplat-bench raster $* (GPU ${CUDA_VISIBLE_DEVICES:-0})"
+  timeout 200 $PY -m bytesplat_ns.bench.cli raster --num-gaussians 1000000 4000000 --width 1920 --height 1080 \
+    --warmup 3 --repeats 10 "$@" --out "$OUT/$name.json" > /tmp/$name.log 2>&1
+  stamp "$name rc=$?"; $PY - "$OUT/$name.json" <<'PYEOF'
+import json, sys
+for r in json.load(open(sys.argv[1]))["runs"]:
+    g = lambda k: r.get(k, {}).get("median_ms", float("nan"))  # noqa: E731
+    print(f"  N={r['num_gaussians']}: gsplat {g('raster_loss_gsplat'):.2f} ms, fused split {g('raster_loss_fused_split'):.2f} ms "
+          f"({g('raster_loss_gsplat') / g('raster_loss_fused_split'):.2f}x), fwd gsplat/fused {g('raster_fwd_gsplat'):.2f}/"
+          f"{g('raster_fwd_fused'):.2f}, full step {g('full_gsplat'):.2f}/{g('full_fused_split'):.2f}")
+PYEOF
 }
 matrix_parts() {  # matrix_parts TIMEOUT: the matrix's raster and distributed parts (1M, 4M; 1 and 2 ranks) -> $OUT/matrix.tgz
   local t=$1

@@ -121,18 +121,21 @@ class TorchOps:
         self.calls = {"render_fwd": 0, "render_bwd": 0, "fused_loss": 0, "loss_grad": 0}
         self.butterfly = []  # (entry point, butterfly flag) per backward launch
         self.contribution = []  # (entry point, contribution flag) per backward launch
+        self.warp_cull = []  # (entry point, warp_cull flag) per launch
 
-    def render_fwd(self, m, c, col, o, bg, offsets, fids, C, W, H, with_stop):
+    def render_fwd(self, m, c, col, o, bg, offsets, fids, C, W, H, with_stop, warp_cull):
         self.calls["render_fwd"] += 1
-        assert isinstance(with_stop, bool)
+        assert isinstance(with_stop, bool) and isinstance(warp_cull, bool)
+        self.warp_cull.append(("render_fwd", warp_cull))
         rgb, alpha, T = twin_composite(m, c, col, o, bg, offsets, fids, C, W, H)
         stop = torch.full((C if with_stop else 0, H, W), -1, dtype=torch.int32)
         return rgb, alpha, T, torch.zeros(C, H, W, dtype=torch.int32), stop
 
     def render_bwd(self, m, c, col, o, bg, offsets, fids, C, W, H, T, last, v_rgb, v_alpha, absgrad,
-                   butterfly, contribution, stop):
+                   butterfly, contribution, stop, warp_cull):
         self.calls["render_bwd"] += 1
-        assert isinstance(butterfly, bool) and isinstance(contribution, bool)
+        assert isinstance(butterfly, bool) and isinstance(contribution, bool) and isinstance(warp_cull, bool)
+        self.warp_cull.append(("render_bwd", warp_cull))
         assert (stop is not None) == contribution and (stop is None or stop.shape == (C, H, W))
         self.butterfly.append(("render_bwd", butterfly))
         self.contribution.append(("render_bwd", contribution))
@@ -170,11 +173,12 @@ class TorchOps:
         return v_render, rgb.detach(), partials
 
     def fused_loss(self, m, c, col, o, bg, gt, offsets, fids, C, W, H, ssim_lambda, window, cap,
-                   blocks_per_sm, absgrad, force_two_phase, clamp_inclusive, butterfly, contribution):
+                   blocks_per_sm, absgrad, force_two_phase, clamp_inclusive, butterfly, contribution, warp_cull):
         from pytorch_msssim import SSIM
 
         self.calls["fused_loss"] += 1
-        assert isinstance(butterfly, bool) and isinstance(contribution, bool)
+        assert isinstance(butterfly, bool) and isinstance(contribution, bool) and isinstance(warp_cull, bool)
+        self.warp_cull.append(("fused_loss", warp_cull))
         self.butterfly.append(("fused_loss", butterfly))
         self.contribution.append(("fused_loss", contribution))
         assert window.device.type == "cpu" and window.numel() == F.SSIM_WIN_SIZE
@@ -207,6 +211,7 @@ def torch_ops(monkeypatch):
     monkeypatch.setattr(F, "_check", lambda *a, **k: None)
     monkeypatch.setenv("BYTESPLAT_PROJECTION", "torch")
     monkeypatch.delenv("BYTESPLAT_BWD_REDUCE", raising=False)  # the default unless a test sets it
+    monkeypatch.delenv("BYTESPLAT_WARP_CULL", raising=False)
     return ops
 
 
@@ -322,6 +327,29 @@ def test_bwd_reduce_flag_reaches_both_kernels(torch_ops, monkeypatch, env, expec
     loss.backward()
     assert torch_ops.butterfly[2:] == [("render_bwd", expect)]
     assert info["kernel"]["bwd_reduce"] == ("butterfly" if expect else "shuffle")
+
+
+@pytest.mark.parametrize("env,expect", [(None, True), ("1", True), ("0", False)])
+def test_warp_cull_flag_reaches_every_kernel(torch_ops, monkeypatch, env, expect):
+    """BYTESPLAT_WARP_CULL (default on) reaches every launch of every schedule, forward and backward
+    alike, and the kernel info reports it; anything but 0/1 is an error before any launch."""
+    if env is not None:
+        monkeypatch.setenv("BYTESPLAT_WARP_CULL", env)
+    scene = make_scene(N=40, seed=7)
+    H, W = scene["height"], scene["width"]
+    p = _params(scene)
+    render, alpha, _ = F.rasterize_fused(*_args(p, scene), sh_degree=2)
+    (render.sum() + alpha.sum()).backward()
+    gt = torch.rand(1, H, W, 3, generator=torch.Generator().manual_seed(8))
+    for mode in ("one_launch", "split"):
+        loss, _, _, info = F.fused_render_loss(*_args(_params(scene), scene), gt, sh_degree=2, mode=mode)
+        loss.backward()
+        assert info["kernel"]["warp_cull"] is expect
+    assert torch_ops.warp_cull == [(k, expect) for k in ("render_fwd", "render_bwd", "fused_loss", "render_fwd",
+                                                         "render_bwd")]
+    monkeypatch.setenv("BYTESPLAT_WARP_CULL", "off")
+    with pytest.raises(ValueError, match="BYTESPLAT_WARP_CULL"):
+        F.rasterize_fused(*_args(_params(scene), scene), sh_degree=2)
 
 
 def test_bwd_reduce_rejects_unknown_values(torch_ops, monkeypatch):

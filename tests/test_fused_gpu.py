@@ -210,6 +210,49 @@ def test_render_kernel_matches_torch_twin():
         assert rel_err(x.grad, y.grad) <= GRAD_TOL, n
 
 
+@pytest.mark.parametrize("schedule", [None, "split", "one_launch"])
+def test_warp_culling_changes_nothing(schedule, monkeypatch):
+    """The kernels skip, per warp, the Gaussians that cannot reach alpha 1/255 at any of its pixels
+    (``warp_mask``, cuda/common.cuh). On Gaussians made to sit on that edge
+    (tests/culling_scenes.py: sub-pixel to 30 px, up to 1:300 anisotropy, opacities at the threshold)
+    the kernels with culling (the default) and without (BYTESPLAT_WARP_CULL=0) must give the same
+    image bit for bit (a pixel makes the same additions in the same order) and the same gradients up
+    to the order of the float atomics. ``None``: the plain render pair; otherwise the fused loss in
+    that schedule (one launch with a small capacity, so that tiles stream)."""
+    from bytesplat_ns.raster.fused import _FusedLoss, _RasterizeFused, bin_tiles
+    from tests.culling_scenes import culling_edge_scene_2d
+
+    sc = culling_edge_scene_2d(C=2, W=77, H=53, n=300, seed=7, device="cuda")  # ~1/3 of pixels saturate
+    W, H = sc["width"], sc["height"]
+    offsets, fids = bin_tiles(sc["means2d"], sc["radii"], sc["depths"], W, H)
+    assert int((offsets[1:] - offsets[:-1]).max()) > 64  # long tiles: several batches stream
+    g = torch.Generator(device="cuda").manual_seed(8)
+    bg = torch.rand(2, 3, device="cuda", generator=g)
+    gt = torch.rand(2, H, W, 3, device="cuda", generator=g)
+    w = torch.randn(2, H, W, 3, device="cuda", generator=g)
+
+    def run(cull: bool):
+        monkeypatch.setenv("BYTESPLAT_WARP_CULL", "1" if cull else "0")
+        ins = [sc[k].clone().contiguous().requires_grad_(True) for k in ("means2d", "conics", "colors", "opacities")]
+        if schedule is None:
+            r, a = _RasterizeFused.apply(*ins, bg, offsets, fids, W, H, False)
+            ((r * w).sum() + a.sum()).backward()
+            out = (r, a)
+        else:
+            loss, r, a, _, _ = _FusedLoss.apply(*ins, bg, gt, offsets, fids, W, H, 0.2, False,
+                                                64 if schedule == "one_launch" else None, 2, schedule, False)
+            loss.backward()
+            out = (loss, r, a)
+            assert _FusedLoss.last_kernel_info["warp_cull"] is cull
+        return [t.detach() for t in out], [x.grad for x in ins]
+
+    (out1, grads1), (out0, grads0) = run(True), run(False)
+    for x, y in zip(out1, out0):
+        assert torch.equal(x, y)
+    for x, y, n in zip(grads1, grads0, ("means2d", "conics", "colors", "opacities")):
+        assert rel_err(x, y) <= 1e-6, (n, rel_err(x, y))
+
+
 # ---------------------------------------------------------------------------------------------
 # fused_render_loss
 # ---------------------------------------------------------------------------------------------

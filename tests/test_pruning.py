@@ -46,8 +46,8 @@ H200_SMEM = (232448, 233472, 1024)
 
 def test_kernel_layout_is_read_from_the_cuda_sources():
     layout = pruning.fused_smem_layout()
-    # common.cuh documents the record as 40 bytes (float4 + float4 + float + int32)
-    assert layout.bytes_per_gaussian == 40
+    # common.cuh documents the record as 44 bytes (float4 + float4 + float + int32 + the uint32 warp mask)
+    assert layout.bytes_per_gaussian == 44
     assert layout.granularity == 32
     # SSIM scratch + gradient (and pruning score) accumulators + reduction scratch, in floats:
     # (2*36*36 + 36*26*5 + 26*26*3) + 32 * (11 + 1) + 3 * 8

@@ -228,11 +228,13 @@ def _spread_out(ax, values: Sequence[float], num_groups: int) -> None:
 RASTER_PANELS = (
     ("rasterization + loss, forward + backward", (("gsplat", "raster_loss_gsplat"), ("fused, one launch", "raster_loss_fused"),
                                                   ("fused, two launches", "raster_loss_fused_two_phase"),
-                                                  ("fused, split", "raster_loss_fused_split"))),
+                                                  ("fused, split", "raster_loss_fused_split"),
+                                                  ("fused, split, no warp culling", "raster_loss_fused_split_no_warp_cull"))),
     ("full step (projection included)", (("gsplat", "full_gsplat"), ("fused, the run's default schedule", "full_fused"),
                                          ("fused, split", "full_fused_split"),
                                          ("fused raster, torch loss", "full_fused_raster_torch_loss"))),
-    ("rasterization forward only", (("gsplat", "raster_fwd_gsplat"), ("fused", "raster_fwd_fused"))),
+    ("rasterization forward only", (("gsplat", "raster_fwd_gsplat"), ("fused", "raster_fwd_fused"),
+                                    ("fused, no warp culling", "raster_fwd_fused_no_warp_cull"))),
 )
 
 

@@ -7,7 +7,9 @@ Measured per Gaussian count (median ms over ``repeats`` after ``warmup``, CUDA e
   (L1 + pytorch_msssim SSIM) + backward, vs ``_FusedLoss`` (one launch) + its backward; also the
   other schedules: ``raster_loss_fused_two_phase`` (two launches of the fused kernel) and
   ``raster_loss_fused_split`` (render_fwd -> loss_grad -> render_bwd), and the same two with the
-  pruning score gathered in the backward (``..._contribution``: its cost, docs/pruning.md).
+  pruning score gathered in the backward (``..._contribution``: its cost, docs/pruning.md), and
+  the split schedule and the forward without the kernels' per-warp culling
+  (``..._no_warp_cull``: BYTESPLAT_WARP_CULL=0, the A/B of cuda/common.cuh ``warp_mask``).
 - ``full``: from the 3D Gaussians (projection, SH, binning, raster, loss, backward to the 3D
   parameters): gsplat ``rasterization`` + the same loss vs ``fused_render_loss``.
 - ``full_fused_raster_torch_loss``: ``rasterize_fused`` (our plain fwd/bwd kernels) + the torch
@@ -235,6 +237,9 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
     _safe(out, "fused_split_loss_value", lambda: inp.fused_raster_loss(schedule="split").item())
     _safe(out, "raster_loss_fused_split", lambda: time_ms(
         lambda: inp.fused_raster_loss(schedule="split"), warmup, repeats))
+    with _env("BYTESPLAT_WARP_CULL", "0"):  # A/B of the per-warp culling (cuda/common.cuh warp_mask)
+        _safe(out, "raster_loss_fused_split_no_warp_cull", lambda: time_ms(
+            lambda: inp.fused_raster_loss(schedule="split"), warmup, repeats))
     for sched in ("two_launch", "split"):  # the pruning score gathered in the backward: what it costs
         _safe(out, f"raster_loss_fused_{sched}_contribution", lambda sched=sched: time_ms(
             lambda: inp.fused_raster_loss(schedule=sched, contribution=True), warmup, repeats))
@@ -289,6 +294,8 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
         _safe(out, "full_fused_split", lambda: time_ms(lambda: fused_full("split"), warmup, repeats))
         _safe(out, "full_fused_raster_torch_loss", lambda: time_ms(fused_raster_torch_loss_full, warmup, repeats))
     _safe(out, "raster_fwd_fused", lambda: time_ms(fused_raster_fwd, warmup, repeats))
+    with _env("BYTESPLAT_WARP_CULL", "0"):
+        _safe(out, "raster_fwd_fused_no_warp_cull", lambda: time_ms(fused_raster_fwd, warmup, repeats))
     _safe(out, "binning_cuda", lambda: time_ms(lambda: bin_tiles(m2, radii, depths, W, H), warmup, repeats))
     _safe(out, "binning_torch", lambda: time_ms(lambda: bin_tiles_torch(m2, radii, depths, W, H), warmup, repeats))
     if gsplat_ok:

@@ -59,6 +59,16 @@ _two_phase_logged = False
 _clamp_inclusive: Optional[bool] = None
 
 
+def warp_cull() -> bool:
+    """Whether the kernels skip, per warp, the Gaussians that cannot reach alpha 1/255 at any of its
+    pixels (``warp_mask`` in cuda/common.cuh; exact). On unless ``BYTESPLAT_WARP_CULL=0`` (A/B runs).
+    Read at every launch."""
+    value = os.environ.get("BYTESPLAT_WARP_CULL", "1").strip()
+    if value not in ("0", "1"):
+        raise ValueError(f"BYTESPLAT_WARP_CULL must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
 def bwd_reduce() -> str:
     """The backward kernels' warp reduction: ``BYTESPLAT_BWD_REDUCE`` (butterfly|shuffle) or
     :data:`DEFAULT_BWD_REDUCE`. Read at every launch, so tests and benchmarks can switch it."""
@@ -273,10 +283,12 @@ class _RasterizeFused(torch.autograd.Function):
         ops = _ops()
         m, c, col, o = _flat(means2d, 2), _flat(conics, 3), _flat(colors, 3), _flat(opacities, 1)
         bg = backgrounds.contiguous().float() if backgrounds is not None else None
-        rgb, alpha, T, last, _ = ops.render_fwd(m, c, col, o, bg, offsets, flatten_ids, C, W, H, False)
+        cull = warp_cull()
+        rgb, alpha, T, last, _ = ops.render_fwd(m, c, col, o, bg, offsets, flatten_ids, C, W, H, False, cull)
         ctx.save_for_backward(means2d, m, c, col, o, bg, offsets, flatten_ids, T, last)
         ctx.dims = (C, W, H, absgrad, backgrounds is not None and backgrounds.requires_grad)
         ctx.butterfly = bwd_reduce() == "butterfly"  # validated here, where errors are easy to place
+        ctx.warp_cull = cull
         return rgb, alpha
 
     @staticmethod
@@ -288,7 +300,7 @@ class _RasterizeFused(torch.autograd.Function):
         va = v_alpha.contiguous().float() if v_alpha is not None else None
         vm, vc, vcol, vo, vabs, _ = _ops().render_bwd(
             m, c, col, o, bg, offsets, flatten_ids, C, W, H, T, last, v_rgb.contiguous().float(), va, absgrad,
-            ctx.butterfly, False, None,
+            ctx.butterfly, False, None, ctx.warp_cull,
         )
         N = means2d.shape[1]
         if absgrad:
@@ -308,13 +320,14 @@ def _split_loss(m, c, col, o, bg, gt, offsets, flatten_ids, C, W, H, ssim_lambda
     backgrounds, which it turns into the alpha term; the pruning score with ``contribution``).
     Returns what fused_loss returns, info = (two_phase, capacity, resident, smem) =
     (0, RENDER_BATCH, 0, 0)."""
-    ops = _ops()
-    render, alpha, T, last, stop = ops.render_fwd(m, c, col, o, bg, offsets, flatten_ids, C, W, H, bool(contribution))
+    ops, cull = _ops(), warp_cull()
+    render, alpha, T, last, stop = ops.render_fwd(m, c, col, o, bg, offsets, flatten_ids, C, W, H, bool(contribution),
+                                                  cull)
     v_render, rgb, partials = ops.loss_grad(render, gt, float(ssim_lambda), ssim_window(), _torch_clamp_inclusive())
     del render
     vm, vc, vcol, vo, vabs, contrib = ops.render_bwd(
         m, c, col, o, bg, offsets, flatten_ids, C, W, H, T, last, v_render, None, bool(absgrad), bool(butterfly),
-        bool(contribution), stop if contribution else None)
+        bool(contribution), stop if contribution else None, cull)
     info = torch.tensor([0, RENDER_BATCH, 0, 0], dtype=torch.long)
     return rgb, alpha, partials, vm, vc, vcol, vo, vabs, info, contrib
 
@@ -346,6 +359,7 @@ class _FusedLoss(torch.autograd.Function):
                 m, c, col, o, bg, gtc, offsets, flatten_ids,
                 C, W, H, float(ssim_lambda), ssim_window(), int(capacity or 0), int(blocks_per_sm),
                 bool(absgrad), force_two_phase, _torch_clamp_inclusive(), reduce == "butterfly", bool(contribution),
+                warp_cull(),
             )
         rgb, alpha, partials, vm, vc, vcol, vo, vabs, kinfo, contrib = out
         contrib = contrib.view(C, N) if contribution else contrib
@@ -368,7 +382,7 @@ class _FusedLoss(torch.autograd.Function):
         stats = torch.stack([l1, ssim]).float()
         ctx.mark_non_differentiable(rgb, alpha, stats, contrib)
         ctx.kinfo = dict(schedule=schedule, two_phase=bool(two_phase), capacity=cap, resident_blocks=resident,
-                         smem_bytes=smem, bwd_reduce=reduce, contribution=bool(contribution))
+                         smem_bytes=smem, bwd_reduce=reduce, contribution=bool(contribution), warp_cull=warp_cull())
         _FusedLoss.last_kernel_info = ctx.kinfo
         return loss, rgb, alpha, stats, contrib
 
