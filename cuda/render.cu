@@ -64,8 +64,11 @@ __global__ void __launch_bounds__(kBlock) render_fwd_kernel(
     if (out_stop != nullptr) out_stop[pix] = stop;
 }
 
+// 5 blocks per SM (at most 48 registers, was 61 and 4 blocks): Nsight Compute found this kernel
+// issue-bound with no eligible warp in 21% of cycles at 50% occupancy; 5 blocks measured 2.7% faster
+// at 4M Gaussians, 6 (40 registers, spilling) 2.1% (docs/benchmarks.md, "Per-warp culling").
 template <bool ABS, bool BUTTERFLY, bool CONTRIB>
-__global__ void __launch_bounds__(kBlock) render_bwd_kernel(
+__global__ void __launch_bounds__(kBlock, 5) render_bwd_kernel(
     int W, int H, int tw, int th, const float *__restrict__ means2d,
     const float *__restrict__ conics, const float *__restrict__ colors,
     const float *__restrict__ opacities, const float *__restrict__ bg,

@@ -10,6 +10,11 @@
 # GPU 1: `bytesplat-bench raster` at 1M and 4M with each (raster_<variant>.json); GPU 0 meanwhile:
 # every one-GPU test with bwd5 (tests.log), so that the variant can be kept if it wins.
 # Writes to $OUT: log.txt, tests.log, raster_{base,bwd5,bwd6,bwd5_fwd8}.json.
+# FLAWED, kept as the record of what ran (2026-11-30 06:27 UTC): the variants ran from the checkout,
+# where `python -m` puts the checkout first on sys.path and its ../cuda sources win, so every
+# variant (and the tests) used the committed kernels. Its four raster files are four repeats of one
+# build (docs/benchmarks/warp_cull_h200/raster_same_kernels_{1..4}.json: the run-to-run spread).
+# gpu_culling_train_x2.sh runs each variant from its own directory.
 #   device tool: kind nvidia-h200-x2, carry [".whl", ".ext"], timeout_s 600
 BUDGET=${BUDGET:-420}
 source scripts/gpu_begin.sh || exit 1

@@ -20,15 +20,7 @@ COUNTS=${COUNTS:-1000000 4000000 16000000 50000000}
 export BYTESPLAT_DIST_TIMEOUT=${BYTESPLAT_DIST_TIMEOUT:-300}
 source scripts/gpu_begin.sh || exit 1
 if [[ -n "$TESTS" ]]; then
-  ( export CUDA_VISIBLE_DEVICES=1; sleep 2; t=$(date +%s)
-    stamp "GPU 1: README quick start"
-    timeout 240 $PY -m nerfstudio.scripts.train bytesplat --max-num-iterations 3000 --viewer.quit-on-train-completion True \
-      --output-dir /tmp/quickstart --timestamp run > /tmp/quickstart.log 2>&1
-    stamp "quick start rc=$? in $(( $(date +%s) - t ))s; $(grep -o 'min_train_resolution[^.]*' /tmp/quickstart.log | head -1)"
-    cfg=$(find /tmp/quickstart -name config.yml | head -1)
-    [[ -n "$cfg" ]] && timeout 60 $PY -m nerfstudio.scripts.eval --load-config "$cfg" --output-path "$OUT/eval_quickstart.json" >> /tmp/quickstart.log 2>&1
-    stamp "quick start eval rc=$? $(grep -o '"psnr": [0-9.]*\|"ssim": [0-9.]*' "$OUT/eval_quickstart.json" 2>/dev/null | tr '\n' ' ')"
-    tail -n 5 /tmp/quickstart.log | cut -c1-300 ) &
+  ( export CUDA_VISIBLE_DEVICES=1; sleep 2; quickstart ) &
   QS=$!
   gpu_tests
   wait $QS

@@ -85,6 +85,17 @@ eval_at() {  # eval_at NAME STEP: ns-eval of run NAME's checkpoint at STEP (eval
     >> /tmp/quality_$name.log 2>&1
   stamp "$name eval at step $step rc=$? $(grep -o '"psnr": [0-9.]*\|"ssim": [0-9.]*' "$OUT/eval_${name}_$step.json" 2>/dev/null | tr '\n' ' ')"
 }
+quickstart() {  # the README's quick start (ns-train bytesplat, 3000 iterations, built-in scene) + ns-eval -> $OUT/eval_quickstart.json
+  local t=$(date +%s)
+  stamp "GPU ${CUDA_VISIBLE_DEVICES:-0}: README quick start"
+  timeout 240 $PY -m nerfstudio.scripts.train bytesplat --max-num-iterations 3000 --viewer.quit-on-train-completion True \
+    --output-dir /tmp/quickstart --timestamp run > /tmp/quickstart.log 2>&1
+  stamp "quick start rc=$? in $(( $(date +%s) - t ))s; $(grep -o 'min_train_resolution[^.]*' /tmp/quickstart.log | head -1)"
+  local cfg=$(find /tmp/quickstart -name config.yml | head -1)
+  [[ -n "$cfg" ]] && timeout 60 $PY -m nerfstudio.scripts.eval --load-config "$cfg" --output-path "$OUT/eval_quickstart.json" >> /tmp/quickstart.log 2>&1
+  stamp "quick start eval rc=$? $(grep -o '"psnr": [0-9.]*\|"ssim": [0-9.]*' "$OUT/eval_quickstart.json" 2>/dev/null | tr '\n' ' ')"
+  tail -n 5 /tmp/quickstart.log | cut -c1-300
+}
 raster_bench() {  # raster_bench NAME [bench options]: bytesplat-bench raster, 1M and 4M, 1080p -> $OUT/NAME.json
   local name=$1; shift
   stamp "bytesplat-bench raster $* (GPU ${CUDA_VISIBLE_DEVICES:-0})"
