@@ -68,15 +68,18 @@ def test_constexpr_reader():
 
 
 def test_capacity_arithmetic():
-    lay = dict(bytes_per_gaussian=40, fixed_bytes=38832, granularity=32)
-    # H200, 2 blocks per SM: min(232448, 233472/2 - 1024) = 115712; (115712-38832)/40 = 1922 -> 1920
-    assert tile_capacity(*H200_SMEM, blocks_per_sm=2, **lay) == 1920
-    # 1 block per SM: the opt-in limit binds: (232448-38832)/40 = 4840 -> 4832
-    assert tile_capacity(*H200_SMEM, blocks_per_sm=1, **lay) == 4832
+    lay = dict(bytes_per_gaussian=44, fixed_bytes=38832, granularity=32)  # the kernel's layout (above)
+    # H200, 2 blocks per SM: min(232448, 233472/2 - 1024) = 115712; (115712-38832)/44 = 1747 -> 1728
+    assert tile_capacity(*H200_SMEM, blocks_per_sm=2, **lay) == 1728
+    # 1 block per SM: the opt-in limit binds: (232448-38832)/44 = 4400 -> 4384
+    assert tile_capacity(*H200_SMEM, blocks_per_sm=1, **lay) == 4384
     # the pruning score's 128 bytes of accumulators (38704 -> 38832) cost no capacity on an H200
-    assert tile_capacity(*H200_SMEM, blocks_per_sm=2, **{**lay, "fixed_bytes": 38704}) == 1920
+    assert tile_capacity(*H200_SMEM, blocks_per_sm=2, **{**lay, "fixed_bytes": 38704}) == 1728
+    # before the per-warp culling mask (40 bytes per Gaussian): 1920 and 4832
+    assert tile_capacity(*H200_SMEM, blocks_per_sm=2, **{**lay, "bytes_per_gaussian": 40}) == 1920
+    assert tile_capacity(*H200_SMEM, blocks_per_sm=1, **{**lay, "bytes_per_gaussian": 40}) == 4832
     # a 48 KiB-per-block device (no opt-in above 48K), 64 KiB per SM, 1 block
-    assert tile_capacity(49152, 65536, 0, 1, **lay) == (49152 - 38832) // 40 // 32 * 32 == 256
+    assert tile_capacity(49152, 65536, 0, 1, **lay) == (49152 - 38832) // 44 // 32 * 32 == 224
     # bytes per Gaussian and fixed bytes enter as stated
     assert tile_capacity(100_000, 200_000, 0, 1, bytes_per_gaussian=10, fixed_bytes=0, granularity=1) == 10_000
     assert tile_capacity(100_000, 200_000, 0, 1, bytes_per_gaussian=64, fixed_bytes=36_000, granularity=32) == 992
@@ -84,7 +87,7 @@ def test_capacity_arithmetic():
     assert tile_capacity(*H200_SMEM, blocks_per_sm=2) == tile_capacity(
         *H200_SMEM, blocks_per_sm=2, **pruning.fused_smem_layout().__dict__)
     with pytest.raises(ValueError, match="too little shared memory"):
-        tile_capacity(40_000, 80_000, 0, 1, **lay)  # (40000-38832)/40 = 29 < 32
+        tile_capacity(40_000, 80_000, 0, 1, **lay)  # (40000-38832)/44 = 26 < 32
 
 
 @needs_cuda
