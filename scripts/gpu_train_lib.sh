@@ -96,6 +96,14 @@ quickstart() {  # the README's quick start (ns-train bytesplat, 3000 iterations,
   stamp "quick start eval rc=$? $(grep -o '"psnr": [0-9.]*\|"ssim": [0-9.]*' "$OUT/eval_quickstart.json" 2>/dev/null | tr '\n' ' ')"
   tail -n 5 /tmp/quickstart.log | cut -c1-300
 }
+dist_scaling() {  # dist_scaling VIEWS...: issue 5's scaling at 1M and 4M, dense and sparse-grad next to gsplat -> $OUT/scaling_vVIEWS.json
+  local v
+  for v in "$@"; do
+    (( $(left) < 70 )) && break
+    dist_bench scaling_v$v 2 $(( $(left) > 140 ? 110 : $(left) - 20 )) --num-gaussians 1000000 4000000 --views $v \
+      --warmup 3 --repeats 10 --communicators sparse-grad dense
+  done
+}
 raster_bench() {  # raster_bench NAME [bench options]: bytesplat-bench raster, 1M and 4M, 1080p -> $OUT/NAME.json
   local name=$1; shift
   stamp "bytesplat-bench raster $* (GPU ${CUDA_VISIBLE_DEVICES:-0})"

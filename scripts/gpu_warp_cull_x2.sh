@@ -28,9 +28,5 @@ RASTER_PID=$!
 gpu_tests_one
 wait $RASTER_PID
 gpu_tests_two
-for v in 8 4; do
-  (( $(left) < 70 )) && break
-  dist_bench scaling_v$v 2 $(( $(left) > 140 ? 110 : $(left) - 20 )) --num-gaussians 1000000 4000000 --views $v \
-    --warmup 3 --repeats 10 --communicators sparse-grad dense
-done
+dist_scaling 8 4
 stamp "done"

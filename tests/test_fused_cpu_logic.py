@@ -306,27 +306,32 @@ def test_rasterize_fused_eval_under_no_grad(torch_ops):
     assert torch.equal(rf[..., :3], rf3) and torch.equal(af, af3)  # depth never changes the RGB part
 
 
+def _through_every_entry_point(modes):
+    """rasterize_fused forward + backward, then fused_render_loss forward + backward in each of
+    ``modes``, on one small scene; the kernel info of each fused_render_loss call."""
+    scene = make_scene(N=40, seed=7)
+    H, W = scene["height"], scene["width"]
+    render, alpha, _ = F.rasterize_fused(*_args(_params(scene), scene), sh_degree=2)
+    (render.sum() + alpha.sum()).backward()
+    gt = torch.rand(1, H, W, 3, generator=torch.Generator().manual_seed(8))
+    infos = []
+    for mode in modes:
+        loss, _, _, info = F.fused_render_loss(*_args(_params(scene), scene), gt, sh_degree=2, mode=mode)
+        loss.backward()
+        infos.append(info["kernel"])
+    return infos
+
+
 @pytest.mark.parametrize("env,expect", [(None, True), ("butterfly", True), ("shuffle", False), (" Shuffle ", False)])
 def test_bwd_reduce_flag_reaches_both_kernels(torch_ops, monkeypatch, env, expect):
     """BYTESPLAT_BWD_REDUCE (default butterfly) picks the backward warp reduction of both entry
-    points: render_bwd (rasterize_fused's backward) and fused_loss get butterfly=True/False."""
+    points: render_bwd (rasterize_fused's backward, and the split schedule's) and fused_loss get
+    butterfly=True/False."""
     if env is not None:
         monkeypatch.setenv("BYTESPLAT_BWD_REDUCE", env)
-    scene = make_scene(N=40, seed=7)
-    H, W = scene["height"], scene["width"]
-    p = _params(scene)
-    render, alpha, _ = F.rasterize_fused(*_args(p, scene), sh_degree=2)
-    (render.sum() + alpha.sum()).backward()
-    gt = torch.rand(1, H, W, 3, generator=torch.Generator().manual_seed(8))
-    loss, _, _, info = F.fused_render_loss(*_args(_params(scene), scene), gt, sh_degree=2, mode="two_launch")
-    loss.backward()
-    assert torch_ops.butterfly == [("render_bwd", expect), ("fused_loss", expect)]
-    assert info["kernel"]["bwd_reduce"] == ("butterfly" if expect else "shuffle")
-    # the split schedule's backward is render_bwd: it gets the same flag
-    loss, _, _, info = F.fused_render_loss(*_args(_params(scene), scene), gt, sh_degree=2, mode="split")
-    loss.backward()
-    assert torch_ops.butterfly[2:] == [("render_bwd", expect)]
-    assert info["kernel"]["bwd_reduce"] == ("butterfly" if expect else "shuffle")
+    infos = _through_every_entry_point(("two_launch", "split"))
+    assert torch_ops.butterfly == [("render_bwd", expect), ("fused_loss", expect), ("render_bwd", expect)]
+    assert [k["bwd_reduce"] for k in infos] == ["butterfly" if expect else "shuffle"] * 2
 
 
 @pytest.mark.parametrize("env,expect", [(None, True), ("1", True), ("0", False)])
@@ -335,19 +340,12 @@ def test_warp_cull_flag_reaches_every_kernel(torch_ops, monkeypatch, env, expect
     alike, and the kernel info reports it; anything but 0/1 is an error before any launch."""
     if env is not None:
         monkeypatch.setenv("BYTESPLAT_WARP_CULL", env)
-    scene = make_scene(N=40, seed=7)
-    H, W = scene["height"], scene["width"]
-    p = _params(scene)
-    render, alpha, _ = F.rasterize_fused(*_args(p, scene), sh_degree=2)
-    (render.sum() + alpha.sum()).backward()
-    gt = torch.rand(1, H, W, 3, generator=torch.Generator().manual_seed(8))
-    for mode in ("one_launch", "split"):
-        loss, _, _, info = F.fused_render_loss(*_args(_params(scene), scene), gt, sh_degree=2, mode=mode)
-        loss.backward()
-        assert info["kernel"]["warp_cull"] is expect
+    infos = _through_every_entry_point(("one_launch", "split"))
+    assert [k["warp_cull"] for k in infos] == [expect, expect]
     assert torch_ops.warp_cull == [(k, expect) for k in ("render_fwd", "render_bwd", "fused_loss", "render_fwd",
                                                          "render_bwd")]
     monkeypatch.setenv("BYTESPLAT_WARP_CULL", "off")
+    scene = make_scene(N=20, seed=9)
     with pytest.raises(ValueError, match="BYTESPLAT_WARP_CULL"):
         F.rasterize_fused(*_args(_params(scene), scene), sh_degree=2)
 
