@@ -66,7 +66,9 @@ __global__ void __launch_bounds__(kBlock, 2) fused_loss_kernel(const Params P) {
     const int tx = P.col_major ? r / P.th : r % P.tw;
     const int ty = P.col_major ? r % P.th : r / P.tw;
     const int t = cam * ntiles + ty * P.tw + tx;  // tile id: offsets, flags and partials use it
-    const int x = tx * kTile + (threadIdx.x % kTile), y = ty * kTile + (threadIdx.x / kTile);
+    // rows of 16 pixels per half-warp: the SSIM code (ssim_tile.cuh) maps threads to pixels the same way
+    const int2 xy = thread_pixel<16>(tx, ty);
+    const int x = xy.x, y = xy.y;
     const bool inside = x < P.W && y < P.H;
     const float px = x + 0.5f, py = y + 0.5f;
     const int start = P.offsets[t], n = P.offsets[t + 1] - start;
@@ -80,7 +82,7 @@ __global__ void __launch_bounds__(kBlock, 2) fused_loss_kernel(const Params P) {
     for (int b = 0; b * P.cap < n; ++b) {
         if (__syncthreads_count(done) == kBlock) break;
         const int cnt = min(P.cap, n - b * P.cap);
-        load_gaussians(s, P.flatten_ids, start + b * P.cap, cnt, P.means2d, P.conics, P.colors,
+        load_gaussians<16>(s, P.flatten_ids, start + b * P.cap, cnt, P.means2d, P.conics, P.colors,
                        P.opacities, tx * kTile, ty * kTile, P.warp_cull != 0);
         loaded = b;
         __syncthreads();
@@ -156,7 +158,7 @@ __global__ void __launch_bounds__(kBlock, 2) fused_loss_kernel(const Params P) {
         const int cnt = min(P.cap, n - b * P.cap);
         if (b != loaded) {  // only over-capacity tiles re-stream from global memory
             __syncthreads();
-            load_gaussians(s, P.flatten_ids, start + b * P.cap, cnt, P.means2d, P.conics, P.colors,
+            load_gaussians<16>(s, P.flatten_ids, start + b * P.cap, cnt, P.means2d, P.conics, P.colors,
                            P.opacities, tx * kTile, ty * kTile, P.warp_cull != 0);
             loaded = b;
             __syncthreads();

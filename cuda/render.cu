@@ -13,6 +13,8 @@ namespace bytesplat {
 
 namespace {
 
+// Warps hold 8x4-pixel blocks (common.cuh, thread_pixel): fewer warps per small Gaussian than rows.
+constexpr int kWarpWidth = 8;
 // One batch of kBlock Gaussians staged in shared memory at a time; the backward reduces a whole
 // batch between two barriers (backward_slots' CHUNK = kBatch).
 constexpr int kBatch = kBlock;
@@ -33,7 +35,8 @@ __global__ void __launch_bounds__(kBlock) render_fwd_kernel(
 
     const int cam = blockIdx.z, tx = blockIdx.x, ty = blockIdx.y;
     const int t = (cam * th + ty) * tw + tx;
-    const int x = tx * kTile + (threadIdx.x % kTile), y = ty * kTile + (threadIdx.x / kTile);
+    const int2 xy = thread_pixel<kWarpWidth>(tx, ty);
+    const int x = xy.x, y = xy.y;
     const bool inside = x < W && y < H;
     const float px = x + 0.5f, py = y + 0.5f;
     const int start = offsets[t], end = offsets[t + 1];
@@ -46,7 +49,7 @@ __global__ void __launch_bounds__(kBlock) render_fwd_kernel(
         // Also the barrier that frees the previous batch's shared memory.
         if (__syncthreads_count(done) == kBlock) break;
         const int cnt = min(kBatch, end - b0);
-        load_gaussians(s, flatten_ids, b0, cnt, means2d, conics, colors, opacities,
+        load_gaussians<kWarpWidth>(s, flatten_ids, b0, cnt, means2d, conics, colors, opacities,
                        tx * kTile, ty * kTile, cull);
         __syncthreads();
         composite_slots(s, cnt, b0 - start, px, py, T, acc, last, stop, done);
@@ -87,7 +90,8 @@ __global__ void __launch_bounds__(kBlock, 5) render_bwd_kernel(
 
     const int cam = blockIdx.z, tx = blockIdx.x, ty = blockIdx.y;
     const int t = (cam * th + ty) * tw + tx;
-    const int x = tx * kTile + (threadIdx.x % kTile), y = ty * kTile + (threadIdx.x / kTile);
+    const int2 xy = thread_pixel<kWarpWidth>(tx, ty);
+    const int x = xy.x, y = xy.y;
     const bool inside = x < W && y < H;
     const int start = offsets[t], end = offsets[t + 1];
 
@@ -117,7 +121,7 @@ __global__ void __launch_bounds__(kBlock, 5) render_bwd_kernel(
     for (int b = (max_last - 1) / kBatch; b >= 0; --b) {
         const int cnt = min(kBatch, end - start - b * kBatch);
         __syncthreads();
-        load_gaussians(s, flatten_ids, start + b * kBatch, cnt, means2d, conics, colors, opacities,
+        load_gaussians<kWarpWidth>(s, flatten_ids, start + b * kBatch, cnt, means2d, conics, colors, opacities,
                        tx * kTile, ty * kTile, cull);
         __syncthreads();
         const int hi = min(cnt, max_last - b * kBatch);
