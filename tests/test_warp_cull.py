@@ -35,17 +35,19 @@ def _block_span(lo, hi, origin: int, size: int, n: int):
     return first, last, first <= last
 
 
-def warp_mask(mx, my, o, a, b, c, x0: int, y0: int, ww: int = 16) -> torch.Tensor:
-    """common.cuh's warp_mask<WW> on float32 tensors (one Gaussian per entry)."""
+def warp_mask(mx, my, o, a, b, c, x0: int, y0: int, ww: int = 16, margin: bool = True) -> torch.Tensor:
+    """common.cuh's warp_mask<WW> on float32 tensors (one Gaussian per entry); ``margin=False``
+    drops its widening (t by 1% + 0.02, radii by 0.01 px), to show what the widening is for."""
     f = lambda v: torch.tensor(v, dtype=F)  # noqa: E731
     cols, wh = TILE // ww, 32 // ww
     rows = WARPS // cols
     all_warps = (1 << WARPS) - 1
     det = a * c - b * b
     ok = (a > 0) & (c > 0) & (det > f(1e-3) * a * c) & (o <= f(1e30)) & (mx.abs() <= f(1e30)) & (my.abs() <= f(1e30))
-    t = f(1.01) * torch.log(o / ALPHA_MIN) + f(0.02)
-    rx = torch.sqrt(f(2.0) * t * c / det) + f(0.01)
-    ry = torch.sqrt(f(2.0) * t * a / det) + f(0.01)
+    t = f(1.01) * torch.log(o / ALPHA_MIN) + f(0.02) if margin else torch.log(o / ALPHA_MIN)
+    pad = f(0.01) if margin else f(0.0)
+    rx = torch.sqrt(f(2.0) * t * c / det) + pad
+    ry = torch.sqrt(f(2.0) * t * a / det) + pad
     ok &= (rx < f(1e30)) & (ry < f(1e30))
     c0, c1, cany = _block_span(mx - rx, mx + rx, x0, ww, cols)
     r0, r1, rany = _block_span(my - ry, my + ry, y0, wh, rows)
@@ -101,6 +103,33 @@ def test_mask_keeps_every_warp_the_pixel_test_composites(ww):
                 assert int((missing != 0).sum()) == 0, f"culled a warp the pixel test composites ({dtype}, {ww})"
             # ...and it culls: most of these Gaussians are small against the tile
             assert WARPS - _kept_warps(mask).mean() > 2.0
+
+
+@pytest.mark.parametrize("ww", LAYOUTS)
+def test_margin_keeps_gaussians_that_graze_a_warps_last_pixel(ww):
+    """Gaussians whose alpha = 1/255 ellipse ends exactly on a pixel centre in the last row of a
+    warp, the mean in the next warp's rows: that pixel alone decides whether the upper warp sees the
+    Gaussian, and float rounding decides both its alpha test and the unwidened box's edge. The
+    widened mask keeps every such warp the pixel test composites; the unwidened one misses some
+    (so the scene does graze, and the widening is what keeps culling exact)."""
+    g = torch.Generator().manual_seed(5)
+    n = 4000
+    wh = 32 // ww
+    o = (0.02 + 0.98 * torch.rand(n, generator=g, dtype=torch.float64)).to(F)
+    sx = torch.exp(torch.log(torch.tensor(0.3)) + 3.0 * torch.rand(n, generator=g)).to(F)  # 0.3..6 px
+    sy = torch.exp(torch.log(torch.tensor(0.3)) + 3.0 * torch.rand(n, generator=g)).to(F)
+    a, c, b = 1.0 / sx.double() ** 2, 1.0 / sy.double() ** 2, torch.zeros(n, dtype=torch.float64)
+    a, c = a.to(F), c.to(F)
+    t = torch.log(o.double() * 255.0)
+    ry = torch.sqrt(2.0 * t / c.double())  # the exact extent along y (b = 0)
+    row = wh * torch.randint(0, WARPS // (TILE // ww) - 1, (n,), generator=g) + wh - 1  # a warp's last row
+    col = torch.randint(0, TILE, (n,), generator=g)
+    mx = (col.double() + 0.5).to(F)
+    my = (row.double() + 0.5 + ry).to(F)  # that pixel centre on the ellipse's upper edge
+    scene = (mx, my, o, a, b.to(F), c)
+    need = _warp_hits(composited(*scene, 0, 0, ww))
+    assert int((need & ~warp_mask(*scene, 0, 0, ww)).ne(0).sum()) == 0
+    assert int((need & ~warp_mask(*scene, 0, 0, ww, margin=False)).ne(0).sum()) > 0
 
 
 def test_compact_blocks_keep_fewer_warps_for_small_gaussians():
