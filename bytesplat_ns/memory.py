@@ -36,8 +36,8 @@ Strategies (per GPU):
   2 * B * v * n * (R - 1) / R * 80 (its own views' records stay on the GPU); intersections for
   its B / R views over all N: (B / R) v N k = B v n k.
 - ``sparse-grad`` (ByteSplat): as dense, but gradients travel as compact records (int32 index + 9
-  floats = 40 bytes) for the non-zero fraction z only: send + receive of gradients
-  2 * B v n (R - 1) / R z 40,
+  floats = 40 bytes) for the non-zero fraction z only, or the dense 36-byte rows where that is
+  smaller: send + receive of gradients 2 * B v n (R - 1) / R min(40 z, 36),
   plus the dense 2D gradients of the received records, computed before encoding
   (B v n (R - 1) / R 36).
 - ``pixel`` (Splaxel): owns a spatial cell of n; renders its n for all B views (records and
@@ -184,7 +184,9 @@ def memory_per_gpu(num_gaussians: float, strategy: Strategy, gpus: int = 1, work
         if strategy == "dense":
             step["exchange"] = 2 * wire * (RECORD_FORWARD_BYTES + RECORD_GRAD_BYTES)
         else:
-            step["exchange"] = 2 * wire * RECORD_FORWARD_BYTES + wire * (RECORD_GRAD_BYTES + 2 * z * SPARSE_RECORD_BYTES)
+            # the sparse form, or the dense rows where indices would cost more (communicators.py)
+            grad_wire = min(z * SPARSE_RECORD_BYTES, RECORD_GRAD_BYTES)
+            step["exchange"] = 2 * wire * RECORD_FORWARD_BYTES + wire * (RECORD_GRAD_BYTES + 2 * grad_wire)
     if strategy == "pixel" and R > 1:
         step["pixel_exchange"] = 4 * B * hw * 4 * FP32
     refine = 3 * FP32 * max(param_floats(w.sh_degree).values()) * n

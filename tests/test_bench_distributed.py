@@ -85,7 +85,12 @@ def test_gsplat_rows_skipped_on_cpu_with_reason(report):
 
 
 def test_bytes_are_the_communicators_stats(report):
-    from bytesplat_ns.distributed import dense_grad_record_bytes, forward_record_bytes, sparse_grad_record_bytes
+    from bytesplat_ns.distributed import (
+        SparseGradCommunicator,
+        dense_grad_record_bytes,
+        forward_record_bytes,
+        sparse_grad_record_bytes,
+    )
 
     dense, sparse = _row(report, "bytesplat", 2, "dense"), _row(report, "bytesplat", 2, "sparse-grad")
     for r in (dense, sparse):
@@ -111,7 +116,10 @@ def test_bytes_are_the_communicators_stats(report):
     for mine, other in ((r0, r1), (r1, r0)):
         for s, o in zip(mine, other):
             assert 0 < s["backward_records"] <= o["forward_records"]
-            assert s["backward_bytes"] == s["backward_records"] * sparse_grad_record_bytes(3)
+            # the non-zero records with their indices, or the dense rows where those would not be smaller
+            k, m = s["backward_records"], o["forward_records"]
+            dense_form = SparseGradCommunicator.sends_dense(k, m, 9, torch.float32)
+            assert s["backward_bytes"] == (m * dense_grad_record_bytes(3) if dense_form else k * sparse_grad_record_bytes(3))
     # Same scene, same updates (sparse-grad's owner gradients equal dense's): same records forward.
     for a, b in zip(dense["per_rank_step_stats"], sparse["per_rank_step_stats"]):
         assert [s["forward_records"] for s in a] == [s["forward_records"] for s in b]

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from bytesplat_ns.distributed import (
+    CommStats,
     ShardLayout,
     SparseGradCommunicator,
     assign_views,
@@ -27,6 +28,7 @@ from bytesplat_ns.distributed import (
     sparse_grad_record_bytes,
     unpack,
 )
+from bytesplat_ns.distributed import communicators
 from bytesplat_ns.distributed.launch import launch_local
 from tests import distributed_worker as W
 
@@ -137,6 +139,31 @@ def test_sparse_encode_decode_equals_dense_add():
     assert torch.equal(sparse_buf, dense_buf)
 
 
+def test_sparse_grad_sends_dense_rows_when_indices_cost_more(monkeypatch):
+    """A message goes sparse only when k (G*4 + 4) < m G*4 bytes (G = 9: k < 0.9 m); otherwise the
+    dense rows, which the owner recognises by their size. Both decode to what dense adds."""
+    comm = SparseGradCommunicator()
+    G = 9
+    assert not SparseGradCommunicator.sends_dense(8, 10, G, torch.float32)  # 320 < 360 bytes
+    assert SparseGradCommunicator.sends_dense(9, 10, G, torch.float32)  # 360 = 360: dense
+    assert SparseGradCommunicator.sends_dense(0, 0, G, torch.float32) and not SparseGradCommunicator.sends_dense(0, 1, G, torch.float32)
+    sent_index = torch.tensor([10, 3, 7, 0, 5, 8, 1, 2, 4, 6])
+    for nonzero_rows in (range(8), range(9), range(10), range(0)):  # sparse, dense, dense, empty
+        grad = torch.zeros(10, G)
+        for i in nonzero_rows:
+            grad[i, i % G] = i + 1.0
+        buf, want = torch.ones(12, G), torch.ones(12, G)
+        want.index_add_(0, sent_index, grad)
+        stats = CommStats()
+        comm.return_gradients([grad], [sent_index], buf, stats)  # one process: its message to itself
+        assert torch.equal(buf, want)
+        assert stats.backward_bytes == 0  # a rank's message to itself is not counted
+    # 10 records sent, a message of 11 dense rows' size: neither form
+    monkeypatch.setattr(communicators, "exchange", lambda msgs, *a, **k: [torch.zeros(11 * G * 4, dtype=torch.uint8)])
+    with pytest.raises(ValueError, match="malformed sparse gradient message"):
+        comm.return_gradients([torch.zeros(10, G)], [sent_index], torch.zeros(12, G), CommStats())
+
+
 def test_sparse_kernels_serve_cuda_float_tensors_only():
     # CPU tensors (and half precision) always take the torch implementation; the GPU kernels are
     # compared with it in tests/test_sparse_kernels_gpu.py.
@@ -191,6 +218,10 @@ def test_bytes_counted_equal_records_sent(world, core_runs):
         m_out = sum(pairs(visible, r, d) for d in others)  # records r sends as owner
         m_in = sum(pairs(visible, s, r) for s in others)  # records r renders for other owners
         k_in = sum(pairs(nonzero, s, r) for s in others)
+        # per source, the sparse message or, where it would not be smaller, the dense rows
+        sparse_in = sum(pairs(visible, s, r) * dense_rec
+                        if SparseGradCommunicator.sends_dense(pairs(nonzero, s, r), pairs(visible, s, r), 9, torch.float32)
+                        else pairs(nonzero, s, r) * sparse_rec for s in others)
         for runs in (dense, sparse):
             st = runs[r]["steps"][0]["stats"]
             assert st["forward_records"] == m_out
@@ -200,7 +231,7 @@ def test_bytes_counted_equal_records_sent(world, core_runs):
         assert d0["stats"]["backward_records"] == m_in
         assert d0["stats"]["backward_bytes"] == m_in * dense_rec
         assert s0["stats"]["backward_records"] == k_in
-        assert s0["stats"]["backward_bytes"] == k_in * sparse_rec
+        assert s0["stats"]["backward_bytes"] == sparse_in <= min(k_in * sparse_rec, m_in * dense_rec)
         # What the counters report is what isend was handed, every step.
         for runs in (dense, sparse):
             for step in runs[r]["steps"]:

@@ -6,9 +6,10 @@ spread evenly, so a fraction ``(R-1)/R`` of everything a view needs lives on oth
 - ``sparse-grad`` moves Gaussian records: every Gaussian visible in a view (in front of the camera,
   its mean's projection inside the image widened by 10%) travels forward as one 2D record
   (``forward_record_bytes``: 48 B with RGB), and the non-zero part of them (``nonzero_fraction``)
-  comes back as a sparse gradient record (``sparse_grad_record_bytes``: 40 B)::
+  comes back as a sparse gradient record (``sparse_grad_record_bytes``: 40 B), or all of them as
+  dense 36 B rows where that is smaller::
 
-      bytes_sg = B * visible_per_view * (R-1)/R * (48 + nonzero_fraction * 40)
+      bytes_sg = B * visible_per_view * (R-1)/R * (48 + min(nonzero_fraction * 40, 36))
 
 - ``pixel`` moves partial images: every cell sends its projected bounding rectangle (color D and
   transmittance, 4 B each) forward and receives the same amount of gradient back::
@@ -32,7 +33,7 @@ import torch
 from torch import Tensor
 
 from bytesplat_ns.distributed.cells import KdCells, content_bounds, gaussian_extent
-from bytesplat_ns.distributed.communicators import forward_record_bytes, sparse_grad_record_bytes
+from bytesplat_ns.distributed.communicators import dense_grad_record_bytes, forward_record_bytes, sparse_grad_record_bytes
 from bytesplat_ns.distributed.pixel import RECT_BYTES, _area, project_box_rect
 from bytesplat_ns.distributed.step import Views
 
@@ -63,7 +64,8 @@ class AutoDecision:
 
 def sparse_grad_bytes(visible_per_view: float, num_views: int, world: int, channels: int = 3, nonzero_fraction: float = 0.7) -> float:
     remote = (world - 1) / world
-    return num_views * visible_per_view * remote * (forward_record_bytes(channels) + nonzero_fraction * sparse_grad_record_bytes(channels))
+    grad = min(nonzero_fraction * sparse_grad_record_bytes(channels), dense_grad_record_bytes(channels))  # sends_dense
+    return num_views * visible_per_view * remote * (forward_record_bytes(channels) + grad)
 
 
 def pixel_bytes(cell_pixels_per_view: float, cells_per_view: float, num_views: int, world: int, channels: int = 3) -> float:

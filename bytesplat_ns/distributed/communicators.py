@@ -6,7 +6,9 @@ One interface (:class:`Communicator`), chosen by name (``make_communicator``):
   returned, zero or not. The owner knows the sizes, so the backward needs no size exchange.
 - ``sparse-grad`` (ByteSplat 3): the renderer *encodes* only the records whose gradient is not all
   zero as ``(index, values)``; the owner *decodes* them by scatter-adding the values straight into
-  its gradient buffer. On CUDA tensors ``encode``/``decode`` run the GPU kernels of
+  its gradient buffer. Where so many records are non-zero that their indices would cost more than
+  the zero rows they leave out, the message carries the dense rows instead, so sparse-grad never
+  sends more than dense. On CUDA tensors ``encode``/``decode`` run the GPU kernels of
   ``cuda/sparse_grad.cu`` (``sparse_kernels``: warp-ballot compaction, atomicAdd decode); on the
   CPU (and where the kernels cannot be built, or ``BYTESPLAT_SPARSE_KERNELS=0``) the torch
   implementation (``encode_torch``/``decode_torch``), which gives the same bytes.
@@ -25,7 +27,9 @@ Wire formats (one message per pair of ranks and phase, built with ``exchange.pac
   depth is only a sort key). ``G*itemsize`` bytes per record.
 - backward ``sparse-grad``: ``values [k, G]``, ``index [k] int32`` (row in the forward message);
   ``G*itemsize + 4`` bytes per non-zero record, after a size exchange (``world`` int64 per rank,
-  counted as meta bytes).
+  counted as meta bytes). Only when that is smaller than the dense message ``grads [m, G]``
+  (``k (G*itemsize + 4) < m G*itemsize``); otherwise the dense message itself. The owner tells them
+  apart by size: it knows ``m``, and a sparse message is always shorter than ``m G*itemsize``.
 
 Every communicator reports per step (``CommStats``): bytes and records sent to other ranks forward
 and backward, and the meta bytes of size exchanges. Messages a rank sends to itself are not counted.
@@ -200,15 +204,24 @@ class SparseGradCommunicator(Communicator):
         if index.numel():
             grad_buffer.index_add_(0, sent_index.index_select(0, index.long()), values)
 
+    @staticmethod
+    def sends_dense(nonzero: int, rows: int, G: int, dtype: torch.dtype) -> bool:
+        """Whether a message of ``rows`` gradient records, ``nonzero`` of them non-zero, goes dense:
+        unless the sparse form is strictly smaller (so a sparse message is always shorter than the
+        dense one, which is how the owner tells them apart)."""
+        return nonzero * (G * nbytes(dtype) + nbytes(INDEX_DTYPE)) >= rows * G * nbytes(dtype)
+
     def return_gradients(self, grads, sent_index, grad_buffer, stats):
         rank, world = rank_and_world(self.group)
         G = grad_buffer.shape[1]
         dtype = grad_buffer.dtype
         messages, kept = [], []
         for g in grads:
-            index, values = self.encode(g.to(dtype))
-            messages.append(pack([values, index]))
-            kept.append(int(index.numel()))
+            g = g.to(dtype)
+            index, values = self.encode(g)
+            k = int(index.numel())
+            messages.append(pack([g]) if self.sends_dense(k, g.shape[0], G, dtype) else pack([values, index]))
+            kept.append(k)
         ex = ExchangeStats()
         received = exchange(messages, None, self.group, ex, phase="backward exchange of 2D gradients (sparse)")
         rec_bytes = G * nbytes(dtype) + nbytes(INDEX_DTYPE)
@@ -218,8 +231,14 @@ class SparseGradCommunicator(Communicator):
 
             bad = new_flag(grad_buffer.device)  # one host sync for all peers' messages, below
         for d, msg in enumerate(received):
-            if msg.numel() % rec_bytes:
-                raise ValueError(f"malformed sparse gradient message from rank {d}: {msg.numel()} bytes")
+            m = int(sent_index[d].numel())
+            if m and msg.numel() == m * G * nbytes(dtype):  # the dense rows (see sends_dense)
+                (values,) = unpack(msg, [(dtype, (m, G))])
+                grad_buffer.index_add_(0, sent_index[d], values)
+                continue
+            if msg.numel() % rec_bytes or msg.numel() >= max(m, 1) * G * nbytes(dtype):
+                raise ValueError(f"malformed sparse gradient message from rank {d}: {msg.numel()} bytes "
+                                 f"for {m} records")
             k = msg.numel() // rec_bytes
             values, index = unpack(msg, [(dtype, (k, G)), (INDEX_DTYPE, (k,))])
             self.decode(index, values, sent_index[d], grad_buffer, bad)
