@@ -91,6 +91,7 @@ def test_bytes_are_the_communicators_stats(report):
         forward_record_bytes,
         sparse_grad_record_bytes,
     )
+    from bytesplat_ns.distributed.communicators import grad_columns
 
     dense, sparse = _row(report, "bytesplat", 2, "dense"), _row(report, "bytesplat", 2, "sparse-grad")
     for r in (dense, sparse):
@@ -118,7 +119,7 @@ def test_bytes_are_the_communicators_stats(report):
             assert 0 < s["backward_records"] <= o["forward_records"]
             # the non-zero records with their indices, or the dense rows where those would not be smaller
             k, m = s["backward_records"], o["forward_records"]
-            dense_form = SparseGradCommunicator.sends_dense(k, m, 9, torch.float32)
+            dense_form = SparseGradCommunicator.sends_dense(k, m, grad_columns(3), torch.float32)
             assert s["backward_bytes"] == (m * dense_grad_record_bytes(3) if dense_form else k * sparse_grad_record_bytes(3))
     # Same scene, same updates (sparse-grad's owner gradients equal dense's): same records forward.
     for a, b in zip(dense["per_rank_step_stats"], sparse["per_rank_step_stats"]):

@@ -219,9 +219,11 @@ def test_bytes_counted_equal_records_sent(world, core_runs):
         m_in = sum(pairs(visible, s, r) for s in others)  # records r renders for other owners
         k_in = sum(pairs(nonzero, s, r) for s in others)
         # per source, the sparse message or, where it would not be smaller, the dense rows
-        sparse_in = sum(pairs(visible, s, r) * dense_rec
-                        if SparseGradCommunicator.sends_dense(pairs(nonzero, s, r), pairs(visible, s, r), 9, torch.float32)
-                        else pairs(nonzero, s, r) * sparse_rec for s in others)
+        sparse_in = 0
+        for s in others:
+            k_s, m_s = pairs(nonzero, s, r), pairs(visible, s, r)
+            dense_form = SparseGradCommunicator.sends_dense(k_s, m_s, communicators.grad_columns(3), torch.float32)
+            sparse_in += m_s * dense_rec if dense_form else k_s * sparse_rec
         for runs in (dense, sparse):
             st = runs[r]["steps"][0]["stats"]
             assert st["forward_records"] == m_out

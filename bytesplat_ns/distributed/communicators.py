@@ -224,7 +224,8 @@ class SparseGradCommunicator(Communicator):
             kept.append(k)
         ex = ExchangeStats()
         received = exchange(messages, None, self.group, ex, phase="backward exchange of 2D gradients (sparse)")
-        rec_bytes = G * nbytes(dtype) + nbytes(INDEX_DTYPE)
+        row_bytes = G * nbytes(dtype)
+        rec_bytes = row_bytes + nbytes(INDEX_DTYPE)
         bad = None
         if grad_buffer.is_cuda:
             from bytesplat_ns.distributed.sparse_kernels import new_flag
@@ -232,11 +233,11 @@ class SparseGradCommunicator(Communicator):
             bad = new_flag(grad_buffer.device)  # one host sync for all peers' messages, below
         for d, msg in enumerate(received):
             m = int(sent_index[d].numel())
-            if m and msg.numel() == m * G * nbytes(dtype):  # the dense rows (see sends_dense)
+            if m and msg.numel() == m * row_bytes:  # the dense rows (see sends_dense)
                 (values,) = unpack(msg, [(dtype, (m, G))])
                 grad_buffer.index_add_(0, sent_index[d], values)
                 continue
-            if msg.numel() % rec_bytes or msg.numel() >= max(m, 1) * G * nbytes(dtype):
+            if msg.numel() % rec_bytes or msg.numel() >= max(m, 1) * row_bytes:
                 raise ValueError(f"malformed sparse gradient message from rank {d}: {msg.numel()} bytes "
                                  f"for {m} records")
             k = msg.numel() // rec_bytes

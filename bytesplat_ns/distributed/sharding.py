@@ -2,7 +2,8 @@
 
 Rank ``r`` owns global ids ``[offsets[r], offsets[r] + counts[r])``: concatenating the shards in
 rank order gives the global order (the order a single process would hold them in). Global ids are
-derived from the current counts every step (``gather_layout``), so shards may grow and shrink
+derived from the current counts every step (``gather_layout``; the sharded step gets them from
+``gather_layout_and_view_counts``, with its records per view), so shards may grow and shrink
 (densification, pruning) between steps without bookkeeping.
 
 Rebalancing (``rebalance``): when a shard's size differs from the mean by more than ``threshold``

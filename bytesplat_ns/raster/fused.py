@@ -311,7 +311,7 @@ class _RasterizeFused(torch.autograd.Function):
 
 
 def _split_loss(m, c, col, o, bg, gt, offsets, flatten_ids, C, W, H, ssim_lambda, absgrad, butterfly,
-                contribution=False):
+                contribution=False, cull=True):
     """The split schedule: three plain launches, nothing but images crossing between them.
 
     render_fwd (with the backgrounds: render + T*bg, alpha, T, last, and with ``contribution`` each
@@ -320,7 +320,7 @@ def _split_loss(m, c, col, o, bg, gt, offsets, flatten_ids, C, W, H, ssim_lambda
     backgrounds, which it turns into the alpha term; the pruning score with ``contribution``).
     Returns what fused_loss returns, info = (two_phase, capacity, resident, smem) =
     (0, RENDER_BATCH, 0, 0)."""
-    ops, cull = _ops(), warp_cull()
+    ops = _ops()
     render, alpha, T, last, stop = ops.render_fwd(m, c, col, o, bg, offsets, flatten_ids, C, W, H, bool(contribution),
                                                   cull)
     v_render, rgb, partials = ops.loss_grad(render, gt, float(ssim_lambda), ssim_window(), _torch_clamp_inclusive())
@@ -348,18 +348,18 @@ class _FusedLoss(torch.autograd.Function):
         if schedule not in FUSED_MODES:
             raise ValueError(f"schedule must be one of {', '.join(FUSED_MODES)}, got {schedule!r}")
         force_two_phase = schedule == "two_launch"
-        reduce = bwd_reduce()
+        reduce, cull = bwd_reduce(), warp_cull()  # read once: the launch and the info agree
         m, c, col, o = _flat(means2d, 2), _flat(conics, 3), _flat(colors, 3), _flat(opacities, 1)
         bg, gtc = backgrounds.contiguous().float(), gt.contiguous().float()
         if schedule == "split":
             out = _split_loss(m, c, col, o, bg, gtc, offsets, flatten_ids, C, W, H, ssim_lambda, absgrad,
-                              reduce == "butterfly", contribution)
+                              reduce == "butterfly", contribution, cull)
         else:
             out = _ops().fused_loss(
                 m, c, col, o, bg, gtc, offsets, flatten_ids,
                 C, W, H, float(ssim_lambda), ssim_window(), int(capacity or 0), int(blocks_per_sm),
                 bool(absgrad), force_two_phase, _torch_clamp_inclusive(), reduce == "butterfly", bool(contribution),
-                warp_cull(),
+                cull,
             )
         rgb, alpha, partials, vm, vc, vcol, vo, vabs, kinfo, contrib = out
         contrib = contrib.view(C, N) if contribution else contrib
@@ -382,7 +382,7 @@ class _FusedLoss(torch.autograd.Function):
         stats = torch.stack([l1, ssim]).float()
         ctx.mark_non_differentiable(rgb, alpha, stats, contrib)
         ctx.kinfo = dict(schedule=schedule, two_phase=bool(two_phase), capacity=cap, resident_blocks=resident,
-                         smem_bytes=smem, bwd_reduce=reduce, contribution=bool(contribution), warp_cull=warp_cull())
+                         smem_bytes=smem, bwd_reduce=reduce, contribution=bool(contribution), warp_cull=cull)
         _FusedLoss.last_kernel_info = ctx.kinfo
         return loss, rgb, alpha, stats, contrib
 
