@@ -34,3 +34,8 @@ class BytesplatError(Exception):
     def __reduce__(self):
         # Picklable with its hint (multiprocessing / torch.distributed pass exceptions between processes).
         return (type(self), (self.message, self.hint))
+
+
+class SettingError(BytesplatError, ValueError):
+    """A bad value of a bytesplat setting (an environment variable such as ``BYTESPLAT_WARP_CULL``):
+    one line on the command line like any :class:`BytesplatError`, and a ``ValueError`` to code."""

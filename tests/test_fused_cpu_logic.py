@@ -19,6 +19,7 @@ from typing import Optional
 import pytest
 import torch
 
+from bytesplat_ns.errors import BytesplatError
 from bytesplat_ns.raster import fused as F
 from bytesplat_ns.raster.reference import rasterize_reference
 
@@ -346,8 +347,10 @@ def test_warp_cull_flag_reaches_every_kernel(torch_ops, monkeypatch, env, expect
                                                          "render_bwd")]
     monkeypatch.setenv("BYTESPLAT_WARP_CULL", "off")
     scene = make_scene(N=20, seed=9)
-    with pytest.raises(ValueError, match="BYTESPLAT_WARP_CULL"):
+    with pytest.raises(ValueError, match="BYTESPLAT_WARP_CULL") as err:
         F.rasterize_fused(*_args(_params(scene), scene), sh_degree=2)
+    # a user error: the command-line hook prints it as one line (bytesplat_ns/cli_errors.py)
+    assert isinstance(err.value, BytesplatError)
 
 
 def test_bwd_reduce_rejects_unknown_values(torch_ops, monkeypatch):

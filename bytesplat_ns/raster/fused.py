@@ -30,6 +30,7 @@ from typing import Dict, Literal, Optional, Tuple
 import torch
 from torch import Tensor
 
+from bytesplat_ns.errors import SettingError
 from bytesplat_ns.raster._build import CudaBuildError, load_extension
 
 TILE_SIZE = 16
@@ -65,7 +66,7 @@ def warp_cull() -> bool:
     Read at every launch."""
     value = os.environ.get("BYTESPLAT_WARP_CULL", "1").strip()
     if value not in ("0", "1"):
-        raise ValueError(f"BYTESPLAT_WARP_CULL must be 0 or 1, got {value!r}")
+        raise SettingError(f"BYTESPLAT_WARP_CULL must be 0 or 1, got {value!r}")
     return value == "1"
 
 
@@ -74,7 +75,7 @@ def bwd_reduce() -> str:
     :data:`DEFAULT_BWD_REDUCE`. Read at every launch, so tests and benchmarks can switch it."""
     value = (os.environ.get("BYTESPLAT_BWD_REDUCE") or DEFAULT_BWD_REDUCE).strip().lower()
     if value not in BWD_REDUCE_CHOICES:
-        raise ValueError(
+        raise SettingError(
             f"BYTESPLAT_BWD_REDUCE must be one of {', '.join(BWD_REDUCE_CHOICES)}, got {value!r}"
         )
     return value
@@ -411,7 +412,7 @@ def fused_schedule(mode: Optional[str] = None) -> str:
     ``BYTESPLAT_FUSED_MODE``, else :data:`DEFAULT_MODE`. Read at every call."""
     mode = (mode or os.environ.get("BYTESPLAT_FUSED_MODE") or DEFAULT_MODE).strip().lower()
     if mode not in FUSED_MODES:
-        raise ValueError(f"mode (or BYTESPLAT_FUSED_MODE) must be one of {', '.join(FUSED_MODES)}, got {mode!r}")
+        raise SettingError(f"mode (or BYTESPLAT_FUSED_MODE) must be one of {', '.join(FUSED_MODES)}, got {mode!r}")
     return mode
 
 
