@@ -331,10 +331,12 @@ def test_fused_render_loss_matches_reference(case, projection, schedule):
         assert int(((off[1:] - off[:-1]) == 0).sum()) > 0
 
 
-@pytest.mark.parametrize("C,W,H", [(1, 64, 48), (2, 77, 45), (1, 11, 11)])
+@pytest.mark.parametrize("C,W,H", [(1, 64, 48), (2, 77, 45), (1, 11, 11), (1, 130, 97)])
 def test_loss_grad_kernel_matches_autograd(C, W, H):
     """cuda/loss_grad.cu on its own: dL/d render (through torch.clamp, with values exactly 0 and 1
-    and outside [0, 1]), the clamped rgb and the partials' loss, against pytorch_msssim autograd."""
+    and outside [0, 1]), the clamped rgb and the partials' loss, against pytorch_msssim autograd.
+    The sizes cut its 32x32 regions every way: partial in x, in y, both, a single region smaller
+    than the window's halo, and regions with neighbours on every side (130x97)."""
     from bytesplat_ns.raster._build import load_extension
     from bytesplat_ns.raster.fused import SSIM_WIN_SIZE, _torch_clamp_inclusive, splatfacto_loss_torch, ssim_window
 

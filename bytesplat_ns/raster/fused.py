@@ -317,7 +317,7 @@ def _split_loss(m, c, col, o, bg, gt, offsets, flatten_ids, C, W, H, ssim_lambda
 
     render_fwd (with the backgrounds: render + T*bg, alpha, T, last, and with ``contribution`` each
     pixel's stopping Gaussian) -> loss_grad (dL/d render = the per-pixel loss gradient times
-    torch.clamp's mask, clamped rgb, per-tile partials) -> render_bwd (v_render and the
+    torch.clamp's mask, clamped rgb, per-region L1 and SSIM sums) -> render_bwd (v_render and the
     backgrounds, which it turns into the alpha term; the pruning score with ``contribution``).
     Returns what fused_loss returns, info = (two_phase, capacity, resident, smem) =
     (0, RENDER_BATCH, 0, 0)."""
