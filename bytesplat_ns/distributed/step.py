@@ -211,15 +211,18 @@ def _records_in_gid_order(means2d, conics, colors, opacities, depths, radii, gid
     return (means2d, conics, colors, opacities, depths, radii), order
 
 
-def _collect_absgrad(m: Tensor, order: Optional[Tensor], absgrad_sink: List[Tensor]) -> None:
-    """After the backward has published ``m.absgrad`` ([1,M,2], gid order), append it to the sink
-    in the caller's record order."""
+def _collect_absgrad(m: Tensor, orders: Sequence[Optional[Tensor]], sinks: Sequence[List[Tensor]],
+                     rows: Optional[Sequence[int]] = None) -> None:
+    """After the backward has published ``m.absgrad`` ([C,M,2], view j's records in gid order in its
+    first ``rows[j]`` rows, all M without ``rows``), append view j's to ``sinks[j]`` in the caller's
+    record order (``orders[j]``, None: already)."""
 
     def _collect(grad: Tensor) -> None:
-        a = m.absgrad[0]
-        if order is not None:
-            a = torch.empty_like(a).index_copy_(0, order, a)
-        absgrad_sink.append(a)
+        for j, (order, sink) in enumerate(zip(orders, sinks)):
+            a = m.absgrad[j] if rows is None else m.absgrad[j, : rows[j]]
+            if order is not None:
+                a = torch.empty_like(a).index_copy_(0, order, a)
+            sink.append(a)
 
     m.register_hook(_collect)
 
@@ -271,8 +274,60 @@ def composite_records(
         raise ValueError(f"Unknown compositor '{compositor}' (reference or fused)")
     if absgrad:
         assert absgrad_sink is not None
-        _collect_absgrad(m, order, absgrad_sink)  # runs after the rasterizer's own hook set m.absgrad
+        _collect_absgrad(m, [order], [absgrad_sink])  # runs after the rasterizer's own hook set m.absgrad
     return render[0], alpha[0]
+
+
+def composite_views_fused_loss(
+    records: Sequence[Tuple[Tensor, ...]],
+    width: int,
+    height: int,
+    gts: Tensor,
+    backgrounds: Tensor,
+    ssim_lambda: float = 0.2,
+    tile_size: int = 16,
+    absgrad_sinks: Optional[Sequence[List[Tensor]]] = None,
+    sorted_by_gid: bool = False,
+) -> Tuple[Tensor, Tensor]:
+    """C views' records composited AND scored in ONE call of the fused kernels
+    (``raster.fused._FusedLoss``): splatfacto's loss ``(1-l) L1 + l (1 - SSIM)`` of
+    ``clamp(render + T bg, 0, 1)`` against ``gts`` [C,H,W,3] (``backgrounds`` [C,3]), with its 2D
+    gradients computed in the kernels. ``records[j]`` is view j's (means2d [M_j,2], conics, colors,
+    opacities, depths, radii, gids). The views are padded with zero rows to the longest (radius 0:
+    in no tile's list) and binned together, so a rank's views cost one binning (one host read) and
+    one launch of each kernel instead of one per view. Returns (the SUM of the views' losses, rgb
+    [C,H,W,3] detached); the loss is differentiable wrt the records. ``absgrad_sinks[j]`` gets view
+    j's per-record sum over pixels of |d loss / d mean2d| ([M_j,2], in the order of its inputs)."""
+    import torch.nn.functional as F
+
+    from bytesplat_ns.raster.fused import _check, _FusedLoss, bin_tiles, fused_schedule
+
+    C = len(records)
+    _check(width, height, tile_size, records[0][0].device)
+    ordered, orders = [], []
+    for rec in records:
+        fields, order = _records_in_gid_order(*rec, sorted_by_gid)
+        ordered.append(fields)
+        orders.append(order)
+    rows = [f[0].shape[0] for f in ordered]
+    M = max(rows)
+
+    def stacked(i: int) -> Tensor:  # field i of every view, zero rows appended up to M
+        return torch.stack([F.pad(f[i], (0, 0) * (f[i].dim() - 1) + (0, M - f[i].shape[0])) for f in ordered])
+
+    m, conics, colors, opacities, depths, radii = (stacked(i) for i in range(6))
+    absgrad = absgrad_sinks is not None and m.requires_grad
+    offsets, flatten_ids = bin_tiles(m, radii, depths, width, height, tile_size)
+    # _FusedLoss scores the mean over the C views (they share the image size), so C x that is the sum
+    loss, rgb, _, _, _ = _FusedLoss.apply(
+        m, conics, colors, opacities, backgrounds.reshape(C, 3).detach().float(),
+        gts.detach().float().contiguous(), offsets, flatten_ids, width, height, ssim_lambda, absgrad,
+        None, 2, fused_schedule(),
+    )
+    if absgrad:
+        assert absgrad_sinks is not None
+        _collect_absgrad(m, orders, absgrad_sinks, rows)
+    return loss * C, rgb
 
 
 def composite_records_fused_loss(
@@ -292,27 +347,13 @@ def composite_records_fused_loss(
     absgrad_sink: Optional[List[Tensor]] = None,
     sorted_by_gid: bool = False,
 ) -> Tuple[Tensor, Tensor]:
-    """ONE view's records composited AND scored by the fused kernel (``raster.fused._FusedLoss``):
-    splatfacto's loss ``(1-l) L1 + l (1 - SSIM)`` of ``clamp(render + T bg, 0, 1)`` against ``gt``
-    [H,W,3], with its 2D gradients computed in the same kernel. Returns (loss, rgb [H,W,3]
-    detached); the loss is differentiable wrt the records. Same order and ``absgrad_sink`` contract
-    as :func:`composite_records`; what ``splatfacto_loss`` of ``composite_records`` gives."""
-    from bytesplat_ns.raster.fused import _check, _FusedLoss, bin_tiles, fused_schedule
-
-    _check(width, height, tile_size, means2d.device)
-    (means2d, conics, colors, opacities, depths, radii), order = _records_in_gid_order(
-        means2d, conics, colors, opacities, depths, radii, gids, sorted_by_gid)
-    m = means2d[None]
-    absgrad = absgrad_sink is not None and m.requires_grad
-    offsets, flatten_ids = bin_tiles(m, radii[None], depths[None], width, height, tile_size)
-    loss, rgb, _, _, _ = _FusedLoss.apply(
-        m, conics[None], colors[None], opacities[None], background.reshape(1, 3).detach().float(),
-        gt[None].detach().float().contiguous(), offsets, flatten_ids, width, height, ssim_lambda, absgrad,
-        None, 2, fused_schedule(),
-    )
-    if absgrad:
-        assert absgrad_sink is not None
-        _collect_absgrad(m, order, absgrad_sink)
+    """ONE view's records composited AND scored by the fused kernel: :func:`composite_views_fused_loss`
+    of that view alone (``gt`` [H,W,3], ``background`` [3]). Returns (loss, rgb [H,W,3] detached); what
+    ``splatfacto_loss`` of ``composite_records`` gives, with the same order and ``absgrad_sink``
+    contract."""
+    loss, rgb = composite_views_fused_loss(
+        [(means2d, conics, colors, opacities, depths, radii, gids)], width, height, gt[None], background.reshape(1, 3),
+        ssim_lambda, tile_size, None if absgrad_sink is None else [absgrad_sink], sorted_by_gid)
     return loss, rgb[0]
 
 
@@ -445,6 +486,7 @@ class _ShardedRenderLoss(torch.autograd.Function):
         with torch.enable_grad():
             loss = means2d.new_zeros(())
             starts = [0] * world
+            per_view = []  # (view, its fields, its absgrad sink)
             for j, v in enumerate(mine):
                 parts, radii_v, gids_v = [], [], []
                 for s in range(world):
@@ -462,24 +504,31 @@ class _ShardedRenderLoss(torch.autograd.Function):
                     sink = []
                     runner.absgrad_slots.append((spans, sink))
                 fields = (rec[:, 0:2], rec[:, 2:5], rec[:, 5 : 5 + D], rec[:, 5 + D], rec[:, 6 + D].detach(),
-                          torch.cat(radii_v), torch.cat(gids_v), views.width, views.height)
-                lam = splatfacto_lambda(runner.loss_fn)
-                if runner.compositor == "fused" and lam is not None and D == 3 and rec.shape[0] > 0:
-                    # splatfacto's loss and its gradients inside the fused kernel (no image-sized
-                    # intermediates, no pytorch_msssim graph)
-                    loss_v, rgb = composite_records_fused_loss(
-                        *fields, views.images[v].to(rec), views.backgrounds[v].to(rec), ssim_lambda=lam,
-                        tile_size=runner.tile_size, absgrad_sink=sink, sorted_by_gid=True,
-                    )
-                    runner.renders[v] = rgb
-                    loss = loss + loss_v / B
-                    continue
-                render, alpha = composite_records(
-                    *fields, runner.tile_size, absgrad_sink=sink, compositor=runner.compositor, sorted_by_gid=True
+                          torch.cat(radii_v), torch.cat(gids_v))
+                per_view.append((v, fields, sink))
+            lam = splatfacto_lambda(runner.loss_fn)
+            if (runner.compositor == "fused" and lam is not None and D == 3 and per_view
+                    and any(f[0].shape[0] > 0 for _, f, _ in per_view)):
+                # splatfacto's loss and its gradients inside the fused kernels (no image-sized
+                # intermediates, no pytorch_msssim graph), every view of this rank in one call
+                mine_views = [v for v, _, _ in per_view]
+                ref = per_view[0][1][0]
+                loss_sum, rgb = composite_views_fused_loss(
+                    [f for _, f, _ in per_view], views.width, views.height,
+                    torch.stack([views.images[v].to(ref) for v in mine_views]),
+                    torch.stack([views.backgrounds[v].to(ref) for v in mine_views]), ssim_lambda=lam,
+                    tile_size=runner.tile_size, absgrad_sinks=[s for _, _, s in per_view] if runner.absgrad else None,
+                    sorted_by_gid=True,
                 )
-                rgb = rgb_with_background(render, alpha, views.backgrounds[v].to(render))
-                runner.renders[v] = rgb.detach()
-                loss = loss + runner.loss_fn(rgb, views.images[v].to(rgb)) / B
+                runner.renders.update(zip(mine_views, rgb.unbind(0)))
+                loss = loss + loss_sum / B
+            else:
+                for v, fields, sink in per_view:
+                    render, alpha = composite_records(*fields, views.width, views.height, runner.tile_size,
+                                                      absgrad_sink=sink, compositor=runner.compositor, sorted_by_gid=True)
+                    rgb = rgb_with_background(render, alpha, views.backgrounds[v].to(render))
+                    runner.renders[v] = rgb.detach()
+                    loss = loss + runner.loss_fn(rgb, views.images[v].to(rgb)) / B
         runner.local_loss = loss
         ctx.runner = runner
         ctx.shape = (B, n, D, G)
