@@ -744,10 +744,10 @@ def test_model_fused_steps_across_resolution_change(torch_ops):
 
 @pytest.mark.parametrize("mode", [None, "split"])
 def test_sharded_step_fused_loss_glue_matches_reference(torch_ops, monkeypatch, mode):
-    """One process, the whole sharded step (torch projection, exchange to itself, per-view
-    compositing + splatfacto loss, sparse-grad backward, absgrad routed back): the fused compositor
-    (records in gid order -> bin_tiles -> _FusedLoss, here on the stand-in) gives the reference
-    compositor's loss, parameter gradients and densification statistic."""
+    """One process, the whole sharded step (torch projection, exchange to itself, compositing +
+    splatfacto loss, sparse-grad backward, absgrad routed back): the fused compositor (the rank's
+    views padded, binned together and scored in ONE _FusedLoss call, here on the stand-in) gives
+    the reference compositor's loss, parameter gradients, densification statistic and renders."""
     import functools
 
     from bytesplat_ns.distributed import make_communicator, sharded_render_loss
@@ -771,17 +771,27 @@ def test_sharded_step_fused_loss_glue_matches_reference(torch_ops, monkeypatch, 
         out[compositor] = (fwd.local_loss.item(), {k: p.grad.clone() for k, p in params.items()},
                            fwd.info["means2d"].absgrad.clone(), fwd.renders)
     (l_ref, g_ref, a_ref, r_ref), (l_f, g_f, a_f, r_f) = out["reference"], out["fused"]
-    if (mode or F.DEFAULT_MODE) == "split":
-        assert torch_ops.calls["loss_grad"] == torch_ops.calls["render_fwd"] == len(r_f) > 0
+    assert len(r_f) == len(r_ref) > 1
+    if (mode or F.DEFAULT_MODE) == "split":  # one launch of each kernel for all the views
+        assert torch_ops.calls["loss_grad"] == torch_ops.calls["render_fwd"] == 1
         assert torch_ops.calls["fused_loss"] == 0
     else:
-        assert torch_ops.calls["fused_loss"] == len(r_f) > 0 and torch_ops.calls["render_fwd"] == 0
+        assert torch_ops.calls["fused_loss"] == 1 and torch_ops.calls["render_fwd"] == 0
     assert abs(l_ref - l_f) <= 1e-5 * abs(l_ref)
     for k in g_ref:
         assert rel_err(g_f[k], g_ref[k]) <= 1e-4, k
     assert rel_err(a_f, a_ref) <= 1e-4
     for v in r_ref:
         assert (r_f[v] - r_ref[v]).abs().max().item() <= 1e-5
+
+
+def test_views_scored_in_one_call_equal_each_view_alone(torch_ops):
+    """composite_views_fused_loss's padding, joint binning, loss sum and absgrad routing on the
+    kernels' stand-in (tests/sharded_records.py; tests/test_distributed_gpu.py runs it on the kernels)."""
+    from tests.sharded_records import views_scored_in_one_call_vs_each_alone
+
+    views_scored_in_one_call_vs_each_alone("cpu")
+    assert torch_ops.calls["loss_grad"] + torch_ops.calls["fused_loss"] == 1
 
 
 def test_model_fused_backend_with_a_mask_or_a_tiny_image_trains_like_reference(torch_ops):

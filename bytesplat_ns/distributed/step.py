@@ -298,8 +298,6 @@ def composite_views_fused_loss(
     one launch of each kernel instead of one per view. Returns (the SUM of the views' losses, rgb
     [C,H,W,3] detached); the loss is differentiable wrt the records. ``absgrad_sinks[j]`` gets view
     j's per-record sum over pixels of |d loss / d mean2d| ([M_j,2], in the order of its inputs)."""
-    import torch.nn.functional as F
-
     from bytesplat_ns.raster.fused import _check, _FusedLoss, bin_tiles, fused_schedule
 
     C = len(records)
@@ -312,8 +310,13 @@ def composite_views_fused_loss(
     rows = [f[0].shape[0] for f in ordered]
     M = max(rows)
 
-    def stacked(i: int) -> Tensor:  # field i of every view, zero rows appended up to M
-        return torch.stack([F.pad(f[i], (0, 0) * (f[i].dim() - 1) + (0, M - f[i].shape[0])) for f in ordered])
+    def stacked(i: int) -> Tensor:  # field i of every view, zero rows appended up to M: [C, M, ...]
+        pieces = []  # one cat, so the views' records are copied once (as one view's were before)
+        for f in ordered:
+            pieces.append(f[i])
+            if f[i].shape[0] < M:
+                pieces.append(f[i].new_zeros((M - f[i].shape[0],) + tuple(f[i].shape[1:])))
+        return torch.cat(pieces).view((C, M) + tuple(ordered[0][i].shape[1:]))
 
     m, conics, colors, opacities, depths, radii = (stacked(i) for i in range(6))
     absgrad = absgrad_sinks is not None and m.requires_grad
