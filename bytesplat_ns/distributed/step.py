@@ -212,14 +212,14 @@ def _records_in_gid_order(means2d, conics, colors, opacities, depths, radii, gid
 
 
 def _collect_absgrad(m: Tensor, orders: Sequence[Optional[Tensor]], sinks: Sequence[List[Tensor]],
-                     rows: Optional[Sequence[int]] = None) -> None:
+                     rows: Sequence[int]) -> None:
     """After the backward has published ``m.absgrad`` ([C,M,2], view j's records in gid order in its
-    first ``rows[j]`` rows, all M without ``rows``), append view j's to ``sinks[j]`` in the caller's
-    record order (``orders[j]``, None: already)."""
+    first ``rows[j]`` rows), append view j's to ``sinks[j]`` in the caller's record order
+    (``orders[j]``, None: already)."""
 
     def _collect(grad: Tensor) -> None:
         for j, (order, sink) in enumerate(zip(orders, sinks)):
-            a = m.absgrad[j] if rows is None else m.absgrad[j, : rows[j]]
+            a = m.absgrad[j, : rows[j]]
             if order is not None:
                 a = torch.empty_like(a).index_copy_(0, order, a)
             sink.append(a)
@@ -274,7 +274,7 @@ def composite_records(
         raise ValueError(f"Unknown compositor '{compositor}' (reference or fused)")
     if absgrad:
         assert absgrad_sink is not None
-        _collect_absgrad(m, [order], [absgrad_sink])  # runs after the rasterizer's own hook set m.absgrad
+        _collect_absgrad(m, [order], [absgrad_sink], [m.shape[1]])  # after the rasterizer's hook set m.absgrad
     return render[0], alpha[0]
 
 
