@@ -15,18 +15,9 @@
 BUDGET=${BUDGET:-400}
 source scripts/gpu_begin.sh || exit 1
 REGION='s/constexpr int kRegionW = 32, kRegionH = 32;/constexpr int kRegionW = RW_, kRegionH = RH_;/'
-variant() {  # variant NAME SED: /tmp/var_NAME = the installed package with cuda/loss_grad.cu edited, built
-  local d=/tmp/var_$1 f
-  mkdir -p $d && cp -r /tmp/site/bytesplat_ns $d/ && f=$d/bytesplat_ns/cuda/loss_grad.cu && sed -i "$2" $f
-  (cd $d && PYTHONPATH=$d:$PYTHONPATH MAX_JOBS=6 timeout 300 $PY -c "
-from bytesplat_ns.raster._build import cuda_source_dir, load_extension
-print('$1: sources', cuda_source_dir(), '$(grep -o "kRegionW = [0-9]*, kRegionH = [0-9]*" $f)'); load_extension()" 2>&1 | grep -v Build)
-  touch $d.built
-}
-built() { while [[ ! -e /tmp/var_$1.built ]] && (( $(left) > 30 )); do sleep 2; done; }
-in_variant() { local d=/tmp/var_$1; shift; (cd $d && PYTHONPATH=$d:$PYTHONPATH "$@"); }
-variant r16x16 "$(echo "$REGION" | sed 's/RW_/16/;s/RH_/16/')" > /tmp/var_r16x16.log 2>&1 &
-variant r32x16 "$(echo "$REGION" | sed 's/RW_/32/;s/RH_/16/')" > /tmp/var_r32x16.log 2>&1 &
+region() { echo "sed -i '$(echo "$REGION" | sed "s/RW_/$1/;s/RH_/$2/")' \$CUDA/loss_grad.cu"; }  # region W H: the edit
+MAX_JOBS=6 variant r16x16 "$(region 16 16)" > /tmp/var_r16x16.log 2>&1 &
+MAX_JOBS=6 variant r32x16 "$(region 32 16)" > /tmp/var_r32x16.log 2>&1 &
 (
   export CUDA_VISIBLE_DEVICES=0
   raster_bench raster_r32x32 --raster-only

@@ -12,15 +12,8 @@
 #   device tool: kind nvidia-h200-x2, carry [".whl", ".ext"], timeout_s 600
 BUDGET=${BUDGET:-330}
 source scripts/gpu_begin.sh || exit 1
-variant() {  # variant NAME: /tmp/var_NAME = the installed package with gpu_variants/NAME/*, built
-  local d=/tmp/var_$1
-  mkdir -p $d && cp -r /tmp/site/bytesplat_ns $d/ && cp gpu_variants/$1/* $d/bytesplat_ns/cuda/
-  (cd $d && PYTHONPATH=$d:$PYTHONPATH MAX_JOBS=8 timeout 300 $PY -c "
-from bytesplat_ns.raster._build import cuda_source_dir, load_extension
-print('$1: sources', cuda_source_dir()); load_extension()" 2>&1 | grep -v Build)
-}
-variant A > /tmp/var_A.log 2>&1 & PA=$!
-variant B > /tmp/var_B.log 2>&1 & PB=$!
+MAX_JOBS=8 variant A "cp gpu_variants/A/* \$CUDA/" > /tmp/var_A.log 2>&1 & PA=$!
+MAX_JOBS=8 variant B "cp gpu_variants/B/* \$CUDA/" > /tmp/var_B.log 2>&1 & PB=$!
 wait $PA $PB; cat /tmp/var_A.log /tmp/var_B.log
 mkdir -p /tmp/qs
 qs() {  # qs NAME GPU PORT [VARIANT]: the quick start + ns-eval -> /tmp/qs/eval_NAME.json

@@ -20,20 +20,7 @@
 BUDGET=${BUDGET:-420}
 source scripts/gpu_begin.sh || exit 1
 VARIANTS="base rows rcp"
-variant() {  # variant NAME: /tmp/var_NAME = the installed package with gpu_variants/NAME/common.cuh, built
-  local d=/tmp/var_$1
-  mkdir -p $d && cp -r /tmp/site/bytesplat_ns $d/ && cp gpu_variants/$1/common.cuh $d/bytesplat_ns/cuda/common.cuh
-  (cd $d && PYTHONPATH=$d:$PYTHONPATH MAX_JOBS=5 timeout 300 $PY -c "
-from bytesplat_ns.raster._build import cuda_source_dir, load_extension
-print('$1: sources', cuda_source_dir()); load_extension()" 2>&1 | grep -v Build)
-  touch $d.built
-}
-built() { while [[ ! -e /tmp/var_$1.built ]] && (( $(left) > 30 )); do sleep 2; done; }  # built NAME: wait for its build
-in_variant() {  # in_variant NAME CMD...: CMD from the variant's directory, its package first on the path
-  local d=/tmp/var_$1; shift
-  (cd $d && PYTHONPATH=$d:$PYTHONPATH "$@")
-}
-for v in $VARIANTS; do variant $v > /tmp/var_$v.log 2>&1 & done
+for v in $VARIANTS; do MAX_JOBS=5 variant $v "cp gpu_variants/$v/common.cuh \$CUDA/" > /tmp/var_$v.log 2>&1 & done
 ncu_split() {  # ncu_split NAME: the split stage's kernels at 4M, one profiled step -> /tmp/ncu/NAME.csv
   mkdir -p /tmp/ncu
   timeout 120 $NCU --profile-from-start off --kernel-name regex:"render_(fwd|bwd)_kernel|loss_grad_kernel" \

@@ -1,5 +1,5 @@
 # Sourced by the GPU scripts (after gpu_setup.sh): seeds, merge, both, gpu_tests, dist_bench, capacity,
-# quality, eval_at, matrix_parts.
+# quality, eval_at, matrix_parts, and the kernel variants (variant, built, in_variant).
 # Expects OUT, PY, stamp and left.
 
 seeds() {  # seeds GPU NAME SCENE "SEEDS" "METHODS" [bench.train options]
@@ -127,4 +127,21 @@ matrix_parts() {  # matrix_parts TIMEOUT: the matrix's raster and distributed pa
   stamp "matrix rc=$?"; tail -n 30 /tmp/matrix.log | cut -c1-250
   # one archive: the device tool returns at most 8 files (the first run's matrix files did not come back)
   tar czf "$OUT/matrix.tgz" -C /tmp matrix
+}
+variant() {  # variant NAME EDIT: /tmp/var_NAME = a copy of the installed package with the shell code EDIT
+  # run on it (from the checkout, $CUDA = the copy's cuda/), JIT-built under its own name (its sources
+  # hash differently; MAX_JOBS as the caller sets it), then /tmp/var_NAME.built. Run the variant with
+  # in_variant, from its own directory: from the checkout, the checkout's cuda/ would win.
+  local name=$1 d=/tmp/var_$1
+  mkdir -p $d && cp -r /tmp/site/bytesplat_ns $d/
+  CUDA=$d/bytesplat_ns/cuda bash -c "$2" || { echo "variant $name: the edit failed"; return 1; }
+  (cd $d && PYTHONPATH=$d:$PYTHONPATH timeout 300 $PY -c "
+from bytesplat_ns.raster._build import cuda_source_dir, load_extension
+print('$name: sources', cuda_source_dir()); load_extension()" 2>&1 | grep -v Build)
+  touch $d.built
+}
+built() { while [[ ! -e /tmp/var_$1.built ]] && (( $(left) > 30 )); do sleep 2; done; }  # built NAME: wait for its build
+in_variant() {  # in_variant NAME CMD...: CMD from the variant's directory, its package first on the path
+  local d=/tmp/var_$1; shift
+  (cd $d && PYTHONPATH=$d:$PYTHONPATH "$@")
 }
