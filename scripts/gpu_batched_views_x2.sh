@@ -14,10 +14,7 @@
 BUDGET=${BUDGET:-440}
 source scripts/gpu_begin.sh || exit 1
 d=/tmp/var_perview; mkdir -p $d && cp -r /tmp/site/bytesplat_ns $d/ && cp gpu_variants/perview/step.py $d/bytesplat_ns/distributed/step.py
-stamp "GPU 1: one-GPU tests (timeout 150s)"
-CUDA_VISIBLE_DEVICES=1 BYTESPLAT_TEST_GSPLAT_PROJECTION=1 timeout 150 $PY -m pytest -q -p no:cacheprovider -o addopts="" tests \
-  -m gpu -k "not two_gpus and not nccl and not training_run_cross_checked" -rfE --tb=short > "$OUT/tests.log" 2>&1
-stamp "one-GPU tests rc=$? $(tail -n 1 "$OUT/tests.log")"
+gpu_tests_one 1 150
 gpu_tests_two
 dist_scaling 8 4 16
 if (( $(left) > 70 )); then

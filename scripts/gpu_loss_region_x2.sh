@@ -33,13 +33,7 @@ MAX_JOBS=6 variant r32x16 "$(region 32 16)" > /tmp/var_r32x16.log 2>&1 &
   stamp "ncu rc=$?"; tar czf "$OUT/ncu.tgz" -C /tmp ncu
 ) &
 SIDE_PID=$!
-(
-  export CUDA_VISIBLE_DEVICES=1
-  stamp "GPU 1: one-GPU tests (timeout 170s)"
-  BYTESPLAT_TEST_GSPLAT_PROJECTION=1 timeout 170 $PY -m pytest -q -p no:cacheprovider -o addopts="" tests -m gpu \
-    -k "not two_gpus and not nccl and not training_run_cross_checked" -rfE --tb=short > "$OUT/tests.log" 2>&1
-  stamp "one-GPU tests rc=$? $(tail -n 1 "$OUT/tests.log")"
-)
+gpu_tests_one 1 170
 wait $SIDE_PID
 gpu_tests_two
 stamp "done"

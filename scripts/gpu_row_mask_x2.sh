@@ -29,14 +29,8 @@ ncu_split() {  # ncu_split NAME: the split stage's kernels at 4M, one profiled s
   stamp "ncu $1 rc=$?"; grep -E "render_|loss_grad" /tmp/ncu/$1.csv | awk -F'","' '{print $5, $(NF-2), $NF}' | cut -c1-160
 }
 (
+  gpu_tests_one 1 150
   export CUDA_VISIBLE_DEVICES=1
-  gpu_tests_one_on_visible() {
-    stamp "GPU 1: one-GPU tests (timeout 150s)"
-    BYTESPLAT_TEST_GSPLAT_PROJECTION=1 timeout 150 $PY -m pytest -q -p no:cacheprovider -o addopts="" tests -m gpu \
-      -k "not two_gpus and not nccl and not training_run_cross_checked" -rfE --tb=short > "$OUT/tests.log" 2>&1
-    stamp "one-GPU tests rc=$? $(tail -n 1 "$OUT/tests.log")"
-  }
-  gpu_tests_one_on_visible
   NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
   ncu_split final
   built base; in_variant base ncu_split base

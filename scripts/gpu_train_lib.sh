@@ -38,9 +38,10 @@ gpu_tests() {  # every one-GPU test on GPU 0, then the two-GPU NCCL tests, in wh
   gpu_tests_one
   gpu_tests_two
 }
-gpu_tests_one() {  # every one-GPU test on GPU 0 (tests.log), leaving 75 s
-  stamp "GPU 0: one-GPU tests (timeout $(( $(left) - 75 ))s)"
-  CUDA_VISIBLE_DEVICES=0 BYTESPLAT_TEST_GSPLAT_PROJECTION=1 timeout $(( $(left) - 75 )) $PY -m pytest -q -p no:cacheprovider \
+gpu_tests_one() {  # gpu_tests_one [GPU] [TIMEOUT]: every one-GPU test on GPU (0) (tests.log), TIMEOUT s (leaving 75 s)
+  local gpu=${1:-0} t=${2:-$(( $(left) - 75 ))}
+  stamp "GPU $gpu: one-GPU tests (timeout ${t}s)"
+  CUDA_VISIBLE_DEVICES=$gpu BYTESPLAT_TEST_GSPLAT_PROJECTION=1 timeout $t $PY -m pytest -q -p no:cacheprovider \
     -o addopts="" tests -m gpu -k "not two_gpus and not nccl and not training_run_cross_checked" -rfE --tb=short \
     > "$OUT/tests.log" 2>&1
   stamp "one-GPU tests rc=$? $(tail -n 1 "$OUT/tests.log")"
