@@ -9,6 +9,11 @@
 // 1. count intersections per flattened Gaussian; 2. inclusive cumsum (int64) gives each its slot
 // range; 3. write (tile << 32 | depth bits, gid) pairs in gid order; 4. stable radix sort of the
 // pairs over the bits actually used; 5. tile offsets from the sorted keys.
+//
+// Step 2's total is read back to size the pairs: the one device read of binning. A caller that
+// already knows the total (the sharded step gathers every sender's `tile_intersections` with its
+// record counts) passes it and the read is skipped. Should it ever be wrong, nothing is written
+// out of bounds: pairs past the true total keep a sentinel key that sorts behind every tile.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -71,8 +76,8 @@ __global__ void count_kernel(int64_t CN, const float2 *__restrict__ means2d,
 __global__ void emit_kernel(int64_t CN, int64_t N, const float2 *__restrict__ means2d,
                             const int32_t *__restrict__ radii, const float *__restrict__ depths,
                             float inv_ts, int64_t tw, int64_t th,
-                            const int64_t *__restrict__ cum, uint64_t *__restrict__ keys,
-                            int32_t *__restrict__ vals) {
+                            const int64_t *__restrict__ cum, int64_t M,
+                            uint64_t *__restrict__ keys, int32_t *__restrict__ vals) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= CN) return;
     const int32_t rad = radii[i];
@@ -85,7 +90,7 @@ __global__ void emit_kernel(int64_t CN, int64_t N, const float2 *__restrict__ me
     const uint64_t depth_bits = (uint64_t)__float_as_uint(depths[i]);
     const int64_t cam_base = (i / N) * tw * th;
     for (int64_t y = b.y0; y < b.y1; ++y) {
-        for (int64_t x = b.x0; x < b.x1; ++x) {
+        for (int64_t x = b.x0; x < b.x1 && slot < M; ++x) {
             const uint64_t tile = (uint64_t)(cam_base + y * tw + x);
             keys[slot] = (tile << 32) | depth_bits;
             vals[slot] = (int32_t)i;
@@ -101,8 +106,9 @@ __global__ void offsets_kernel(int64_t M, int64_t ntot, const uint64_t *__restri
                                int32_t *__restrict__ offsets) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= M) return;
-    const int64_t tile = (int64_t)(keys[i] >> 32);
-    const int64_t prev = i == 0 ? -1 : (int64_t)(keys[i - 1] >> 32);
+    // min: a sentinel (tile ntot) ends every list
+    const int64_t tile = min((int64_t)(keys[i] >> 32), ntot);
+    const int64_t prev = i == 0 ? -1 : min((int64_t)(keys[i - 1] >> 32), ntot);
     for (int64_t t = prev + 1; t <= tile; ++t) offsets[t] = (int32_t)i;
     if (i == M - 1)
         for (int64_t t = tile + 1; t <= ntot; ++t) offsets[t] = (int32_t)M;
@@ -112,25 +118,56 @@ inline unsigned int blocks_for(int64_t n) {
     return (unsigned int)((n + kBinThreads - 1) / kBinThreads);
 }
 
-}  // namespace
-
-std::vector<at::Tensor> bin_tiles(const at::Tensor &means2d, const at::Tensor &radii,
-                                  const at::Tensor &depths, int64_t width, int64_t height,
-                                  int64_t tile_size) {
-    TORCH_CHECK(means2d.is_cuda() && radii.is_cuda() && depths.is_cuda(),
-                "bytesplat: bin_tiles needs CUDA tensors");
+void check_inputs(const at::Tensor &means2d, const at::Tensor &radii, int64_t width, int64_t height,
+                  int64_t tile_size) {
+    TORCH_CHECK(means2d.is_cuda() && radii.is_cuda(), "bytesplat: binning needs CUDA tensors");
     TORCH_CHECK(means2d.dim() == 3 && means2d.size(2) == 2, "bytesplat: means2d must be [C,N,2]");
     TORCH_CHECK(radii.dim() == 2 && radii.size(0) == means2d.size(0) &&
                     radii.size(1) == means2d.size(1),
                 "bytesplat: radii must be [C,N] like means2d");
-    TORCH_CHECK(depths.sizes() == radii.sizes(), "bytesplat: depths must be [C,N] like radii");
-    TORCH_CHECK(means2d.scalar_type() == at::kFloat && depths.scalar_type() == at::kFloat,
-                "bytesplat: means2d and depths must be float32");
+    TORCH_CHECK(means2d.scalar_type() == at::kFloat, "bytesplat: means2d must be float32");
     TORCH_CHECK(radii.scalar_type() == at::kInt, "bytesplat: radii must be int32");
-    TORCH_CHECK(means2d.is_contiguous() && radii.is_contiguous() && depths.is_contiguous(),
-                "bytesplat: bin_tiles inputs must be contiguous");
+    TORCH_CHECK(means2d.is_contiguous() && radii.is_contiguous(),
+                "bytesplat: binning inputs must be contiguous");
     TORCH_CHECK(width > 0 && height > 0 && tile_size > 0,
                 "bytesplat: width, height and tile_size must be positive");
+}
+
+// Same reciprocal as torch's division by a Python scalar (exact for power-of-two tiles).
+inline float inv_tile(int64_t tile_size) { return (float)(1.0 / (double)tile_size); }
+
+// counts [C*N] int64: the tiles each flattened Gaussian reaches.
+at::Tensor tile_counts(const at::Tensor &means2d, const at::Tensor &radii, int64_t width,
+                       int64_t height, int64_t tile_size, cudaStream_t stream) {
+    const int64_t CN = radii.numel();
+    const int64_t tw = (width + tile_size - 1) / tile_size, th = (height + tile_size - 1) / tile_size;
+    at::Tensor counts = at::empty({CN}, radii.options().dtype(at::kLong));
+    if (CN == 0) return counts;
+    count_kernel<<<blocks_for(CN), kBinThreads, 0, stream>>>(
+        CN, reinterpret_cast<const float2 *>(means2d.data_ptr<float>()), radii.data_ptr<int32_t>(),
+        inv_tile(tile_size), tw, th, counts.data_ptr<int64_t>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return counts;
+}
+
+}  // namespace
+
+at::Tensor tile_intersections(const at::Tensor &means2d, const at::Tensor &radii, int64_t width,
+                              int64_t height, int64_t tile_size) {
+    check_inputs(means2d, radii, width, height, tile_size);
+    const at::cuda::CUDAGuard guard(means2d.device());
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    return tile_counts(means2d, radii, width, height, tile_size, stream).view(radii.sizes()).sum(1);
+}
+
+std::vector<at::Tensor> bin_tiles(const at::Tensor &means2d, const at::Tensor &radii,
+                                  const at::Tensor &depths, int64_t width, int64_t height,
+                                  int64_t tile_size, int64_t known_total) {
+    check_inputs(means2d, radii, width, height, tile_size);
+    TORCH_CHECK(depths.is_cuda() && depths.sizes() == radii.sizes(),
+                "bytesplat: depths must be [C,N] like radii, on the GPU");
+    TORCH_CHECK(depths.scalar_type() == at::kFloat && depths.is_contiguous(),
+                "bytesplat: depths must be contiguous float32");
     const at::cuda::CUDAGuard guard(means2d.device());
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
 
@@ -144,31 +181,31 @@ std::vector<at::Tensor> bin_tiles(const at::Tensor &means2d, const at::Tensor &r
     at::Tensor offsets = at::zeros({ntot + 1}, i32);
     if (CN == 0) return {offsets, at::empty({0}, i32)};
 
-    // Same reciprocal as torch's division by a Python scalar (exact for power-of-two tiles).
-    const float inv_ts = (float)(1.0 / (double)tile_size);
     const auto *m2 = reinterpret_cast<const float2 *>(means2d.data_ptr<float>());
-    at::Tensor counts = at::empty({CN}, radii.options().dtype(at::kLong));
-    count_kernel<<<blocks_for(CN), kBinThreads, 0, stream>>>(
-        CN, m2, radii.data_ptr<int32_t>(), inv_ts, tw, th, counts.data_ptr<int64_t>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    at::Tensor cum = at::cumsum(counts, 0);
-    const int64_t M = cum[CN - 1].item<int64_t>();  // one sync, as the torch twin
+    at::Tensor cum = at::cumsum(tile_counts(means2d, radii, width, height, tile_size, stream), 0);
+    const bool known = known_total >= 0;
+    // one sync, as the torch twin, unless the caller knows the total
+    const int64_t M = known ? known_total : cum[CN - 1].item<int64_t>();
     if (M == 0) return {offsets, at::empty({0}, i32)};
     // offsets are int32 and cub takes an int item count.
     TORCH_CHECK(M <= INT_MAX, "bytesplat: ", M, " tile intersections exceed int32 offsets");
 
     at::Tensor keys = at::empty({M}, radii.options().dtype(at::kLong));
     at::Tensor vals = at::empty({M}, i32);
+    // the sentinel: tile ntot, after every real tile (see the top of the file); its vals are
+    // never read, as no tile's list reaches it
+    if (known) keys.fill_((int64_t)((uint64_t)ntot << 32 | 0xFFFFFFFFull));
     auto *keys_p = reinterpret_cast<uint64_t *>(keys.data_ptr<int64_t>());
     emit_kernel<<<blocks_for(CN), kBinThreads, 0, stream>>>(
-        CN, N, m2, radii.data_ptr<int32_t>(), depths.data_ptr<float>(), inv_ts, tw, th,
-        cum.data_ptr<int64_t>(), keys_p, vals.data_ptr<int32_t>());
+        CN, N, m2, radii.data_ptr<int32_t>(), depths.data_ptr<float>(), inv_tile(tile_size), tw, th,
+        cum.data_ptr<int64_t>(), M, keys_p, vals.data_ptr<int32_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
 
     // Keys are non-negative, so sorting them as uint64 over [0, 32 + tile bits) orders them as
-    // torch's int64 sort does; LSD radix sort is stable (ties keep gid order).
+    // torch's int64 sort does; LSD radix sort is stable (ties keep gid order). A sentinel needs
+    // tile ntot itself to fit.
     int tile_bits = 0;
-    while ((int64_t(1) << tile_bits) < ntot) ++tile_bits;
+    while ((int64_t(1) << tile_bits) < ntot + (known ? 1 : 0)) ++tile_bits;
     const int end_bit = 32 + tile_bits;
     at::Tensor keys_out = at::empty_like(keys);
     at::Tensor flatten_ids = at::empty_like(vals);

@@ -129,6 +129,37 @@ def test_public_entry_dtypes_and_env(monkeypatch):
     assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
 
 
+def test_known_total_reads_nothing_and_lists_the_same():
+    """Given the total (``tile_intersections``' sum, what the sharded step gathers), the kernel
+    reads nothing back (sync debug mode "error" would raise) and lists the same pairs. A wrong
+    total stays in bounds: a larger one pads with sentinels behind every tile (same lists), a
+    smaller one truncates (never writes past its pairs)."""
+    from bytesplat_ns.raster.fused import _ops, bin_tiles_torch, tile_intersections
+
+    W, H = 203, 117
+    m, r, d = _scene(3, 5000, W, H, seed=11, huge=0.005)
+    ref_off, ref_ids = bin_tiles_torch(m, r, d, W, H)
+    per_cam = tile_intersections(m, r, W, H)
+    M = int(per_cam.sum())
+    assert M == ref_ids.numel() > 0
+    tiles = (W + 15) // 16 * ((H + 15) // 16)
+    assert per_cam.tolist() == [int(ref_off[(c + 1) * tiles] - ref_off[c * tiles]) for c in range(3)]
+    ops = _ops()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        off, ids = ops.bin_tiles(m, r, d, W, H, 16, M)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(off, ref_off) and torch.equal(ids, ref_ids)
+    off, ids = ops.bin_tiles(m, r, d, W, H, 16, M + 1000)
+    assert torch.equal(off, ref_off) and torch.equal(ids[:M], ref_ids)
+    off, ids = ops.bin_tiles(m, r, d, W, H, 16, M - 1000)
+    torch.cuda.synchronize()
+    assert ids.numel() == M - 1000 and int(off[-1]) <= M - 1000
+    assert bool((off[1:] >= off[:-1]).all()) and int(ids.min()) >= 0 and int(ids.max()) < 3 * 5000
+
+
 def _time_ms(fn, reps=20):
     for _ in range(3):
         fn()

@@ -108,15 +108,15 @@ def test_views_scored_in_one_call_equal_each_view_alone():
     views_scored_in_one_call_vs_each_alone("cuda")
 
 
-def test_sharded_forward_reads_the_device_twice():
-    """The sharded forward's host reads (torch's sync debug mode reports them): one for the step's
-    gather of shard sizes and records per view, and one for the tile binning's entry count of all
-    the rank's views at once (composite_views_fused_loss); the record exchange, the per-view record
-    ranges and the global-id order need none. Each read empties the GPU's queue, which is what held
-    the 1M two-GPU step back. This forward made 12 reads here (4 views) before the gather, then
-    1 + one per view until the views were scored in one call. A variant that binned every view before
-    rendering (reverted) showed one more read, earlier than the gather, in a torch/cuda/__init__.py
-    frame, so the test prints every read's stack."""
+def test_sharded_forward_reads_the_device_once():
+    """The sharded forward's host reads (torch's sync debug mode reports them): one, the step's
+    gather of shard sizes, records per view and the tiles those records reach. The record exchange,
+    the per-view record ranges, the global-id order and the tile binning (its size is the gathered
+    tiles' sum) need none. Each read empties the GPU's queue, which is what held the 1M two-GPU
+    step back. This forward made 12 reads here (4 views) before the gather, then 1 + one per view
+    until the views were scored in one call, then 2 until the binning's size came with the gather.
+    A variant that binned every view before rendering (reverted) showed one more read, earlier than
+    the gather, in a torch/cuda/__init__.py frame, so the test prints every read's stack."""
     import traceback
     import warnings
 
@@ -150,5 +150,5 @@ def test_sharded_forward_reads_the_device_twice():
     print(f"{len(reads)} host reads in the forward for {views.num_views} views:")
     for r in reads:
         print(r)
-    assert views.num_views > 1 and 1 <= len(reads) <= 2, [r.split("\n")[0] for r in reads]
+    assert views.num_views > 1 and len(reads) == 1, [r.split("\n")[0] for r in reads]
     fwd.local_loss.backward()

@@ -742,6 +742,25 @@ def test_model_fused_steps_across_resolution_change(torch_ops):
 # ---------------------------------------------------------------------------------------------
 
 
+def test_tile_intersections_count_what_the_binning_lists():
+    """``tile_intersections`` (what a sender tells a renderer) is each camera's share of the
+    binning's pairs; the binning given that total lists the same, and a wrong total is caught."""
+    g = torch.Generator().manual_seed(5)
+    C, N, W, H = 3, 400, 70, 45
+    m = torch.rand(C, N, 2, generator=g) * torch.tensor([1.6 * W, 1.6 * H]) - torch.tensor([0.3 * W, 0.3 * H])
+    r = torch.randint(0, 30, (C, N), generator=g, dtype=torch.int32)
+    d = torch.rand(C, N, generator=g)
+    per_cam = F.tile_intersections(m, r, W, H)
+    offsets, ids = F.bin_tiles_torch(m, r, d, W, H)
+    tiles = math.ceil(W / 16) * math.ceil(H / 16)
+    assert per_cam.dtype == torch.int64 and per_cam.shape == (C,) and (per_cam > 0).all()
+    assert per_cam.tolist() == [int(offsets[(c + 1) * tiles] - offsets[c * tiles]) for c in range(C)]
+    known = F.bin_tiles(m, r, d, W, H, known_total=int(per_cam.sum()))
+    assert torch.equal(known[0], offsets) and torch.equal(known[1], ids)
+    with pytest.raises(AssertionError, match="tile intersections"):
+        F.bin_tiles(m, r, d, W, H, known_total=int(per_cam.sum()) + 1)
+
+
 @pytest.mark.parametrize("mode", [None, "split"])
 def test_sharded_step_fused_loss_glue_matches_reference(torch_ops, monkeypatch, mode):
     """One process, the whole sharded step (torch projection, exchange to itself, compositing +
@@ -762,6 +781,9 @@ def test_sharded_step_fused_loss_glue_matches_reference(torch_ops, monkeypatch, 
     loss_fn = functools.partial(splatfacto_loss, ssim_lambda=0.3)
     assert splatfacto_lambda(loss_fn) == 0.3 and splatfacto_lambda(splatfacto_loss) == 0.2
     assert splatfacto_lambda(lambda p, g: splatfacto_loss(p, g, 0.3)) is None
+    told = []  # the binning's size as the sender told it (bin_tiles_torch asserts it is right)
+    binning = F.bin_tiles_torch
+    monkeypatch.setattr(F, "bin_tiles_torch", lambda *a, **k: told.append(a[6]) or binning(*a, **k))
     out = {}
     for compositor in ("reference", "fused"):
         params = {k: torch.nn.Parameter(v.clone()) for k, v in W.make_gaussians(W.N_GAUSSIANS, W.SEED).items()}
@@ -772,6 +794,7 @@ def test_sharded_step_fused_loss_glue_matches_reference(torch_ops, monkeypatch, 
                            fwd.info["means2d"].absgrad.clone(), fwd.renders)
     (l_ref, g_ref, a_ref, r_ref), (l_f, g_f, a_f, r_f) = out["reference"], out["fused"]
     assert len(r_f) == len(r_ref) > 1
+    assert len(told) == 1 and told[0] > 0  # one binning for all the views, its size known up front
     if (mode or F.DEFAULT_MODE) == "split":  # one launch of each kernel for all the views
         assert torch_ops.calls["loss_grad"] == torch_ops.calls["render_fwd"] == 1
         assert torch_ops.calls["fused_loss"] == 0

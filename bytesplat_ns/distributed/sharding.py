@@ -90,16 +90,25 @@ def gather_layout(num_local: int, group=None, stats: Optional[ExchangeStats] = N
     return ShardLayout(tuple(int(c) for c in counts[:, 0].tolist()))
 
 
-def gather_layout_and_view_counts(visible: Tensor, group=None, stats: Optional[ExchangeStats] = None) -> Tuple[ShardLayout, List[List[int]]]:
+def gather_layout_and_view_counts(
+    visible: Tensor, group=None, stats: Optional[ExchangeStats] = None, intersections: Optional[Tensor] = None,
+) -> Tuple[ShardLayout, List[List[int]], Optional[List[List[int]]]]:
     """A sharded step's bookkeeping in one collective and one host read: every rank's shard size
     (the global-id layout) and how many of its Gaussians each view sees. ``visible`` [B, n] bool
-    (radius > 0) is this rank's projection. Returns (layout, counts) with ``counts[rank][view]``:
+    (radius > 0) is this rank's projection. Returns (layout, counts, tiles) with ``counts[rank][view]``:
     from it every record message's size and every view's rows in it follow, so the exchange needs
-    no size round of its own and the renderer no read of the received records."""
+    no size round of its own and the renderer no read of the received records. ``intersections``
+    [B] int64 (optional, the same on every rank): the tiles this rank's visible records reach per
+    view (``raster.fused.tile_intersections``); gathered into ``tiles[rank][view]``, they give
+    every renderer its binning's size, so the binning reads nothing back either (None without)."""
     B, n = visible.shape
-    local = torch.cat([torch.full((1,), n, dtype=torch.int64, device=visible.device), visible.sum(1, dtype=torch.int64)])
-    table = all_gather_rows(local, group, stats, phase="gathering shard sizes and records per view").tolist()
-    return ShardLayout(tuple(int(row[0]) for row in table)), [[int(c) for c in row[1:]] for row in table]
+    parts = [torch.full((1,), n, dtype=torch.int64, device=visible.device), visible.sum(1, dtype=torch.int64)]
+    if intersections is not None:
+        parts.append(intersections.to(torch.int64).reshape(B))
+    table = all_gather_rows(torch.cat(parts), group, stats, phase="gathering shard sizes and records per view").tolist()
+    counts = [[int(c) for c in row[1 : 1 + B]] for row in table]
+    tiles = [[int(c) for c in row[1 + B :]] for row in table] if intersections is not None else None
+    return ShardLayout(tuple(int(row[0]) for row in table)), counts, tiles
 
 
 def shard_of(tensors: Mapping[str, Tensor], layout: ShardLayout, rank: int) -> Dict[str, Tensor]:

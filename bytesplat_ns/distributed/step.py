@@ -288,6 +288,7 @@ def composite_views_fused_loss(
     tile_size: int = 16,
     absgrad_sinks: Optional[Sequence[List[Tensor]]] = None,
     sorted_by_gid: bool = False,
+    known_intersections: Optional[int] = None,
 ) -> Tuple[Tensor, Tensor]:
     """C views' records composited AND scored in ONE call of the fused kernels
     (``raster.fused._FusedLoss``): splatfacto's loss ``(1-l) L1 + l (1 - SSIM)`` of
@@ -297,7 +298,9 @@ def composite_views_fused_loss(
     in no tile's list) and binned together, so a rank's views cost one binning (one host read) and
     one launch of each kernel instead of one per view. Returns (the SUM of the views' losses, rgb
     [C,H,W,3] detached); the loss is differentiable wrt the records. ``absgrad_sinks[j]`` gets view
-    j's per-record sum over pixels of |d loss / d mean2d| ([M_j,2], in the order of its inputs)."""
+    j's per-record sum over pixels of |d loss / d mean2d| ([M_j,2], in the order of its inputs).
+    ``known_intersections``: the views' tiles reached in all (``bin_tiles``' ``known_total``), when
+    the caller has it: then nothing here waits on the device."""
     from bytesplat_ns.raster.fused import _check, _FusedLoss, bin_tiles, fused_schedule
 
     C = len(records)
@@ -320,7 +323,7 @@ def composite_views_fused_loss(
 
     m, conics, colors, opacities, depths, radii = (stacked(i) for i in range(6))
     absgrad = absgrad_sinks is not None and m.requires_grad
-    offsets, flatten_ids = bin_tiles(m, radii, depths, width, height, tile_size)
+    offsets, flatten_ids = bin_tiles(m, radii, depths, width, height, tile_size, known_intersections)
     # _FusedLoss scores the mean over the C views (they share the image size), so C x that is the sum
     loss, rgb, _, _, _ = _FusedLoss.apply(
         m, conics, colors, opacities, backgrounds.reshape(C, 3).detach().float(),
@@ -444,6 +447,7 @@ class _Runner:
     absgrad_slots: List[Tuple[List[Tuple[int, int, int]], List[Tensor]]] = field(default_factory=list)
     means2d_ref: Optional[Tensor] = None
     view_counts: List[List[int]] = field(default_factory=list)  # [rank][view]: records each rank sends per view
+    view_tiles: Optional[List[List[int]]] = None  # [rank][view]: tiles those records reach (fused compositor)
     visible: Optional[Tensor] = None  # [B, n] bool: this rank's radius > 0, the mask view_counts counted
 
 
@@ -521,7 +525,8 @@ class _ShardedRenderLoss(torch.autograd.Function):
                     torch.stack([views.images[v].to(ref) for v in mine_views]),
                     torch.stack([views.backgrounds[v].to(ref) for v in mine_views]), ssim_lambda=lam,
                     tile_size=runner.tile_size, absgrad_sinks=[s for _, _, s in per_view] if runner.absgrad else None,
-                    sorted_by_gid=True,
+                    sorted_by_gid=True, known_intersections=None if runner.view_tiles is None else
+                    sum(runner.view_tiles[s][v] for s in range(world) for v in mine_views),
                 )
                 runner.renders.update(zip(mine_views, rgb.unbind(0)))
                 loss = loss + loss_sum / B
@@ -616,11 +621,18 @@ def sharded_render_loss(
     proj = project_shard(params, views, sh_degree)
     proj.means2d.retain_grad()
     visible = proj.radii > 0
-    layout, view_counts = gather_layout_and_view_counts(visible, communicator.group, meta)
+    tiles = None
+    if compositor == "fused" and proj.means2d.dtype == torch.float32:
+        # the renderers' binning sizes ride on the one gather (records travel bit for bit, so the
+        # renderer's binning counts what the sender counted)
+        from bytesplat_ns.raster.fused import tile_intersections
+
+        tiles = tile_intersections(proj.means2d, proj.radii, views.width, views.height, tile_size)
+    layout, view_counts, view_tiles = gather_layout_and_view_counts(visible, communicator.group, meta, tiles)
     stats.meta_bytes += meta.meta_bytes
     runner = _Runner(views, communicator, layout, loss_fn, stats, tile_size, absgrad, compositor)
     runner.means2d_ref = proj.means2d
-    runner.view_counts, runner.visible = view_counts, visible
+    runner.view_counts, runner.view_tiles, runner.visible = view_counts, view_tiles, visible
     local_loss = _ShardedRenderLoss.apply(runner, proj.means2d, proj.conics, proj.colors, proj.opacities, proj.depths, proj.radii)
     info = {
         "means2d": proj.means2d,

@@ -184,8 +184,21 @@ def project(
 
 
 @torch.no_grad()
+def _binning_on_gpu(means2d: Tensor, radii: Tensor):
+    """The extension when these inputs take the CUDA binning, else None (the torch twin)."""
+    if (
+        means2d.is_cuda
+        and os.environ.get("BYTESPLAT_BINNING", "cuda") != "torch"
+        and not radii.is_floating_point()
+        and radii.dim() == 2
+    ):
+        return _binning_ops()
+    return None
+
+
 def bin_tiles(
-    means2d: Tensor, radii: Tensor, depths: Tensor, width: int, height: int, tile_size: int = TILE_SIZE
+    means2d: Tensor, radii: Tensor, depths: Tensor, width: int, height: int, tile_size: int = TILE_SIZE,
+    known_total: Optional[int] = None,
 ) -> Tuple[Tensor, Tensor]:
     """Tile lists in gsplat's order: a Gaussian reaches the tiles its radius box touches; each
     tile's list is sorted front to back by camera depth (ties in Gaussian order).
@@ -193,25 +206,48 @@ def bin_tiles(
     Returns ``offsets`` int32 [C*tiles_y*tiles_x + 1] (tile t's list is
     ``flatten_ids[offsets[t]:offsets[t+1]]``) and ``flatten_ids`` int32 (indices into [C*N]).
 
+    ``known_total``: the number of (Gaussian, tile) pairs, i.e. ``tile_intersections(...).sum()``
+    of these inputs, when the caller already has it on the host: the kernel then skips its one
+    device read (the torch twin asserts it).
+
     CUDA tensors use our kernel (``cuda/binning.cu``, identical result, ~4x faster on an H200);
     ``BYTESPLAT_BINNING=torch`` forces :func:`bin_tiles_torch`, the pure-PyTorch twin.
     """
-    if (
-        means2d.is_cuda
-        and os.environ.get("BYTESPLAT_BINNING", "cuda") != "torch"
-        and not radii.is_floating_point()
-        and radii.dim() == 2
-    ):
-        ops = _binning_ops()
-        if ops is not None:
-            offsets, flatten_ids = ops.bin_tiles(
-                means2d.detach().float().contiguous(),
-                radii.to(torch.int32).contiguous(),
-                depths.detach().float().contiguous(),
-                int(width), int(height), int(tile_size),
-            )
-            return offsets, flatten_ids
-    return bin_tiles_torch(means2d, radii, depths, width, height, tile_size)
+    ops = _binning_on_gpu(means2d, radii)
+    if ops is not None:
+        return tuple(ops.bin_tiles(
+            means2d.detach().float().contiguous(),
+            radii.to(torch.int32).contiguous(),
+            depths.detach().float().contiguous(),
+            int(width), int(height), int(tile_size), -1 if known_total is None else int(known_total),
+        ))
+    return bin_tiles_torch(means2d, radii, depths, width, height, tile_size, known_total)
+
+
+def tile_intersections(means2d: Tensor, radii: Tensor, width: int, height: int,
+                       tile_size: int = TILE_SIZE) -> Tensor:
+    """Tiles reached per camera, [C] int64 on the inputs' device: what :func:`bin_tiles` of the
+    same inputs counts, so a sender can tell a renderer its binning's size ahead of the records."""
+    ops = _binning_on_gpu(means2d, radii)
+    if ops is not None:
+        return ops.tile_intersections(means2d.detach().float().contiguous(), radii.to(torch.int32).contiguous(),
+                                      int(width), int(height), int(tile_size))
+    return _tile_boxes(means2d, radii, width, height, tile_size)[0].sum(1)
+
+
+def _tile_boxes(means2d: Tensor, radii: Tensor, width: int, height: int, tile_size: int):
+    """(counts [C,N] int64, x0 [C,N], y0 [C,N], nx [C,N]): each Gaussian's tile box, as the kernel's."""
+    tw, th = math.ceil(width / tile_size), math.ceil(height / tile_size)
+    r = radii.to(torch.float32) / tile_size
+    tx = means2d[..., 0].detach().float() / tile_size
+    ty = means2d[..., 1].detach().float() / tile_size
+    x0 = torch.floor(tx - r).clamp(0, tw).long()
+    x1 = torch.ceil(tx + r).clamp(0, tw).long()
+    y0 = torch.floor(ty - r).clamp(0, th).long()
+    y1 = torch.ceil(ty + r).clamp(0, th).long()
+    nx = (x1 - x0).clamp_min(0)
+    counts = torch.where(radii > 0, nx * (y1 - y0).clamp_min(0), torch.zeros_like(nx))
+    return counts, x0, y0, nx
 
 
 _binning_warned = False
@@ -231,23 +267,19 @@ def _binning_ops():
 
 
 def bin_tiles_torch(
-    means2d: Tensor, radii: Tensor, depths: Tensor, width: int, height: int, tile_size: int = TILE_SIZE
+    means2d: Tensor, radii: Tensor, depths: Tensor, width: int, height: int, tile_size: int = TILE_SIZE,
+    known_total: Optional[int] = None,
 ) -> Tuple[Tensor, Tensor]:
     """Pure-PyTorch :func:`bin_tiles` (CPU tensors, ``BYTESPLAT_BINNING=torch``, the kernel's oracle)."""
     C, N = radii.shape
     dev = means2d.device
     tw, th = math.ceil(width / tile_size), math.ceil(height / tile_size)
     ntot = C * tw * th
-    r = radii.to(torch.float32) / tile_size
-    tx = means2d[..., 0].detach().float() / tile_size
-    ty = means2d[..., 1].detach().float() / tile_size
-    x0 = torch.floor(tx - r).clamp(0, tw).long()
-    x1 = torch.ceil(tx + r).clamp(0, tw).long()
-    y0 = torch.floor(ty - r).clamp(0, th).long()
-    y1 = torch.ceil(ty + r).clamp(0, th).long()
-    nx = (x1 - x0).clamp_min(0)
-    counts = torch.where(radii > 0, nx * (y1 - y0).clamp_min(0), torch.zeros_like(nx)).flatten()
+    counts, x0, y0, nx = _tile_boxes(means2d, radii, width, height, tile_size)
+    counts = counts.flatten()
     total = int(counts.sum().item())
+    if known_total is not None and known_total != total:
+        raise AssertionError(f"binning told {known_total} tile intersections, counted {total}")
     if total == 0:
         return torch.zeros(ntot + 1, dtype=torch.int32, device=dev), torch.zeros(0, dtype=torch.int32, device=dev)
     gid = torch.repeat_interleave(torch.arange(C * N, device=dev), counts, output_size=total)
