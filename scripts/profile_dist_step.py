@@ -2,7 +2,11 @@
 to see where a two-rank step loses against one rank: `torchrun --nproc-per-node R
 scripts/profile_dist_step.py OUT_DIR N VIEWS COMMUNICATOR`. Each rank writes
 OUT_DIR/profile_dist_R{R}_rank{RANK}.txt: wall ms per step, the GPU's busy ms per step (kernels and
-copies, overlaps merged) and the ops by self device time, then by self CPU time."""
+copies, overlaps merged) and the ops by self device time, then by self CPU time; and its trace with
+Python frames, OUT_DIR/trace_R{R}_rank{RANK}.json.gz (scripts/trace_gaps.py finds where the GPU
+waits on the host in it)."""
+import gzip
+import shutil
 import os
 import sys
 import time
@@ -30,7 +34,7 @@ for _ in range(3):
 torch.cuda.synchronize()
 dist.barrier()
 steps = 5
-with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
     t0 = time.perf_counter()
     for _ in range(steps):
         step()
@@ -53,5 +57,10 @@ with open(os.path.join(out_dir, f"profile_dist_R{world}_rank{rank}.txt"), "w") a
     fh.write(table.table(sort_by="self_cuda_time_total", row_limit=40, max_name_column_width=60))
     fh.write("\n\n")
     fh.write(table.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60))
+trace = os.path.join(out_dir, f"trace_R{world}_rank{rank}.json")
+prof.export_chrome_trace(trace)
+with open(trace, "rb") as src, gzip.open(trace + ".gz", "wb") as dst:
+    shutil.copyfileobj(src, dst)
+os.remove(trace)
 print(f"rank {rank}: wall {1000 * wall:.2f} ms/step, GPU busy {busy / 1000 / steps:.2f} ms/step", flush=True)
 dist.destroy_process_group()
