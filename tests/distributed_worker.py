@@ -275,6 +275,24 @@ def main() -> None:
                 p = to_params({"means": torch.zeros(near[rank], 3)})
                 moved, _ = rebalance(p, None)
                 torch.save({"moved": moved}, out / f"norebalance-rank{rank}.pt")
+        elif scenario == "fused-nccl":
+            # One GPU per rank: the record exchange with the fused compositor (each rank's views
+            # padded and scored in one call), both communicators, absgrad on.
+            from bytesplat_ns.distributed import ShardLayout, make_communicator, shard_of, sharded_render_loss
+
+            device = torch.device("cuda", torch.cuda.current_device())
+            views = make_views()
+            views.viewmats, views.Ks, views.backgrounds = views.viewmats.to(device), views.Ks.to(device), views.backgrounds.to(device)
+            views.images = views.images.to(device)
+            shard = shard_of(make_gaussians(N_GAUSSIANS, SEED), ShardLayout.even(N_GAUSSIANS, world), rank)
+            res = {}
+            for name in ("dense", "sparse-grad"):
+                params = {k: torch.nn.Parameter(v.to(device)) for k, v in shard.items()}
+                fwd = sharded_render_loss(params, views, make_communicator(name), SH_DEGREE, absgrad=True, compositor="fused")
+                fwd.local_loss.backward()
+                res[name] = {"loss": fwd.local_loss.item(), "grads": {k: p.grad.cpu() for k, p in params.items()},
+                             "absgrad": fwd.info["means2d"].absgrad.cpu(), "renders": {v: r.cpu() for v, r in fwd.renders.items()}}
+            torch.save(res, out / f"fused-rank{rank}.pt")
         elif scenario in ("die", "stall"):
             from bytesplat_ns.distributed import (
                 ShardLayout, StepWatchdog, distributed_step, make_adam_optimizers, make_communicator, shard_of,

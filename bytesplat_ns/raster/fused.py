@@ -22,6 +22,7 @@ compositing of one set of 2D Gaussians, from the same tile lists) and :func:`spl
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import warnings
@@ -97,8 +98,10 @@ def _ops():
     return load_extension()
 
 
+@functools.lru_cache(maxsize=None)
 def ssim_window() -> Tensor:
-    """pytorch_msssim's 1D Gaussian window (size 11, sigma 1.5), float32 on the CPU."""
+    """pytorch_msssim's 1D Gaussian window (size 11, sigma 1.5), float32 on the CPU. Made once:
+    its five small CPU ops sat on every step's host path before the first render (read-only)."""
     coords = torch.arange(SSIM_WIN_SIZE, dtype=torch.float) - SSIM_WIN_SIZE // 2
     g = torch.exp(-(coords**2) / (2 * SSIM_WIN_SIGMA**2))
     return g / g.sum()
