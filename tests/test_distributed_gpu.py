@@ -160,7 +160,7 @@ two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUD
 @two_gpus
 def test_nccl_sharded_fused_step_equals_one_process(tmp_path):
     """Two ranks, one GPU each (NCCL): the record exchange with the fused compositor, each rank's
-    views gathered from the received messages into one padded call, gives one process's loss,
+    views padded and scored in one call, gives one process's loss,
     gradients, densification statistic (absgrad) and renders (the reference compositor on all
     Gaussians), with dense and with sparse-grad."""
     import os

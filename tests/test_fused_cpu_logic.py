@@ -808,33 +808,6 @@ def test_sharded_step_fused_loss_glue_matches_reference(torch_ops, monkeypatch, 
         assert (r_f[v] - r_ref[v]).abs().max().item() <= 1e-5
 
 
-@pytest.mark.parametrize("counts", [[[3, 0, 5, 2]], [[3, 0, 5, 2], [1, 4, 0, 2], [0, 0, 6, 1]], [[0, 2], [0, 3]],
-                                    [[4, 4], [2, 2]]])
-def test_padding_gathers_every_record_once_and_scatters_back(counts):
-    """The sharded step's padded layout (step._Padding), against a brute-force one: ``counts[s][j]``
-    records from source s for view j, each source's message view by view; slot (j, k) holds view
-    j's k-th record (source by source) for k < rows[j], a zero row after; ``scatter`` inverts it."""
-    from bytesplat_ns.distributed.step import _Padding
-
-    p = _Padding.of(counts)
-    C, R = len(counts[0]), sum(map(sum, counts))
-    rows = [sum(c[j] for c in counts) for j in range(C)]
-    assert p.rows == rows and p.M == max(rows) and p.received == R
-    per_view = [[] for _ in range(C)]  # brute force: walk the messages
-    row = 0
-    for c in counts:
-        for j, n in enumerate(c):
-            per_view[j] += list(range(row, row + n))
-            row += n
-    want = []
-    for j in range(C):
-        want += per_view[j] + list(range(R, R + p.M - rows[j]))  # padding: rows of the zero block
-    gather = p.gather(torch.device("cpu"))
-    assert gather.tolist() == want and p.zero_rows == max(p.M - r for r in rows)
-    scatter = p.scatter(torch.device("cpu"))
-    assert scatter.shape == (R,) and torch.equal(gather[scatter], torch.arange(R))
-
-
 def test_views_scored_in_one_call_equal_each_view_alone(torch_ops):
     """composite_views_fused_loss's padding, joint binning, loss sum and absgrad routing on the
     kernels' stand-in (tests/sharded_records.py; tests/test_distributed_gpu.py runs it on the kernels)."""

@@ -301,7 +301,7 @@ def composite_views_fused_loss(
     j's per-record sum over pixels of |d loss / d mean2d| ([M_j,2], in the order of its inputs).
     ``known_intersections``: the views' tiles reached in all (``bin_tiles``' ``known_total``), when
     the caller has it: then nothing here waits on the device."""
-    from bytesplat_ns.raster.fused import _check
+    from bytesplat_ns.raster.fused import _check, _FusedLoss, bin_tiles, fused_schedule
 
     C = len(records)
     _check(width, height, tile_size, records[0][0].device)
@@ -323,22 +323,6 @@ def composite_views_fused_loss(
 
     m, conics, colors, opacities, depths, radii = (stacked(i) for i in range(6))
     absgrad = absgrad_sinks is not None and m.requires_grad
-    loss, rgb = _score_padded_views(m, conics, colors, opacities, depths, radii, width, height, gts, backgrounds,
-                                    ssim_lambda, tile_size, absgrad, known_intersections)
-    if absgrad:
-        assert absgrad_sinks is not None
-        _collect_absgrad(m, orders, absgrad_sinks, rows)
-    return loss, rgb
-
-
-def _score_padded_views(m, conics, colors, opacities, depths, radii, width, height, gts, backgrounds, ssim_lambda,
-                        tile_size, absgrad, known_intersections):
-    """C padded views ([C,M,...] fields, zero records after each view's own) binned together and
-    scored in one ``_FusedLoss`` call: (the SUM of the views' losses, rgb [C,H,W,3] detached).
-    With ``absgrad`` the backward leaves ``m.absgrad`` [C,M,2]."""
-    from bytesplat_ns.raster.fused import _FusedLoss, bin_tiles, fused_schedule
-
-    C = m.shape[0]
     offsets, flatten_ids = bin_tiles(m, radii, depths, width, height, tile_size, known_intersections)
     # _FusedLoss scores the mean over the C views (they share the image size), so C x that is the sum
     loss, rgb, _, _, _ = _FusedLoss.apply(
@@ -346,6 +330,9 @@ def _score_padded_views(m, conics, colors, opacities, depths, radii, width, heig
         gts.detach().float().contiguous(), offsets, flatten_ids, width, height, ssim_lambda, absgrad,
         None, 2, fused_schedule(),
     )
+    if absgrad:
+        assert absgrad_sinks is not None
+        _collect_absgrad(m, orders, absgrad_sinks, rows)
     return loss * C, rgb
 
 
@@ -439,74 +426,6 @@ def _step_optimizers(params: Mapping[str, Tensor], optimizers: Mapping[str, torc
 # The sharded step
 
 
-def _segment_index(segments: Sequence[Tuple[int, int]], device: torch.device) -> Tensor:
-    """[sum of lengths] int64: runs of consecutive integers, run i of ``segments[i] = (length,
-    first)``, built on ``device`` from one small copy (no device read: the total is known here)."""
-    total = sum(n for n, _ in segments)
-    # run i is arange(total)[its slots] + (first_i - its first slot)
-    lengths, shifts, slot = [], [], 0
-    for n, first in segments:
-        lengths.append(n)
-        shifts.append(first - slot)
-        slot += n
-    table = torch.tensor([lengths, shifts], dtype=torch.int64)
-    if device.type == "cuda":
-        table = table.pin_memory().to(device, non_blocking=True)
-    return torch.arange(total, device=device) + torch.repeat_interleave(table[1], table[0], output_size=total)
-
-
-@dataclass
-class _Padding:
-    """A rank's C views laid out for one kernel call: view j's records (source by source, each
-    in global-id order) in the first ``rows[j]`` of its M slots, zero records after them.
-    ``counts[s][j]``: records from source s for view j; they are rows of source s's message, view
-    by view. ``table_rows(s)``: where source s's rows start in the sources' concatenation."""
-
-    counts: List[List[int]]
-    rows: List[int]
-    M: int
-
-    @staticmethod
-    def of(counts: Sequence[Sequence[int]]) -> "_Padding":
-        counts = [list(c) for c in counts]
-        rows = [sum(c[j] for c in counts) for j in range(len(counts[0]))]
-        return _Padding(counts, rows, max(rows))
-
-    def _runs(self):
-        """(s, j, first row in the sources' concatenation, first padded slot, length) per run."""
-        base = 0
-        offset_in_view = [0] * len(self.rows)
-        for s, c in enumerate(self.counts):
-            row = base
-            for j, n in enumerate(c):
-                yield s, j, row, j * self.M + offset_in_view[j], n
-                offset_in_view[j] += n
-                row += n
-            base = row
-
-    @property
-    def received(self) -> int:
-        return sum(sum(c) for c in self.counts)
-
-    def gather(self, device: torch.device) -> Tensor:
-        """[C*M]: the concatenated sources' row for each slot; padding slots of view j take rows
-        R, R+1, ... (R = all received rows), i.e. a zero block of ``max(M - rows)`` rows appended."""
-        runs = sorted(self._runs(), key=lambda r: r[3])  # by slot
-        segments, R = [], self.received
-        for j in range(len(self.rows)):
-            segments += [(n, row) for _, jj, row, _, n in runs if jj == j]
-            segments.append((self.M - self.rows[j], R))
-        return _segment_index(segments, device)
-
-    def scatter(self, device: torch.device) -> Tensor:
-        """[R]: the slot of each row of the concatenated sources (the inverse of ``gather``)."""
-        return _segment_index([(n, slot) for _, _, _, slot, n in self._runs()], device)
-
-    @property
-    def zero_rows(self) -> int:
-        return max(self.M - r for r in self.rows)
-
-
 @dataclass
 class _Runner:
     """Non-tensor state of one sharded forward/backward (held by the autograd Function)."""
@@ -526,69 +445,10 @@ class _Runner:
     renders: Dict[int, Tensor] = field(default_factory=dict)
     num_channels: int = 3
     absgrad_slots: List[Tuple[List[Tuple[int, int, int]], List[Tensor]]] = field(default_factory=list)
-    padding: Optional[_Padding] = None  # set when the rank's views are scored in one padded call
     means2d_ref: Optional[Tensor] = None
     view_counts: List[List[int]] = field(default_factory=list)  # [rank][view]: records each rank sends per view
     view_tiles: Optional[List[List[int]]] = None  # [rank][view]: tiles those records reach (fused compositor)
     visible: Optional[Tensor] = None  # [B, n] bool: this rank's radius > 0, the mask view_counts counted
-
-
-def _score_received(runner: "_Runner", received: Sequence[Records], padding: _Padding, mine: Sequence[int],
-                    lam: float, world: int) -> Tensor:
-    """This rank's views scored in one fused call, straight from the received messages: every
-    field gathered into the padded [C,M] layout by one index (no per-view pieces), the gathered
-    means2d, conics, colors and opacities made the leaves (``runner.leaves``) whose gradients
-    :func:`_received_gradients` sends back. Returns the views' loss SUM."""
-    from bytesplat_ns.raster.fused import _check
-
-    views, D = runner.views, runner.num_channels
-    device = received[0].floats.device
-    _check(views.width, views.height, runner.tile_size, device)
-    C, M = len(mine), padding.M
-    index = padding.gather(device)
-    zeros = padding.zero_rows
-
-    def joined(pieces: List[Tensor]) -> Tensor:  # the sources' rows, then the zero rows
-        if zeros:
-            pieces = pieces + [pieces[0].new_zeros((zeros,) + tuple(pieces[0].shape[1:]))]
-        return torch.cat(pieces)
-
-    floats = joined([r.floats for r in received])
-    radii = joined([r.radii for r in received]).index_select(0, index).view(C, M)
-    if device.type != "cuda":  # the exchange delivers each view in global-id order; asserted where it is free
-        gids = joined([r.gids for r in received]).index_select(0, index).view(C, M).long()
-        for j, rows in enumerate(padding.rows):
-            if bool((gids[j, 1:rows] < gids[j, : max(rows - 1, 0)]).any()):
-                raise AssertionError(f"view {mine[j]}'s received records are not in global-id order")
-
-    def field(a: int, b: int) -> Tensor:  # columns [a, b) of every slot, [C, M(, b - a)]
-        out = floats[:, a:b].index_select(0, index)
-        return out.view(C, M, b - a) if b - a > 1 else out.view(C, M)
-
-    runner.leaves = [field(0, 2).requires_grad_(True), field(2, 5).requires_grad_(True),
-                     field(5, 5 + D).requires_grad_(True), field(5 + D, 6 + D).requires_grad_(True)]
-    ref = floats
-    with torch.enable_grad():
-        loss, rgb = _score_padded_views(
-            *runner.leaves, field(6 + D, 7 + D), radii, views.width, views.height,
-            torch.stack([views.images[v].to(ref) for v in mine]), torch.stack([views.backgrounds[v].to(ref) for v in mine]),
-            lam, runner.tile_size, runner.absgrad,
-            None if runner.view_tiles is None else sum(runner.view_tiles[s][v] for s in range(world) for v in mine))
-    runner.renders.update(zip(mine, rgb.unbind(0)))
-    return loss
-
-
-def _received_gradients(padding: _Padding, leaves: Sequence[Tensor], got: Sequence[Optional[Tensor]], absgrad: bool,
-                        dtype: torch.dtype) -> List[Tensor]:
-    """The padded leaves' gradients (and |dL/dmean2d| in two more columns with ``absgrad``)
-    taken back to the received records' rows by one index: [m_s, G(+2)] per source."""
-    C, M = leaves[0].shape[:2]
-    cols = [(g if g is not None else torch.zeros_like(leaf)).reshape(C * M, -1) for leaf, g in zip(leaves, got)]
-    if absgrad:
-        a = getattr(leaves[0], "absgrad", None)
-        cols.append(a.reshape(C * M, 2) if a is not None else leaves[0].new_zeros(C * M, 2))
-    rows = torch.cat([c.to(dtype) for c in cols], 1).index_select(0, padding.scatter(leaves[0].device))
-    return list(rows.split([sum(c) for c in padding.counts]))
 
 
 class _ShardedRenderLoss(torch.autograd.Function):
@@ -629,20 +489,6 @@ class _ShardedRenderLoss(torch.autograd.Function):
 
         G = grad_columns(D)
         runner.absgrad_slots = []
-        runner.padding = None
-        lam = splatfacto_lambda(runner.loss_fn)
-        padding = _Padding.of(counts) if mine else None
-        if runner.compositor == "fused" and lam is not None and D == 3 and padding is not None and padding.M > 0:
-            # splatfacto's loss and its gradients inside the fused kernels (no image-sized
-            # intermediates, no pytorch_msssim graph), every view of this rank in one call, its
-            # padded fields gathered straight from the received messages
-            with torch.enable_grad():  # the Function's forward runs without; the share must keep its graph
-                runner.local_loss = _score_received(runner, received, padding, mine, lam, world) / B
-            runner.padding = padding
-            ctx.runner = runner
-            ctx.shape = (B, n, D, G)
-            ctx.meta = (means2d.dtype, means2d.device)
-            return runner.local_loss.detach()
         runner.leaves = [r.floats.detach().requires_grad_(True) for r in received]
         with torch.enable_grad():
             loss = means2d.new_zeros(())
@@ -667,12 +513,30 @@ class _ShardedRenderLoss(torch.autograd.Function):
                 fields = (rec[:, 0:2], rec[:, 2:5], rec[:, 5 : 5 + D], rec[:, 5 + D], rec[:, 6 + D].detach(),
                           torch.cat(radii_v), torch.cat(gids_v))
                 per_view.append((v, fields, sink))
-            for v, fields, sink in per_view:
-                render, alpha = composite_records(*fields, views.width, views.height, runner.tile_size,
-                                                  absgrad_sink=sink, compositor=runner.compositor, sorted_by_gid=True)
-                rgb = rgb_with_background(render, alpha, views.backgrounds[v].to(render))
-                runner.renders[v] = rgb.detach()
-                loss = loss + runner.loss_fn(rgb, views.images[v].to(rgb)) / B
+            lam = splatfacto_lambda(runner.loss_fn)
+            if (runner.compositor == "fused" and lam is not None and D == 3 and per_view
+                    and any(f[0].shape[0] > 0 for _, f, _ in per_view)):
+                # splatfacto's loss and its gradients inside the fused kernels (no image-sized
+                # intermediates, no pytorch_msssim graph), every view of this rank in one call
+                mine_views = [v for v, _, _ in per_view]
+                ref = per_view[0][1][0]
+                loss_sum, rgb = composite_views_fused_loss(
+                    [f for _, f, _ in per_view], views.width, views.height,
+                    torch.stack([views.images[v].to(ref) for v in mine_views]),
+                    torch.stack([views.backgrounds[v].to(ref) for v in mine_views]), ssim_lambda=lam,
+                    tile_size=runner.tile_size, absgrad_sinks=[s for _, _, s in per_view] if runner.absgrad else None,
+                    sorted_by_gid=True, known_intersections=None if runner.view_tiles is None else
+                    sum(runner.view_tiles[s][v] for s in range(world) for v in mine_views),
+                )
+                runner.renders.update(zip(mine_views, rgb.unbind(0)))
+                loss = loss + loss_sum / B
+            else:
+                for v, fields, sink in per_view:
+                    render, alpha = composite_records(*fields, views.width, views.height, runner.tile_size,
+                                                      absgrad_sink=sink, compositor=runner.compositor, sorted_by_gid=True)
+                    rgb = rgb_with_background(render, alpha, views.backgrounds[v].to(render))
+                    runner.renders[v] = rgb.detach()
+                    loss = loss + runner.loss_fn(rgb, views.images[v].to(rgb)) / B
         runner.local_loss = loss
         ctx.runner = runner
         ctx.shape = (B, n, D, G)
@@ -693,9 +557,6 @@ class _ShardedRenderLoss(torch.autograd.Function):
         else:
             got = [None] * len(leaves)
         width = G + 2 if runner.absgrad else G
-        if runner.padding is not None:
-            grads = _received_gradients(runner.padding, leaves, got, runner.absgrad, dtype)
-            leaves = []
         for leaf, g in zip(leaves, got):
             row = torch.zeros(leaf.shape[0], width, dtype=dtype, device=device)
             if g is not None:
@@ -712,7 +573,7 @@ class _ShardedRenderLoss(torch.autograd.Function):
                     a = a[count:]
         buffer = torch.zeros(B * n, width, dtype=dtype, device=device)
         runner.communicator.return_gradients(grads, runner.sent_index, buffer, runner.stats)
-        runner.leaves, runner.local_loss, runner.absgrad_slots, runner.padding = [], None, [], None  # free the graph
+        runner.leaves, runner.local_loss, runner.absgrad_slots = [], None, []  # free the renderer graph
         buffer = buffer.reshape(B, n, width)
         if runner.absgrad and runner.means2d_ref is not None:
             runner.means2d_ref.absgrad = buffer[..., G:].clone()
