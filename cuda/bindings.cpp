@@ -35,6 +35,11 @@ std::vector<at::Tensor> bin_tiles(const at::Tensor &means2d, const at::Tensor &r
                                   int64_t tile_size, int64_t known_total);
 at::Tensor tile_intersections(const at::Tensor &means2d, const at::Tensor &radii, int64_t width,
                               int64_t height, int64_t tile_size);
+at::Tensor sh_views_fwd(const at::Tensor &means, const at::Tensor &coeffs, const at::Tensor &viewmats,
+                        const at::Tensor &radii, int64_t degree);
+std::vector<at::Tensor> sh_views_bwd(const at::Tensor &means, const at::Tensor &coeffs,
+                                     const at::Tensor &viewmats, const at::Tensor &radii,
+                                     int64_t degree, const at::Tensor &v_colors);
 }  // namespace bytesplat
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -54,4 +59,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("height"), py::arg("tile_size"), py::arg("known_total") = -1);
     m.def("tile_intersections", &bytesplat::tile_intersections,
           "tiles reached per camera [C] int64 (what bin_tiles' total is, per camera)");
+    m.def("sh_views_fwd", &bytesplat::sh_views_fwd,
+          "SH colors of N Gaussians from C cameras [C,N,3] (+0.5, clamped at 0; 0 where culled)");
+    m.def("sh_views_bwd", &bytesplat::sh_views_bwd,
+          "gradients of sh_views_fwd: (coefficients [N,K,3], means [N,3]) summed over the cameras");
 }

@@ -154,12 +154,17 @@ def project(
             means, None, quats, scales, viewmats, Ks, width, height,
             eps2d=eps2d, near_plane=near_plane, far_plane=far_plane, packed=False,
         )
-        if sh_degree is not None:
+        if sh_degree is not None and colors.dim() == 3 and C > 1 and not viewmats.requires_grad \
+                and colors.dtype == torch.float32 and means.dtype == torch.float32 and _optional_ops() is not None:
+            # Shared coefficients, several cameras: one launch each way (raster/sh_views.py), where
+            # gsplat would need them per camera (a [C,N,K,3] broadcast, 2 x 36 GiB for 50M
+            # Gaussians, SH 3, 4 views) or one call per camera. Culled entries come out 0.
+            from bytesplat_ns.raster.sh_views import multiview_sh_colors
+
+            rgb = multiview_sh_colors(means, colors, viewmats, radii, sh_degree)
+        elif sh_degree is not None:
             dirs = means[None, :, :] - rigid_camera_centers(viewmats)[:, None, :]
-            if colors.dim() == 3 and C > 1:
-                # One camera at a time: gsplat makes its coefficients contiguous, so a [C,N,K,3]
-                # broadcast would be materialised, and its gradient too (2 x 36 GiB for 50M
-                # Gaussians, SH 3, 4 views: what capped the sharded step's capacity).
+            if colors.dim() == 3 and C > 1:  # optimised cameras: one gsplat call per camera
                 rgb = torch.stack([spherical_harmonics(sh_degree, dirs[c], colors, masks=radii[c] > 0) for c in range(C)])
             else:
                 shs = colors.expand(C, -1, -1, -1) if colors.dim() == 3 else colors
@@ -195,7 +200,7 @@ def _binning_on_gpu(means2d: Tensor, radii: Tensor):
         and not radii.is_floating_point()
         and radii.dim() == 2
     ):
-        return _binning_ops()
+        return _optional_ops()
     return None
 
 
@@ -253,19 +258,20 @@ def _tile_boxes(means2d: Tensor, radii: Tensor, width: int, height: int, tile_si
     return counts, x0, y0, nx
 
 
-_binning_warned = False
+_optional_warned = False
 
 
-def _binning_ops():
-    """The extension for binning, or None (with one warning) when it cannot be built here: callers
-    such as pruning with the gsplat backend must keep working on the torch twin."""
-    global _binning_warned
+def _optional_ops():
+    """The extension for the helpers that have a fallback (tile binning: its torch twin; SH of
+    several cameras: gsplat per camera), or None (with one warning) when it cannot be built here:
+    callers such as pruning or the projection with the gsplat backend must keep working."""
+    global _optional_warned
     try:
         return _ops()
     except CudaBuildError as e:
-        if not _binning_warned:
-            warnings.warn(f"bytesplat: CUDA tile binning unavailable, using the torch version ({e})")
-            _binning_warned = True
+        if not _optional_warned:
+            warnings.warn(f"bytesplat: CUDA kernels unavailable, binning tiles in torch and SH per camera in gsplat ({e})")
+            _optional_warned = True
         return None
 
 

@@ -1,0 +1,270 @@
+// Spherical-harmonics colors of N Gaussians seen from C cameras, forward and backward, one launch
+// each (the CUDA twin of `multiview_sh_colors_torch` in bytesplat_ns/raster/sh_views.py).
+//
+// colors[c, i] = max(sum_k coeffs[i, k] Y_k(d) + 0.5, 0) with d the unit vector from camera c's
+// center (-R^T t of its rigid world-to-camera matrix) to mean i, and 0 where radii[c, i] <= 0
+// (culled). Basis and signs: bytesplat_ns/raster/sh.py (gsplat 1.4.0's). One thread per Gaussian
+// walks the cameras, so its coefficients are read once, not once per camera, and the backward
+// writes each Gaussian's coefficient and mean gradients once, summed over the cameras, with no
+// per-camera temporaries to add up afterwards.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <type_traits>
+#include <vector>
+
+namespace bytesplat {
+
+namespace {
+
+constexpr int kShThreads = 128;
+constexpr int kMaxBases = 16;
+
+// Normalisation constants of the real bases (see raster/sh.py for their derivation).
+constexpr float kY00 = 0.28209479177387814f;
+constexpr float kK1 = 0.4886025119029199f;
+constexpr float kK2 = 1.0925484305920792f;
+constexpr float kK20 = 0.31539156525252005f;
+constexpr float kK22 = 0.5462742152960396f;
+constexpr float kK33 = 0.5900435899266435f;
+constexpr float kK32 = 2.890611442640554f;
+constexpr float kK31 = 0.4570457994644658f;
+constexpr float kK30 = 0.3731763325901154f;
+constexpr float kK32b = 1.445305721320277f;
+
+// The first n = (degree+1)^2 bases at unit direction (x, y, z); with `grad`, also their gradients
+// with respect to (x, y, z) in gx, gy, gz. n is a template argument so the arrays stay in registers.
+template <bool kGrad, int n>
+__device__ __forceinline__ void sh_bases(float x, float y, float z, float *Y, float *gx, float *gy,
+                                         float *gz) {
+    Y[0] = kY00;
+    if constexpr (kGrad) gx[0] = gy[0] = gz[0] = 0.f;
+    if constexpr (n >= 4) {
+        Y[1] = -kK1 * y;
+        Y[2] = kK1 * z;
+        Y[3] = -kK1 * x;
+        if constexpr (kGrad) {
+            gx[1] = 0.f, gy[1] = -kK1, gz[1] = 0.f;
+            gx[2] = 0.f, gy[2] = 0.f, gz[2] = kK1;
+            gx[3] = -kK1, gy[3] = 0.f, gz[3] = 0.f;
+        }
+    }
+    if constexpr (n >= 9) {
+        const float xx = x * x, yy = y * y, zz = z * z;
+        Y[4] = kK2 * x * y;
+        Y[5] = -kK2 * y * z;
+        Y[6] = kK20 * (3.f * zz - 1.f);
+        Y[7] = -kK2 * x * z;
+        Y[8] = kK22 * (xx - yy);
+        if constexpr (kGrad) {
+            gx[4] = kK2 * y, gy[4] = kK2 * x, gz[4] = 0.f;
+            gx[5] = 0.f, gy[5] = -kK2 * z, gz[5] = -kK2 * y;
+            gx[6] = 0.f, gy[6] = 0.f, gz[6] = 6.f * kK20 * z;
+            gx[7] = -kK2 * z, gy[7] = 0.f, gz[7] = -kK2 * x;
+            gx[8] = 2.f * kK22 * x, gy[8] = -2.f * kK22 * y, gz[8] = 0.f;
+        }
+    }
+    if constexpr (n >= 16) {
+        const float xx = x * x, yy = y * y, zz = z * z;
+        Y[9] = -kK33 * y * (3.f * xx - yy);
+        Y[10] = kK32 * x * y * z;
+        Y[11] = -kK31 * y * (5.f * zz - 1.f);
+        Y[12] = kK30 * z * (5.f * zz - 3.f);
+        Y[13] = -kK31 * x * (5.f * zz - 1.f);
+        Y[14] = kK32b * z * (xx - yy);
+        Y[15] = -kK33 * x * (xx - 3.f * yy);
+        if constexpr (kGrad) {
+            gx[9] = -6.f * kK33 * x * y, gy[9] = -3.f * kK33 * (xx - yy), gz[9] = 0.f;
+            gx[10] = kK32 * y * z, gy[10] = kK32 * x * z, gz[10] = kK32 * x * y;
+            gx[11] = 0.f, gy[11] = -kK31 * (5.f * zz - 1.f), gz[11] = -10.f * kK31 * y * z;
+            gx[12] = 0.f, gy[12] = 0.f, gz[12] = kK30 * (15.f * zz - 3.f);
+            gx[13] = -kK31 * (5.f * zz - 1.f), gy[13] = 0.f, gz[13] = -10.f * kK31 * x * z;
+            gx[14] = 2.f * kK32b * x * z, gy[14] = -2.f * kK32b * y * z, gz[14] = kK32b * (xx - yy);
+            gx[15] = -3.f * kK33 * (xx - yy), gy[15] = 6.f * kK33 * x * y, gz[15] = 0.f;
+        }
+    }
+}
+
+// Camera c's center in world space, -R^T t, from its row-major 4x4 world-to-camera matrix.
+__device__ __forceinline__ float3 camera_center(const float *__restrict__ viewmats, int c) {
+    const float *m = viewmats + 16 * c;
+    const float t0 = m[3], t1 = m[7], t2 = m[11];
+    return make_float3(-(m[0] * t0 + m[4] * t1 + m[8] * t2), -(m[1] * t0 + m[5] * t1 + m[9] * t2),
+                       -(m[2] * t0 + m[6] * t1 + m[10] * t2));
+}
+
+struct ShArgs {
+    int64_t N;
+    int C, K, n;  // cameras, coefficients per Gaussian, bases used ((degree+1)^2, the kernels' template n)
+    const float *means, *coeffs, *viewmats;
+    const int32_t *radii;
+};
+
+template <int n>
+__global__ void sh_views_fwd_kernel(ShArgs a, float *__restrict__ colors) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= a.N) return;
+    float co[n * 3];
+#pragma unroll
+    for (int k = 0; k < n * 3; ++k) co[k] = a.coeffs[i * a.K * 3 + k];
+    const float mx = a.means[3 * i], my = a.means[3 * i + 1], mz = a.means[3 * i + 2];
+    float Y[n];
+    for (int c = 0; c < a.C; ++c) {
+        float *out = colors + ((int64_t)c * a.N + i) * 3;
+        if (a.radii[(int64_t)c * a.N + i] <= 0) {
+            out[0] = out[1] = out[2] = 0.f;
+            continue;
+        }
+        const float3 cc = camera_center(a.viewmats, c);
+        float dx = mx - cc.x, dy = my - cc.y, dz = mz - cc.z;
+        const float inv = 1.f / fmaxf(sqrtf(dx * dx + dy * dy + dz * dz), 1e-20f);
+        sh_bases<false, n>(dx * inv, dy * inv, dz * inv, Y, nullptr, nullptr, nullptr);
+#pragma unroll
+        for (int ch = 0; ch < 3; ++ch) {
+            float v = 0.5f;
+#pragma unroll
+            for (int k = 0; k < n; ++k) v += Y[k] * co[k * 3 + ch];
+            out[ch] = fmaxf(v, 0.f);
+        }
+    }
+}
+
+// v_coeffs[i] = sum_c Y(d_c) v_c and v_means[i] = sum_c (I - d d^T)/|m - center| grad_d, over the
+// cameras where i is visible and its color is not clamped (torch's clamp_min passes the gradient
+// where the input >= 0). Coefficients past the n used get 0.
+template <int n>
+__global__ void sh_views_bwd_kernel(ShArgs a, const float *__restrict__ v_colors,
+                                    float *__restrict__ v_coeffs, float *__restrict__ v_means) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= a.N) return;
+    float co[n * 3], vco[n * 3];
+#pragma unroll
+    for (int k = 0; k < n * 3; ++k) {
+        co[k] = a.coeffs[i * a.K * 3 + k];
+        vco[k] = 0.f;
+    }
+    const float mx = a.means[3 * i], my = a.means[3 * i + 1], mz = a.means[3 * i + 2];
+    float vmx = 0.f, vmy = 0.f, vmz = 0.f;
+    float Y[n], gx[n], gy[n], gz[n];
+    for (int c = 0; c < a.C; ++c) {
+        const int64_t ci = (int64_t)c * a.N + i;
+        if (a.radii[ci] <= 0) continue;
+        const float3 cc = camera_center(a.viewmats, c);
+        const float dx = mx - cc.x, dy = my - cc.y, dz = mz - cc.z;
+        const float len = fmaxf(sqrtf(dx * dx + dy * dy + dz * dz), 1e-20f), inv = 1.f / len;
+        const float x = dx * inv, y = dy * inv, z = dz * inv;
+        sh_bases<true, n>(x, y, z, Y, gx, gy, gz);
+        float v[3];
+        bool any = false;
+#pragma unroll
+        for (int ch = 0; ch < 3; ++ch) {
+            float raw = 0.5f;
+#pragma unroll
+            for (int k = 0; k < n; ++k) raw += Y[k] * co[k * 3 + ch];
+            v[ch] = raw >= 0.f ? v_colors[ci * 3 + ch] : 0.f;
+            any |= v[ch] != 0.f;
+        }
+        if (!any) continue;
+        float ux = 0.f, uy = 0.f, uz = 0.f;  // dL / d(unit direction)
+#pragma unroll
+        for (int k = 0; k < n; ++k) {
+            const float s = co[k * 3] * v[0] + co[k * 3 + 1] * v[1] + co[k * 3 + 2] * v[2];
+            ux += s * gx[k], uy += s * gy[k], uz += s * gz[k];
+            vco[k * 3] += Y[k] * v[0], vco[k * 3 + 1] += Y[k] * v[1], vco[k * 3 + 2] += Y[k] * v[2];
+        }
+        // through the normalisation d / |d|: (u - (u . d) d) / |d|
+        const float ud = ux * x + uy * y + uz * z;
+        vmx += (ux - ud * x) * inv, vmy += (uy - ud * y) * inv, vmz += (uz - ud * z) * inv;
+    }
+#pragma unroll
+    for (int k = 0; k < n * 3; ++k) v_coeffs[i * a.K * 3 + k] = vco[k];
+    for (int k = n * 3; k < a.K * 3; ++k) v_coeffs[i * a.K * 3 + k] = 0.f;
+    v_means[3 * i] = vmx, v_means[3 * i + 1] = vmy, v_means[3 * i + 2] = vmz;
+}
+
+ShArgs check_args(const at::Tensor &means, const at::Tensor &coeffs, const at::Tensor &viewmats,
+                  const at::Tensor &radii, int64_t degree) {
+    TORCH_CHECK(means.is_cuda() && coeffs.is_cuda() && viewmats.is_cuda() && radii.is_cuda(),
+                "bytesplat: multi-view SH needs CUDA tensors");
+    TORCH_CHECK(means.dim() == 2 && means.size(1) == 3, "bytesplat: means must be [N,3]");
+    TORCH_CHECK(coeffs.dim() == 3 && coeffs.size(0) == means.size(0) && coeffs.size(2) == 3,
+                "bytesplat: SH coefficients must be [N,K,3]");
+    TORCH_CHECK(viewmats.dim() == 3 && viewmats.size(1) == 4 && viewmats.size(2) == 4,
+                "bytesplat: viewmats must be [C,4,4]");
+    TORCH_CHECK(radii.dim() == 2 && radii.size(0) == viewmats.size(0) && radii.size(1) == means.size(0),
+                "bytesplat: radii must be [C,N]");
+    TORCH_CHECK(degree >= 0 && degree <= 3, "bytesplat: SH degree must be in 0..3, got ", degree);
+    const int64_t n = (degree + 1) * (degree + 1);
+    TORCH_CHECK(coeffs.size(1) >= n, "bytesplat: SH degree ", degree, " needs ", n,
+                " coefficients, got ", coeffs.size(1));
+    TORCH_CHECK(means.scalar_type() == at::kFloat && coeffs.scalar_type() == at::kFloat &&
+                    viewmats.scalar_type() == at::kFloat && radii.scalar_type() == at::kInt,
+                "bytesplat: multi-view SH takes float32 means/coeffs/viewmats and int32 radii");
+    TORCH_CHECK(means.is_contiguous() && coeffs.is_contiguous() && viewmats.is_contiguous() &&
+                    radii.is_contiguous(),
+                "bytesplat: multi-view SH inputs must be contiguous");
+    ShArgs a;
+    a.N = means.size(0);
+    a.C = (int)viewmats.size(0);
+    a.K = (int)coeffs.size(1);
+    a.n = (int)n;
+    a.means = means.data_ptr<float>();
+    a.coeffs = coeffs.data_ptr<float>();
+    a.viewmats = viewmats.data_ptr<float>();
+    a.radii = radii.data_ptr<int32_t>();
+    return a;
+}
+
+inline unsigned int sh_blocks(int64_t n) {
+    return (unsigned int)((n + kShThreads - 1) / kShThreads);
+}
+
+// Calls f(std::integral_constant<int, n>) for the bases in use.
+template <typename F>
+void with_bases(int n, F &&f) {
+    switch (n) {
+        case 1: return f(std::integral_constant<int, 1>());
+        case 4: return f(std::integral_constant<int, 4>());
+        case 9: return f(std::integral_constant<int, 9>());
+        default: return f(std::integral_constant<int, kMaxBases>());
+    }
+}
+
+}  // namespace
+
+at::Tensor sh_views_fwd(const at::Tensor &means, const at::Tensor &coeffs, const at::Tensor &viewmats,
+                        const at::Tensor &radii, int64_t degree) {
+    const ShArgs a = check_args(means, coeffs, viewmats, radii, degree);
+    const at::cuda::CUDAGuard guard(means.device());
+    at::Tensor colors = at::empty({a.C, a.N, 3}, means.options());
+    if (a.N == 0 || a.C == 0) return colors;
+    with_bases(a.n, [&](auto nb) {
+        sh_views_fwd_kernel<decltype(nb)::value>
+            <<<sh_blocks(a.N), kShThreads, 0, at::cuda::getCurrentCUDAStream()>>>(a, colors.data_ptr<float>());
+    });
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return colors;
+}
+
+std::vector<at::Tensor> sh_views_bwd(const at::Tensor &means, const at::Tensor &coeffs,
+                                     const at::Tensor &viewmats, const at::Tensor &radii,
+                                     int64_t degree, const at::Tensor &v_colors) {
+    const ShArgs a = check_args(means, coeffs, viewmats, radii, degree);
+    TORCH_CHECK(v_colors.is_cuda() && v_colors.scalar_type() == at::kFloat && v_colors.is_contiguous() &&
+                    v_colors.dim() == 3 && v_colors.size(0) == a.C && v_colors.size(1) == a.N &&
+                    v_colors.size(2) == 3,
+                "bytesplat: v_colors must be contiguous float32 [C,N,3]");
+    const at::cuda::CUDAGuard guard(means.device());
+    at::Tensor v_coeffs = at::empty_like(coeffs);
+    at::Tensor v_means = at::empty_like(means);
+    if (a.N == 0) return {v_coeffs, v_means};
+    with_bases(a.n, [&](auto nb) {
+        sh_views_bwd_kernel<decltype(nb)::value><<<sh_blocks(a.N), kShThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+            a, v_colors.data_ptr<float>(), v_coeffs.data_ptr<float>(), v_means.data_ptr<float>());
+    });
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return {v_coeffs, v_means};
+}
+
+}  // namespace bytesplat
