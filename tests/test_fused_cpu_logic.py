@@ -808,6 +808,47 @@ def test_sharded_step_fused_loss_glue_matches_reference(torch_ops, monkeypatch, 
         assert (r_f[v] - r_ref[v]).abs().max().item() <= 1e-5
 
 
+def test_sharded_step_scores_views_in_groups_under_a_binning_budget(torch_ops, monkeypatch):
+    """With a budget of tile intersections per fused call (on the GPU, a share of its memory), a
+    rank's views are scored in consecutive groups that fit it, one binning each; the step gives
+    the reference compositor's loss, gradients, absgrad and renders as with one call."""
+    from bytesplat_ns.distributed import make_communicator, sharded_render_loss
+    from bytesplat_ns.distributed import step as S
+    from tests import distributed_worker as W
+
+    monkeypatch.setenv("BYTESPLAT_FUSED_MODE", "split")
+    told = []
+    binning = F.bin_tiles_torch
+    monkeypatch.setattr(F, "bin_tiles_torch", lambda *a, **k: told.append(a[6]) or binning(*a, **k))
+    out = {}
+    for compositor in ("reference", "fused"):
+        if compositor == "fused":  # room for about two views per call
+            monkeypatch.setattr(S, "joint_binning_budget", lambda device: 2 * max(told_per_view))
+        params = {k: torch.nn.Parameter(v.clone()) for k, v in W.make_gaussians(W.N_GAUSSIANS, W.SEED).items()}
+        views = W.make_views()
+        if compositor == "reference":
+            from bytesplat_ns.raster.fused import tile_intersections
+
+            proj = S.project_shard({k: p.detach() for k, p in params.items()}, views, W.SH_DEGREE)
+            told_per_view = tile_intersections(proj.means2d, proj.radii, views.width, views.height).tolist()
+        fwd = sharded_render_loss(params, views, make_communicator("dense"), W.SH_DEGREE, absgrad=True,
+                                  compositor=compositor)
+        fwd.local_loss.backward()
+        out[compositor] = (fwd.local_loss.item(), {k: p.grad.clone() for k, p in params.items()},
+                           fwd.info["means2d"].absgrad.clone(), fwd.renders)
+    groups = S._view_groups(told_per_view, len(told_per_view), torch.device("cuda"))  # the budget is patched
+    assert 1 < len(groups) < len(told_per_view) and [j for g in groups for j in g] == list(range(len(told_per_view)))
+    assert told == [sum(told_per_view[j] for j in g) for g in groups]  # one binning per group, its size known
+    assert torch_ops.calls["loss_grad"] == len(groups)
+    (l_ref, g_ref, a_ref, r_ref), (l_f, g_f, a_f, r_f) = out["reference"], out["fused"]
+    assert abs(l_ref - l_f) <= 1e-5 * abs(l_ref)
+    for k in g_ref:
+        assert rel_err(g_f[k], g_ref[k]) <= 1e-4, k
+    assert rel_err(a_f, a_ref) <= 1e-4
+    for v in r_ref:
+        assert (r_f[v] - r_ref[v]).abs().max().item() <= 1e-5
+
+
 def test_views_scored_in_one_call_equal_each_view_alone(torch_ops):
     """composite_views_fused_loss's padding, joint binning, loss sum and absgrad routing on the
     kernels' stand-in (tests/sharded_records.py; tests/test_distributed_gpu.py runs it on the kernels)."""

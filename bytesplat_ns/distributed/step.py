@@ -426,6 +426,40 @@ def _step_optimizers(params: Mapping[str, Tensor], optimizers: Mapping[str, torc
 # The sharded step
 
 
+# Binning all of a rank's views in one call holds every view's (Gaussian, tile) pairs at once: about
+# 24 bytes each (keys and values, sorted copies). Above this share of the GPU's memory the views are
+# scored in groups (a 62.5M-Gaussian, 4-view rank would otherwise hold ~19 GB of pairs, 4x one view's).
+JOINT_BINNING_MEMORY_SHARE = 0.02
+BINNING_BYTES_PER_INTERSECTION = 24
+
+
+def joint_binning_budget(device: torch.device) -> Optional[int]:
+    """Tile intersections one fused call may bin on ``device`` (None: no limit, off the GPU)."""
+    if device.type != "cuda":
+        return None
+    total = torch.cuda.get_device_properties(device).total_memory
+    return int(JOINT_BINNING_MEMORY_SHARE * total) // BINNING_BYTES_PER_INTERSECTION
+
+
+def _view_groups(tiles: Optional[Sequence[int]], num_views: int, device: torch.device) -> List[List[int]]:
+    """A rank's ``num_views`` views (by position) in consecutive groups whose tile intersections
+    ``tiles`` add up to at most :func:`joint_binning_budget` (a group always takes at least one
+    view); all in one group when the counts or the budget are unknown."""
+    budget = joint_binning_budget(device)
+    if tiles is None or budget is None:
+        return [list(range(num_views))]
+    groups: List[List[int]] = []
+    total = 0
+    for j, t in enumerate(tiles):
+        if groups and total + t <= budget:
+            groups[-1].append(j)
+            total += t
+        else:
+            groups.append([j])
+            total = t
+    return groups
+
+
 @dataclass
 class _Runner:
     """Non-tensor state of one sharded forward/backward (held by the autograd Function)."""
@@ -514,24 +548,26 @@ class _ShardedRenderLoss(torch.autograd.Function):
                           torch.cat(radii_v), torch.cat(gids_v))
                 per_view.append((v, fields, sink))
             lam = splatfacto_lambda(runner.loss_fn)
-            if (runner.compositor == "fused" and lam is not None and D == 3 and per_view
-                    and any(f[0].shape[0] > 0 for _, f, _ in per_view)):
-                # splatfacto's loss and its gradients inside the fused kernels (no image-sized
-                # intermediates, no pytorch_msssim graph), every view of this rank in one call
-                mine_views = [v for v, _, _ in per_view]
-                ref = per_view[0][1][0]
-                loss_sum, rgb = composite_views_fused_loss(
-                    [f for _, f, _ in per_view], views.width, views.height,
-                    torch.stack([views.images[v].to(ref) for v in mine_views]),
-                    torch.stack([views.backgrounds[v].to(ref) for v in mine_views]), ssim_lambda=lam,
-                    tile_size=runner.tile_size, absgrad_sinks=[s for _, _, s in per_view] if runner.absgrad else None,
-                    sorted_by_gid=True, known_intersections=None if runner.view_tiles is None else
-                    sum(runner.view_tiles[s][v] for s in range(world) for v in mine_views),
-                )
-                runner.renders.update(zip(mine_views, rgb.unbind(0)))
-                loss = loss + loss_sum / B
-            else:
-                for v, fields, sink in per_view:
+            fused_loss = runner.compositor == "fused" and lam is not None and D == 3
+            tiles = None if runner.view_tiles is None else [sum(runner.view_tiles[s][v] for s in range(world)) for v in mine]
+            for group in _view_groups(tiles if fused_loss else None, len(per_view), means2d.device):
+                part = [per_view[j] for j in group]
+                if fused_loss and any(f[0].shape[0] > 0 for _, f, _ in part):
+                    # splatfacto's loss and its gradients inside the fused kernels (no image-sized
+                    # intermediates, no pytorch_msssim graph), the group's views in one call
+                    group_views = [v for v, _, _ in part]
+                    ref = part[0][1][0]
+                    loss_sum, rgb = composite_views_fused_loss(
+                        [f for _, f, _ in part], views.width, views.height,
+                        torch.stack([views.images[v].to(ref) for v in group_views]),
+                        torch.stack([views.backgrounds[v].to(ref) for v in group_views]), ssim_lambda=lam,
+                        tile_size=runner.tile_size, absgrad_sinks=[s for _, _, s in part] if runner.absgrad else None,
+                        sorted_by_gid=True, known_intersections=None if tiles is None else sum(tiles[j] for j in group),
+                    )
+                    runner.renders.update(zip(group_views, rgb.unbind(0)))
+                    loss = loss + loss_sum / B
+                    continue
+                for v, fields, sink in part:
                     render, alpha = composite_records(*fields, views.width, views.height, runner.tile_size,
                                                       absgrad_sink=sink, compositor=runner.compositor, sorted_by_gid=True)
                     rgb = rgb_with_background(render, alpha, views.backgrounds[v].to(render))
