@@ -428,8 +428,10 @@ def _step_optimizers(params: Mapping[str, Tensor], optimizers: Mapping[str, torc
 
 # Binning all of a rank's views in one call holds every view's (Gaussian, tile) pairs at once: about
 # 24 bytes each (keys and values, sorted copies). Above this share of the GPU's memory the views are
-# scored in groups (a 62.5M-Gaussian, 4-view rank would otherwise hold ~19 GB of pairs, 4x one view's).
-JOINT_BINNING_MEMORY_SHARE = 0.02
+# scored in groups. On an H200 (11.5 GB): one group for the benchmarked 1M-16M Gaussians at 8 views
+# (16M on one GPU: ~400M pairs, 9.6 GB), two for 62.5M Gaussians and 4 views (~19 GB at once,
+# 4x one view's) and for 125M on two GPUs.
+JOINT_BINNING_MEMORY_SHARE = 0.08
 BINNING_BYTES_PER_INTERSECTION = 24
 
 
