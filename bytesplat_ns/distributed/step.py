@@ -295,8 +295,8 @@ def composite_views_fused_loss(
     ``clamp(render + T bg, 0, 1)`` against ``gts`` [C,H,W,3] (``backgrounds`` [C,3]), with its 2D
     gradients computed in the kernels. ``records[j]`` is view j's (means2d [M_j,2], conics, colors,
     opacities, depths, radii, gids). The views are padded with zero rows to the longest (radius 0:
-    in no tile's list) and binned together, so a rank's views cost one binning (one host read) and
-    one launch of each kernel instead of one per view. Returns (the SUM of the views' losses, rgb
+    in no tile's list) and binned together, so a rank's views cost one binning and one launch of
+    each kernel instead of one per view. Returns (the SUM of the views' losses, rgb
     [C,H,W,3] detached); the loss is differentiable wrt the records. ``absgrad_sinks[j]`` gets view
     j's per-record sum over pixels of |d loss / d mean2d| ([M_j,2], in the order of its inputs).
     ``known_intersections``: the views' tiles reached in all (``bin_tiles``' ``known_total``), when
