@@ -10,6 +10,9 @@
 #    scaling_read_v8.json), then this commit at 1M again (scaling_v8b.json);
 # 3. 16M Gaussians, 8 views: every issue-5 figure on one scene (scaling_16m_v8.json);
 # 4. the two-GPU NCCL tests (appended to tests.log).
+#    (gpu_variants/ is not committed; make it with: mkdir -p gpu_variants/read && for f in
+#    distributed/step.py distributed/sharding.py raster/fused.py; do git show 306e776:bytesplat_ns/$f
+#    > gpu_variants/read/$(basename $f); done)
 # Writes to $OUT: log.txt, tests.log, profile.tgz, scaling_v8.json, scaling_read_v8.json,
 # scaling_v8b.json, scaling_16m_v8.json.
 #   device tool: kind nvidia-h200-x2, carry [".whl", ".ext"], timeout_s 600

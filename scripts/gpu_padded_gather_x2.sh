@@ -7,6 +7,9 @@
 # 3. A/B at 1M, 8 views, dense, no gsplat: "read" (a copy of the installed package with step.py,
 #    sharding.py and fused.py of 306e776 from gpu_variants/read/: the binning reads its size back,
 #    views padded piece by piece) then this commit again: scaling_read_v8.json, scaling_v8b.json.
+#    (gpu_variants/ is not committed; make it with: mkdir -p gpu_variants/read && for f in
+#    distributed/step.py distributed/sharding.py raster/fused.py; do git show 306e776:bytesplat_ns/$f
+#    > gpu_variants/read/$(basename $f); done)
 # Writes to $OUT: log.txt, tests.log, scaling_v8.json, scaling_read_v8.json, scaling_v8b.json.
 #   device tool: kind nvidia-h200-x2, carry [".whl", ".ext"], timeout_s 600
 BUDGET=${BUDGET:-570}

@@ -7,6 +7,8 @@
 #    installed package with fused.py of the commit before, gpu_variants/loop/: gsplat's SH once per
 #    camera; scaling_loop_v8.json), this commit again (scaling_sh_v8b.json);
 # 3. issue 5's scaling at 8 views, 1M and 4M, dense and sparse-grad next to gsplat (scaling_v8.json).
+#    (gpu_variants/ is not committed; make it with: mkdir -p gpu_variants/loop &&
+#    git show 8f8b5ca~1:bytesplat_ns/raster/fused.py > gpu_variants/loop/fused.py)
 # Writes to $OUT: log.txt, tests.log and the four JSON files.
 #   device tool: kind nvidia-h200-x2, carry [".whl", ".ext"], timeout_s 600
 BUDGET=${BUDGET:-560}
