@@ -191,7 +191,6 @@ def project(
     return radii, means2d, depths, conics, rgb, opac
 
 
-@torch.no_grad()
 def _binning_on_gpu(means2d: Tensor, radii: Tensor):
     """The extension when these inputs take the CUDA binning, else None (the torch twin)."""
     if (
@@ -204,6 +203,7 @@ def _binning_on_gpu(means2d: Tensor, radii: Tensor):
     return None
 
 
+@torch.no_grad()
 def bin_tiles(
     means2d: Tensor, radii: Tensor, depths: Tensor, width: int, height: int, tile_size: int = TILE_SIZE,
     known_total: Optional[int] = None,
@@ -232,6 +232,7 @@ def bin_tiles(
     return bin_tiles_torch(means2d, radii, depths, width, height, tile_size, known_total)
 
 
+@torch.no_grad()
 def tile_intersections(means2d: Tensor, radii: Tensor, width: int, height: int,
                        tile_size: int = TILE_SIZE) -> Tensor:
     """Tiles reached per camera, [C] int64 on the inputs' device: what :func:`bin_tiles` of the
