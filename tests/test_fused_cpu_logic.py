@@ -761,17 +761,45 @@ def test_tile_intersections_count_what_the_binning_lists():
         F.bin_tiles(m, r, d, W, H, known_total=int(per_cam.sum()) + 1)
 
 
+def _sharded_step_both_compositors(monkeypatch, communicator: str, loss_fn=None):
+    """The whole sharded step in one process (torch projection, exchange to itself, compositing +
+    splatfacto loss, backward, absgrad routed back) with the reference and the fused compositor.
+    Asserts the fused one gives the reference's loss, parameter gradients, densification statistic
+    and renders; returns (renders, the binning totals the senders told the fused call(s))."""
+    from bytesplat_ns.distributed import make_communicator, sharded_render_loss
+    from bytesplat_ns.distributed.step import splatfacto_loss
+    from tests import distributed_worker as W
+
+    told = []  # the binning's size as the sender told it (bin_tiles_torch asserts it is right)
+    binning = F.bin_tiles_torch
+    monkeypatch.setattr(F, "bin_tiles_torch", lambda *a, **k: told.append(a[6]) or binning(*a, **k))
+    out = {}
+    for compositor in ("reference", "fused"):
+        params = {k: torch.nn.Parameter(v.clone()) for k, v in W.make_gaussians(W.N_GAUSSIANS, W.SEED).items()}
+        fwd = sharded_render_loss(params, W.make_views(), make_communicator(communicator), W.SH_DEGREE,
+                                  loss_fn or splatfacto_loss, absgrad=True, compositor=compositor)
+        fwd.local_loss.backward()
+        out[compositor] = (fwd.local_loss.item(), {k: p.grad.clone() for k, p in params.items()},
+                           fwd.info["means2d"].absgrad.clone(), fwd.renders)
+    (l_ref, g_ref, a_ref, r_ref), (l_f, g_f, a_f, r_f) = out["reference"], out["fused"]
+    assert len(r_f) == len(r_ref) > 1
+    assert abs(l_ref - l_f) <= 1e-5 * abs(l_ref)
+    for k in g_ref:
+        assert rel_err(g_f[k], g_ref[k]) <= 1e-4, k
+    assert rel_err(a_f, a_ref) <= 1e-4
+    for v in r_ref:
+        assert (r_f[v] - r_ref[v]).abs().max().item() <= 1e-5
+    return r_f, told
+
+
 @pytest.mark.parametrize("mode", [None, "split"])
 def test_sharded_step_fused_loss_glue_matches_reference(torch_ops, monkeypatch, mode):
-    """One process, the whole sharded step (torch projection, exchange to itself, compositing +
-    splatfacto loss, sparse-grad backward, absgrad routed back): the fused compositor (the rank's
+    """One process, the whole sharded step (sparse-grad backward): the fused compositor (the rank's
     views padded, binned together and scored in ONE _FusedLoss call, here on the stand-in) gives
     the reference compositor's loss, parameter gradients, densification statistic and renders."""
     import functools
 
-    from bytesplat_ns.distributed import make_communicator, sharded_render_loss
     from bytesplat_ns.distributed.step import splatfacto_lambda, splatfacto_loss
-    from tests import distributed_worker as W
 
     if mode is None:
         monkeypatch.delenv("BYTESPLAT_FUSED_MODE", raising=False)
@@ -781,72 +809,33 @@ def test_sharded_step_fused_loss_glue_matches_reference(torch_ops, monkeypatch, 
     loss_fn = functools.partial(splatfacto_loss, ssim_lambda=0.3)
     assert splatfacto_lambda(loss_fn) == 0.3 and splatfacto_lambda(splatfacto_loss) == 0.2
     assert splatfacto_lambda(lambda p, g: splatfacto_loss(p, g, 0.3)) is None
-    told = []  # the binning's size as the sender told it (bin_tiles_torch asserts it is right)
-    binning = F.bin_tiles_torch
-    monkeypatch.setattr(F, "bin_tiles_torch", lambda *a, **k: told.append(a[6]) or binning(*a, **k))
-    out = {}
-    for compositor in ("reference", "fused"):
-        params = {k: torch.nn.Parameter(v.clone()) for k, v in W.make_gaussians(W.N_GAUSSIANS, W.SEED).items()}
-        fwd = sharded_render_loss(params, W.make_views(), make_communicator("sparse-grad"), W.SH_DEGREE, loss_fn,
-                                  absgrad=True, compositor=compositor)
-        fwd.local_loss.backward()
-        out[compositor] = (fwd.local_loss.item(), {k: p.grad.clone() for k, p in params.items()},
-                           fwd.info["means2d"].absgrad.clone(), fwd.renders)
-    (l_ref, g_ref, a_ref, r_ref), (l_f, g_f, a_f, r_f) = out["reference"], out["fused"]
-    assert len(r_f) == len(r_ref) > 1
+    _, told = _sharded_step_both_compositors(monkeypatch, "sparse-grad", loss_fn)
     assert len(told) == 1 and told[0] > 0  # one binning for all the views, its size known up front
     if (mode or F.DEFAULT_MODE) == "split":  # one launch of each kernel for all the views
         assert torch_ops.calls["loss_grad"] == torch_ops.calls["render_fwd"] == 1
         assert torch_ops.calls["fused_loss"] == 0
     else:
         assert torch_ops.calls["fused_loss"] == 1 and torch_ops.calls["render_fwd"] == 0
-    assert abs(l_ref - l_f) <= 1e-5 * abs(l_ref)
-    for k in g_ref:
-        assert rel_err(g_f[k], g_ref[k]) <= 1e-4, k
-    assert rel_err(a_f, a_ref) <= 1e-4
-    for v in r_ref:
-        assert (r_f[v] - r_ref[v]).abs().max().item() <= 1e-5
 
 
 def test_sharded_step_scores_views_in_groups_under_a_binning_budget(torch_ops, monkeypatch):
     """With a budget of tile intersections per fused call (on the GPU, a share of its memory), a
     rank's views are scored in consecutive groups that fit it, one binning each; the step gives
     the reference compositor's loss, gradients, absgrad and renders as with one call."""
-    from bytesplat_ns.distributed import make_communicator, sharded_render_loss
     from bytesplat_ns.distributed import step as S
+    from bytesplat_ns.raster.fused import tile_intersections
     from tests import distributed_worker as W
 
     monkeypatch.setenv("BYTESPLAT_FUSED_MODE", "split")
-    told = []
-    binning = F.bin_tiles_torch
-    monkeypatch.setattr(F, "bin_tiles_torch", lambda *a, **k: told.append(a[6]) or binning(*a, **k))
-    out = {}
-    for compositor in ("reference", "fused"):
-        if compositor == "fused":  # room for about two views per call
-            monkeypatch.setattr(S, "joint_binning_budget", lambda device: 2 * max(told_per_view))
-        params = {k: torch.nn.Parameter(v.clone()) for k, v in W.make_gaussians(W.N_GAUSSIANS, W.SEED).items()}
-        views = W.make_views()
-        if compositor == "reference":
-            from bytesplat_ns.raster.fused import tile_intersections
-
-            proj = S.project_shard({k: p.detach() for k, p in params.items()}, views, W.SH_DEGREE)
-            told_per_view = tile_intersections(proj.means2d, proj.radii, views.width, views.height).tolist()
-        fwd = sharded_render_loss(params, views, make_communicator("dense"), W.SH_DEGREE, absgrad=True,
-                                  compositor=compositor)
-        fwd.local_loss.backward()
-        out[compositor] = (fwd.local_loss.item(), {k: p.grad.clone() for k, p in params.items()},
-                           fwd.info["means2d"].absgrad.clone(), fwd.renders)
-    groups = S._view_groups(told_per_view, len(told_per_view), torch.device("cuda"))  # the budget is patched
-    assert 1 < len(groups) < len(told_per_view) and [j for g in groups for j in g] == list(range(len(told_per_view)))
-    assert told == [sum(told_per_view[j] for j in g) for g in groups]  # one binning per group, its size known
+    views = W.make_views()
+    proj = S.project_shard(W.make_gaussians(W.N_GAUSSIANS, W.SEED), views, W.SH_DEGREE)
+    per_view = tile_intersections(proj.means2d, proj.radii, views.width, views.height).tolist()
+    monkeypatch.setattr(S, "joint_binning_budget", lambda device: 2 * max(per_view))  # about two views per call
+    _, told = _sharded_step_both_compositors(monkeypatch, "dense")
+    groups = S._view_groups(per_view, len(per_view), torch.device("cuda"))  # the budget is patched
+    assert 1 < len(groups) < len(per_view) and [j for g in groups for j in g] == list(range(len(per_view)))
+    assert told == [sum(per_view[j] for j in g) for g in groups]  # one binning per group, its size known
     assert torch_ops.calls["loss_grad"] == len(groups)
-    (l_ref, g_ref, a_ref, r_ref), (l_f, g_f, a_f, r_f) = out["reference"], out["fused"]
-    assert abs(l_ref - l_f) <= 1e-5 * abs(l_ref)
-    for k in g_ref:
-        assert rel_err(g_f[k], g_ref[k]) <= 1e-4, k
-    assert rel_err(a_f, a_ref) <= 1e-4
-    for v in r_ref:
-        assert (r_f[v] - r_ref[v]).abs().max().item() <= 1e-5
 
 
 def test_views_scored_in_one_call_equal_each_view_alone(torch_ops):
