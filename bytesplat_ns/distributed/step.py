@@ -447,8 +447,8 @@ def _view_groups(tiles: Optional[Sequence[int]], num_views: int, device: torch.d
     """A rank's ``num_views`` views (by position) in consecutive groups whose tile intersections
     ``tiles`` add up to at most :func:`joint_binning_budget` (a group always takes at least one
     view); all in one group when the counts or the budget are unknown."""
-    budget = joint_binning_budget(device)
-    if tiles is None or budget is None:
+    budget = None if tiles is None else joint_binning_budget(device)
+    if budget is None:
         return [list(range(num_views))]
     groups: List[List[int]] = []
     total = 0
