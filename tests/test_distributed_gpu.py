@@ -19,6 +19,12 @@ def _records(n: int, seed: int, width: int = 70, height: int = 50):
     return random_records(n, seed, width, height, device="cuda")
 
 
+def _on_gpu(views):
+    views.viewmats, views.Ks, views.backgrounds = views.viewmats.cuda(), views.Ks.cuda(), views.backgrounds.cuda()
+    views.images = views.images.cuda()
+    return views
+
+
 def _run(compositor: str, recs, width, height):
     from bytesplat_ns.distributed import composite_records
 
@@ -44,21 +50,35 @@ def test_fused_compositor_equals_reference(n):
     assert (ref[3] - fused[3]).abs().max().item() <= 1e-4 * max(1e-6, ref[3].abs().max().item())  # absgrad
 
 
-def test_sharded_forward_backward_with_the_fused_compositor():
+@pytest.mark.parametrize("grouped", [False, True])
+def test_sharded_forward_backward_with_the_fused_compositor(monkeypatch, grouped):
     """One process: the whole sharded step (projection, exchange to itself, compositing, loss, sparse-grad
-    backward) gives the same loss and gradients with either compositor."""
+    backward) gives the same loss and gradients with either compositor. ``grouped``: the joint
+    binning's memory budget is shrunk to about two views' tile pairs, so the fused kernels score
+    the views in several consecutive calls (``step._view_groups``), as at capacity sizes."""
     from bytesplat_ns.distributed import make_communicator, sharded_render_loss
+    from bytesplat_ns.distributed import step as S
+    from bytesplat_ns.raster.fused import tile_intersections
     from tests import distributed_worker as W
 
+    calls = []
+    if grouped:
+        views = W.make_views()
+        proj = S.project_shard({k: v.cuda() for k, v in W.make_gaussians(W.N_GAUSSIANS, W.SEED).items()},
+                               _on_gpu(views), W.SH_DEGREE)
+        per_view = tile_intersections(proj.means2d, proj.radii, views.width, views.height).tolist()
+        monkeypatch.setattr(S, "joint_binning_budget", lambda device: 2 * max(per_view))
+        scored = S.composite_views_fused_loss
+        monkeypatch.setattr(S, "composite_views_fused_loss", lambda recs, *a, **k: calls.append(len(recs)) or scored(recs, *a, **k))
     out = {}
     for compositor in ("reference", "fused"):
         params = {k: torch.nn.Parameter(v.cuda()) for k, v in W.make_gaussians(W.N_GAUSSIANS, W.SEED).items()}
-        views = W.make_views()
-        views.viewmats, views.Ks, views.backgrounds = views.viewmats.cuda(), views.Ks.cuda(), views.backgrounds.cuda()
-        views.images = views.images.cuda()
+        views = _on_gpu(W.make_views())
         fwd = sharded_render_loss(params, views, make_communicator("sparse-grad"), W.SH_DEGREE, compositor=compositor)
         fwd.local_loss.backward()
         out[compositor] = (fwd.local_loss.item(), {k: p.grad.clone() for k, p in params.items()})
+    if grouped:  # several calls, every view scored once
+        assert len(calls) > 1 and sum(calls) == views.num_views, calls
     (l_ref, g_ref), (l_fused, g_fused) = out["reference"], out["fused"]
     assert abs(l_ref - l_fused) <= 1e-5 * abs(l_ref)
     for k in g_ref:
@@ -124,9 +144,7 @@ def test_sharded_forward_reads_the_device_once():
     from tests import distributed_worker as W
 
     params = {k: torch.nn.Parameter(v.cuda()) for k, v in W.make_gaussians(W.N_GAUSSIANS, W.SEED).items()}
-    views = W.make_views()
-    views.viewmats, views.Ks, views.backgrounds = views.viewmats.cuda(), views.Ks.cuda(), views.backgrounds.cuda()
-    views.images = views.images.cuda()
+    views = _on_gpu(W.make_views())
 
     def forward():
         return sharded_render_loss(params, views, make_communicator("dense"), W.SH_DEGREE, compositor="fused")
@@ -178,9 +196,7 @@ def test_nccl_sharded_fused_step_equals_one_process(tmp_path):
     ranks = [torch.load(tmp_path / f"fused-rank{r}.pt", weights_only=False) for r in range(2)]
 
     params = {k: torch.nn.Parameter(v.cuda()) for k, v in W.make_gaussians(W.N_GAUSSIANS, W.SEED).items()}
-    views = W.make_views()
-    views.viewmats, views.Ks, views.backgrounds = views.viewmats.cuda(), views.Ks.cuda(), views.backgrounds.cuda()
-    views.images = views.images.cuda()
+    views = _on_gpu(W.make_views())
     ref = sharded_render_loss(params, views, make_communicator("dense"), W.SH_DEGREE, absgrad=True, compositor="reference")
     ref.local_loss.backward()
     for name in ("dense", "sparse-grad"):
