@@ -68,8 +68,8 @@ def test_sharded_forward_backward_with_the_fused_compositor(monkeypatch, grouped
                                _on_gpu(views), W.SH_DEGREE)
         per_view = tile_intersections(proj.means2d, proj.radii, views.width, views.height).tolist()
         monkeypatch.setattr(S, "joint_binning_budget", lambda device: 2 * max(per_view))
-        scored = S.composite_views_fused_loss
-        monkeypatch.setattr(S, "composite_views_fused_loss", lambda recs, *a, **k: calls.append(len(recs)) or scored(recs, *a, **k))
+        scored = S._score_padded_views
+        monkeypatch.setattr(S, "_score_padded_views", lambda padded, *a, **k: calls.append(padded[0].shape[0]) or scored(padded, *a, **k))
     out = {}
     for compositor in ("reference", "fused"):
         params = {k: torch.nn.Parameter(v.cuda()) for k, v in W.make_gaussians(W.N_GAUSSIANS, W.SEED).items()}

@@ -838,6 +838,53 @@ def test_sharded_step_scores_views_in_groups_under_a_binning_budget(torch_ops, m
     assert torch_ops.calls["loss_grad"] == len(groups)
 
 
+@pytest.mark.parametrize("group", [[0, 1, 2], [1, 2]])
+def test_padded_view_fields_from_several_sources(group):
+    """``padded_view_fields``: a rank's views built straight from three sources' record tables (some
+    spans empty, one source sending nothing) equal the per-view cats padded with zeros, forward and gradients
+    (also for a group holding part of the sources' rows); radii pad with 0; global-id order is
+    asserted off the GPU."""
+    from bytesplat_ns.distributed.step import padded_view_fields
+
+    g = torch.Generator().manual_seed(3)
+    D, F = 3, 10
+    counts = [[4, 0, 3], [2, 5, 0], [0, 0, 0]]  # [source][view]
+    tables = [torch.randn(sum(c), F, generator=g, dtype=torch.float64).requires_grad_(True) for c in counts]
+    radii = [torch.randint(1, 9, (sum(c),), generator=g, dtype=torch.int32) for c in counts]
+    gids = [torch.arange(sum(c), dtype=torch.int32) + 100 * s for s, c in enumerate(counts)]
+    spans, starts = [], [0, 0, 0]
+    for j in range(3):
+        spans.append([(s, starts[s], counts[s][j]) for s in range(3)])
+        starts = [a + counts[s][j] for s, a in enumerate(starts)]
+    picked = [spans[j] for j in group]
+    (m, con, col, op, dep, rad), rows = padded_view_fields(tables, radii, gids, picked, D)
+    M = max(rows)
+    assert rows == [sum(c for _, _, c in sp) for sp in picked] and m.shape == (len(group), M, 2)
+    assert not dep.requires_grad and con.shape == (len(group), M, 3) and rad.dtype == torch.int32
+    want = []
+    for sp in picked:
+        rec = torch.cat([tables[s][a : a + c] for s, a, c in sp])
+        want.append(torch.cat([rec, rec.new_zeros(M - rec.shape[0], F)]))
+    want = torch.stack(want)
+    for got, cols in ((m, slice(0, 2)), (con, slice(2, 5)), (col, slice(5, 8))):
+        assert torch.equal(got, want[..., cols])
+    assert torch.equal(op, want[..., 8]) and torch.equal(dep, want[..., 9])
+    want_r = torch.stack([torch.cat([torch.cat([radii[s][a : a + c] for s, a, c in sp]),
+                                     torch.zeros(M - r, dtype=torch.int32)]) for sp, r in zip(picked, rows)])
+    assert torch.equal(rad, want_r)
+    w = [torch.randn(t.shape, generator=g, dtype=torch.float64) for t in (m, con, col, op)]
+    got_grads = torch.autograd.grad(sum((t * x).sum() for t, x in zip((m, con, col, op), w)), tables, allow_unused=True)
+    ref = sum((want[..., c] * x).sum() for c, x in zip((slice(0, 2), slice(2, 5), slice(5, 8), 8), w))
+    ref_grads = torch.autograd.grad(ref, tables, allow_unused=True)
+    for a, b, t in zip(got_grads, ref_grads, tables):
+        a = torch.zeros_like(t) if a is None else a
+        b = torch.zeros_like(t) if b is None else b
+        assert torch.allclose(a, b) and a.shape == t.shape
+    gids[0] = gids[0].flip(0)  # out of order: caught
+    with pytest.raises(AssertionError, match="global-id order"):
+        padded_view_fields(tables, radii, gids, spans, D)
+
+
 def test_views_scored_in_one_call_equal_each_view_alone(torch_ops):
     """composite_views_fused_loss's padding, joint binning, loss sum and absgrad routing on the
     kernels' stand-in (tests/sharded_records.py; tests/test_distributed_gpu.py runs it on the kernels)."""

@@ -301,10 +301,7 @@ def composite_views_fused_loss(
     j's per-record sum over pixels of |d loss / d mean2d| ([M_j,2], in the order of its inputs).
     ``known_intersections``: the views' tiles reached in all (``bin_tiles``' ``known_total``), when
     the caller has it: then nothing here waits on the device."""
-    from bytesplat_ns.raster.fused import _check, _FusedLoss, bin_tiles, fused_schedule
-
     C = len(records)
-    _check(width, height, tile_size, records[0][0].device)
     ordered, orders = [], []
     for rec in records:
         fields, order = _records_in_gid_order(*rec, sorted_by_gid)
@@ -321,7 +318,32 @@ def composite_views_fused_loss(
                 pieces.append(f[i].new_zeros((M - f[i].shape[0],) + tuple(f[i].shape[1:])))
         return torch.cat(pieces).view((C, M) + tuple(ordered[0][i].shape[1:]))
 
-    m, conics, colors, opacities, depths, radii = (stacked(i) for i in range(6))
+    padded = tuple(stacked(i) for i in range(6))
+    return _score_padded_views(padded, rows, orders, width, height, gts, backgrounds, ssim_lambda, tile_size,
+                               absgrad_sinks, known_intersections)
+
+
+def _score_padded_views(
+    padded: Tuple[Tensor, ...],
+    rows: Sequence[int],
+    orders: Sequence[Optional[Tensor]],
+    width: int,
+    height: int,
+    gts: Tensor,
+    backgrounds: Tensor,
+    ssim_lambda: float,
+    tile_size: int,
+    absgrad_sinks: Optional[Sequence[List[Tensor]]],
+    known_intersections: Optional[int],
+) -> Tuple[Tensor, Tensor]:
+    """The one fused call of :func:`composite_views_fused_loss` on the views' padded fields
+    (means2d [C,M,2], conics, colors, opacities, depths, radii; view j's records in its first
+    ``rows[j]`` rows, ``orders[j]`` their permutation from the caller's order or None)."""
+    from bytesplat_ns.raster.fused import _check, _FusedLoss, bin_tiles, fused_schedule
+
+    m, conics, colors, opacities, depths, radii = padded
+    C = m.shape[0]
+    _check(width, height, tile_size, m.device)
     absgrad = absgrad_sinks is not None and m.requires_grad
     offsets, flatten_ids = bin_tiles(m, radii, depths, width, height, tile_size, known_intersections)
     # _FusedLoss scores the mean over the C views (they share the image size), so C x that is the sum
@@ -334,6 +356,88 @@ def composite_views_fused_loss(
         assert absgrad_sinks is not None
         _collect_absgrad(m, orders, absgrad_sinks, rows)
     return loss * C, rgb
+
+
+Span = Tuple[int, int, int]  # (source rank, first row in its record table, rows)
+
+
+class _PaddedViewFields(torch.autograd.Function):
+    """A group of a rank's views' records, straight from the per-source record tables the exchange
+    delivered ([m_s, F] rows: means2d 2, conics 3, colors D, opacity, depth), as the fused call's
+    padded fields: means2d [C,M,2], conics [C,M,3], colors [C,M,D], opacities [C,M], depths [C,M]
+    (not differentiable). View j is ``spans[j]``: its rows in each source's table, sources in rank
+    order (so in global-id order), then zero rows up to M. One batched cat of whole rows and one
+    copy per field, and one cat per source in the backward: the per-view cats and per-field pads it
+    replaces were about 40 launches between the step's one host read and its first render, where the
+    GPU waits for the host (the 1M two-GPU step, docs/benchmarks.md)."""
+
+    @staticmethod
+    def forward(ctx, spans: Sequence[Sequence[Span]], D: int, *tables: Tensor):  # type: ignore[override]
+        rows = [sum(c for _, _, c in sp) for sp in spans]
+        C, M, F = len(spans), max(rows), tables[0].shape[1]
+        pad = tables[0].new_zeros((M - min(rows), F))
+        pieces = []
+        for j, sp in enumerate(spans):
+            pieces += [tables[s][a : a + c] for s, a, c in sp if c]
+            if rows[j] < M:
+                pieces.append(pad[: M - rows[j]])
+        full = torch.cat(pieces).view(C, M, F)
+        ctx.spans, ctx.shape, ctx.table_rows = spans, (C, M, F, D), [t.shape[0] for t in tables]
+        depths = full[..., 6 + D].contiguous()
+        ctx.mark_non_differentiable(depths)
+        return (full[..., 0:2].contiguous(), full[..., 2:5].contiguous(), full[..., 5 : 5 + D].contiguous(),
+                full[..., 5 + D].contiguous(), depths)
+
+    @staticmethod
+    def backward(ctx, g_means2d, g_conics, g_colors, g_opacities, _g_depths):  # type: ignore[override]
+        C, M, F, D = ctx.shape
+        like = next((g for g in (g_means2d, g_conics, g_colors, g_opacities) if g is not None), None)
+        if like is None:
+            return (None, None, *(None for _ in ctx.table_rows))
+        cols = [(g_means2d, 2), (g_conics, 3), (g_colors, D), (None if g_opacities is None else g_opacities[..., None], 1),
+                (None, 1)]
+        full = torch.cat([g if g is not None else like.new_zeros((C, M, w)) for g, w in cols], dim=-1).view(C * M, F)
+        grads = []
+        for s, n_rows in enumerate(ctx.table_rows):
+            pieces = [full[j * M + off : j * M + off + c]
+                      for j, sp in enumerate(ctx.spans) for off, (src, _, c) in _row_offsets(sp) if src == s and c]
+            first = min((a for sp in ctx.spans for src, a, c in sp if src == s and c), default=0)
+            got = torch.cat(pieces) if pieces else full.new_zeros((0, F))
+            if got.shape[0] == n_rows:
+                grads.append(got)
+            else:  # this group holds part of the source's rows (its views in consecutive order)
+                grads.append(torch.nn.functional.pad(got, (0, 0, first, n_rows - first - got.shape[0])))
+        return (None, None, *grads)
+
+
+def _row_offsets(span: Sequence[Span]):
+    """(first row in the view's padded rows, span) for each of a view's spans."""
+    off = 0
+    for sp in span:
+        yield off, sp
+        off += sp[2]
+
+
+def padded_view_fields(tables: Sequence[Tensor], radii: Sequence[Tensor], gids: Sequence[Tensor],
+                       spans: Sequence[Sequence[Span]], num_channels: int) -> Tuple[Tuple[Tensor, ...], List[int]]:
+    """The fused call's padded fields (``_PaddedViewFields``, differentiable wrt ``tables``) plus
+    radii [C,M] (0 in the padding: in no tile's list) for the views ``spans``; and their row counts.
+    Off the GPU the records' global-id order is asserted, as ``_records_in_gid_order`` does."""
+    rows = [sum(c for _, _, c in sp) for sp in spans]
+    M = max(rows)
+    if not tables[0].is_cuda:
+        for sp in spans:
+            g = torch.cat([gids[s][a : a + c] for s, a, c in sp]).to(torch.int64)
+            if g.numel() > 1 and bool((g[1:] < g[:-1]).any()):
+                raise AssertionError("records said to be in global-id order are not")
+    fields = _PaddedViewFields.apply(spans, num_channels, *tables)
+    pad = radii[0].new_zeros(M - min(rows))
+    pieces = []
+    for j, sp in enumerate(spans):
+        pieces += [radii[s][a : a + c] for s, a, c in sp if c]
+        if rows[j] < M:
+            pieces.append(pad[: M - rows[j]])
+    return (*fields, torch.cat(pieces).view(len(spans), M)), rows
 
 
 def composite_records_fused_loss(
@@ -506,72 +610,67 @@ class _ShardedRenderLoss(torch.autograd.Function):
         table = torch.cat([means2d, conics, colors, opacities[..., None], depths[..., None]], dim=-1).reshape(B * n, -1)
         # Every rank's records per view are known on the host (sharded_render_loss's one gather), so
         # the visible rows come from one nonzero of known size (no device read), view-major; each
-        # rank's views are a contiguous block, so its rows are the next slice.
+        # rank's views are a contiguous block, so its rows are the next slice (one gather of rows,
+        # radii and ids for every destination).
         sent_per_view = runner.view_counts[rank]
         flat_all = _nonzero_of_known_count(runner.visible.reshape(-1), sum(sent_per_view))
+        rows_all = table.index_select(0, flat_all)
+        radii_all = radii.reshape(-1).index_select(0, flat_all)
+        gids_all = (flat_all % n + offset).to(torch.int32) if n > 0 else flat_all.to(torch.int32)
         outgoing: List[Records] = []
         runner.sent_index = []
         start = 0
         for d in range(world):
             stop = start + sum(sent_per_view[v] for v in owners_views[d])
-            flat = flat_all[start:stop]
+            runner.sent_index.append(flat_all[start:stop])
+            outgoing.append(Records(rows_all[start:stop], radii_all[start:stop], gids_all[start:stop]))
             start = stop
-            runner.sent_index.append(flat)
-            outgoing.append(Records(table.index_select(0, flat), radii.reshape(-1).index_select(0, flat),
-                                    (flat % n + offset).to(torch.int32) if n > 0 else flat.to(torch.int32)))
         mine = owners_views[rank]
         counts = [[runner.view_counts[s][v] for v in mine] for s in range(world)]  # [source][my view]
         received = runner.communicator.send_records(outgoing, D, counts, dtype, runner.stats)
 
         G = grad_columns(D)
-        runner.absgrad_slots = []
         runner.leaves = [r.floats.detach().requires_grad_(True) for r in received]
+        # view j's records: (source, first row, rows) in each source's table (view-major there)
+        starts = [0] * world
+        spans: List[List[Span]] = []
+        for j in range(len(mine)):
+            spans.append([(s, starts[s], counts[s][j]) for s in range(world)])
+            starts = [a + counts[s][j] for s, a in enumerate(starts)]
+        sinks: List[Optional[List[Tensor]]] = [[] if runner.absgrad else None for _ in mine]
+        # (spans, sink) per view, to route absgrad back to the owners
+        runner.absgrad_slots = [(sp, sk) for sp, sk in zip(spans, sinks)] if runner.absgrad else []
+        radii_in = [r.radii for r in received]
+        gids_in = [r.gids for r in received]
         with torch.enable_grad():
             loss = means2d.new_zeros(())
-            starts = [0] * world
-            per_view = []  # (view, its fields, its absgrad sink)
-            for j, v in enumerate(mine):
-                parts, radii_v, gids_v = [], [], []
-                for s in range(world):
-                    c = counts[s][j]
-                    a = starts[s]
-                    parts.append(runner.leaves[s][a : a + c])
-                    radii_v.append(received[s].radii[a : a + c])
-                    gids_v.append(received[s].gids[a : a + c])
-                    starts[s] = a + c
-                rec = torch.cat(parts, 0)
-                sink: Optional[List[Tensor]] = None
-                if runner.absgrad:
-                    # (source, first row, count) of each part, to route absgrad back to its owner.
-                    spans = [(s, starts[s] - p.shape[0], p.shape[0]) for s, p in enumerate(parts)]
-                    sink = []
-                    runner.absgrad_slots.append((spans, sink))
-                fields = (rec[:, 0:2], rec[:, 2:5], rec[:, 5 : 5 + D], rec[:, 5 + D], rec[:, 6 + D].detach(),
-                          torch.cat(radii_v), torch.cat(gids_v))
-                per_view.append((v, fields, sink))
             lam = splatfacto_lambda(runner.loss_fn)
             fused_loss = runner.compositor == "fused" and lam is not None and D == 3
             tiles = None if runner.view_tiles is None else [sum(runner.view_tiles[s][v] for s in range(world)) for v in mine]
-            for group in _view_groups(tiles if fused_loss else None, len(per_view), means2d.device):
-                part = [per_view[j] for j in group]
-                if fused_loss and any(f[0].shape[0] > 0 for _, f, _ in part):
+            for group in _view_groups(tiles if fused_loss else None, len(mine), means2d.device):
+                if fused_loss and any(c for j in group for _, _, c in spans[j]):
                     # splatfacto's loss and its gradients inside the fused kernels (no image-sized
                     # intermediates, no pytorch_msssim graph), the group's views in one call
-                    group_views = [v for v, _, _ in part]
-                    ref = part[0][1][0]
-                    loss_sum, rgb = composite_views_fused_loss(
-                        [f for _, f, _ in part], views.width, views.height,
-                        torch.stack([views.images[v].to(ref) for v in group_views]),
-                        torch.stack([views.backgrounds[v].to(ref) for v in group_views]), ssim_lambda=lam,
-                        tile_size=runner.tile_size, absgrad_sinks=[s for _, _, s in part] if runner.absgrad else None,
-                        sorted_by_gid=True, known_intersections=None if tiles is None else sum(tiles[j] for j in group),
+                    group_views = [mine[j] for j in group]
+                    padded, rows = padded_view_fields(runner.leaves, radii_in, gids_in, [spans[j] for j in group], D)
+                    loss_sum, rgb = _score_padded_views(
+                        padded, rows, [None] * len(group), views.width, views.height,
+                        torch.stack([views.images[v].to(padded[0]) for v in group_views]),
+                        torch.stack([views.backgrounds[v].to(padded[0]) for v in group_views]), lam,
+                        runner.tile_size, [sinks[j] for j in group] if runner.absgrad else None,
+                        None if tiles is None else sum(tiles[j] for j in group),
                     )
                     runner.renders.update(zip(group_views, rgb.unbind(0)))
                     loss = loss + loss_sum / B
                     continue
-                for v, fields, sink in part:
+                for j in group:
+                    v = mine[j]
+                    rec = torch.cat([runner.leaves[s][a : a + c] for s, a, c in spans[j]], 0)
+                    fields = (rec[:, 0:2], rec[:, 2:5], rec[:, 5 : 5 + D], rec[:, 5 + D], rec[:, 6 + D].detach(),
+                              torch.cat([radii_in[s][a : a + c] for s, a, c in spans[j]]),
+                              torch.cat([gids_in[s][a : a + c] for s, a, c in spans[j]]))
                     render, alpha = composite_records(*fields, views.width, views.height, runner.tile_size,
-                                                      absgrad_sink=sink, compositor=runner.compositor, sorted_by_gid=True)
+                                                      absgrad_sink=sinks[j], compositor=runner.compositor, sorted_by_gid=True)
                     rgb = rgb_with_background(render, alpha, views.backgrounds[v].to(render))
                     runner.renders[v] = rgb.detach()
                     loss = loss + runner.loss_fn(rgb, views.images[v].to(rgb)) / B
