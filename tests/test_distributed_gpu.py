@@ -159,8 +159,10 @@ def test_sharded_forward_reads_the_device_once():
 
     with warnings.catch_warnings():
         warnings.simplefilter("always")
-        warnings.showwarning = note
+        # Set the mode before listening: its first use in a process emits a one-time warning of its
+        # own (which a run of this file alone counted as a read; the full GPU suite had used it earlier).
         torch.cuda.set_sync_debug_mode("warn")
+        warnings.showwarning = note
         try:
             fwd = forward()
         finally:
