@@ -194,6 +194,16 @@ def _nonzero_of_known_count(mask: Tensor, count: int) -> Tensor:
         return torch.nonzero(mask).squeeze(1)
 
 
+def _out_of_gid_order(gids: Tensor, said_sorted: bool = False) -> bool:
+    """Whether records with these global ids are out of order (reads the device); records
+    ``said_sorted`` that are not raise instead."""
+    g = gids.to(torch.int64)
+    unsorted = g.numel() > 1 and bool((g[1:] < g[:-1]).any())
+    if unsorted and said_sorted:
+        raise AssertionError("records said to be in global-id order are not")
+    return unsorted
+
+
 def _records_in_gid_order(means2d, conics, colors, opacities, depths, radii, gids, sorted_by_gid=False):
     """Put records in global-id order (a stable depth sort then breaks ties by global id, exactly
     as one process holding all Gaussians). Returns the permuted tensors and the order (or None).
@@ -201,9 +211,7 @@ def _records_in_gid_order(means2d, conics, colors, opacities, depths, radii, gid
     a device read per view, is skipped on the GPU; on the CPU, where it costs no wait, it is asserted."""
     g = gids.to(torch.int64)
     order = None
-    unsorted = g.numel() > 1 and (not sorted_by_gid or not g.is_cuda) and bool((g[1:] < g[:-1]).any())
-    if unsorted and sorted_by_gid:
-        raise AssertionError("records said to be in global-id order are not")
+    unsorted = (not sorted_by_gid or not g.is_cuda) and _out_of_gid_order(g, sorted_by_gid)
     if unsorted:
         order = torch.argsort(g, stable=True)
         means2d, conics, colors = means2d[order], conics[order], colors[order]
@@ -373,15 +381,8 @@ class _PaddedViewFields(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, spans: Sequence[Sequence[Span]], D: int, *tables: Tensor):  # type: ignore[override]
-        rows = [sum(c for _, _, c in sp) for sp in spans]
-        C, M, F = len(spans), max(rows), tables[0].shape[1]
-        pad = tables[0].new_zeros((M - min(rows), F))
-        pieces = []
-        for j, sp in enumerate(spans):
-            pieces += [tables[s][a : a + c] for s, a, c in sp if c]
-            if rows[j] < M:
-                pieces.append(pad[: M - rows[j]])
-        full = torch.cat(pieces).view(C, M, F)
+        full = _padded_rows(tables, spans)
+        C, M, F = full.shape
         ctx.spans, ctx.shape, ctx.table_rows = spans, (C, M, F, D), [t.shape[0] for t in tables]
         depths = full[..., 6 + D].contiguous()
         ctx.mark_non_differentiable(depths)
@@ -397,25 +398,39 @@ class _PaddedViewFields(torch.autograd.Function):
         cols = [(g_means2d, 2), (g_conics, 3), (g_colors, D), (None if g_opacities is None else g_opacities[..., None], 1),
                 (None, 1)]
         full = torch.cat([g if g is not None else like.new_zeros((C, M, w)) for g, w in cols], dim=-1).view(C * M, F)
+        # each source's rows, in view order (its table is view-major), and where the group's start
+        pieces: List[List[Tensor]] = [[] for _ in ctx.table_rows]
+        first: List[int] = [0] * len(ctx.table_rows)
+        for j, sp in enumerate(ctx.spans):
+            row = j * M
+            for s, a, c in sp:
+                if c:
+                    if not pieces[s]:
+                        first[s] = a
+                    pieces[s].append(full[row : row + c])
+                row += c
         grads = []
         for s, n_rows in enumerate(ctx.table_rows):
-            pieces = [full[j * M + off : j * M + off + c]
-                      for j, sp in enumerate(ctx.spans) for off, (src, _, c) in _row_offsets(sp) if src == s and c]
-            first = min((a for sp in ctx.spans for src, a, c in sp if src == s and c), default=0)
-            got = torch.cat(pieces) if pieces else full.new_zeros((0, F))
+            got = torch.cat(pieces[s]) if pieces[s] else full.new_zeros((0, F))
             if got.shape[0] == n_rows:
                 grads.append(got)
             else:  # this group holds part of the source's rows (its views in consecutive order)
-                grads.append(torch.nn.functional.pad(got, (0, 0, first, n_rows - first - got.shape[0])))
+                grads.append(torch.nn.functional.pad(got, (0, 0, first[s], n_rows - first[s] - got.shape[0])))
         return (None, None, *grads)
 
 
-def _row_offsets(span: Sequence[Span]):
-    """(first row in the view's padded rows, span) for each of a view's spans."""
-    off = 0
-    for sp in span:
-        yield off, sp
-        off += sp[2]
+def _padded_rows(tables: Sequence[Tensor], spans: Sequence[Sequence[Span]]) -> Tensor:
+    """[C, M, ...]: view j's rows ``spans[j]`` of the per-source ``tables``, then zero rows up to the
+    longest view's M (one zero block shared by every view, one cat)."""
+    rows = [sum(c for _, _, c in sp) for sp in spans]
+    M = max(rows)
+    pad = tables[0].new_zeros((M - min(rows),) + tuple(tables[0].shape[1:]))
+    pieces = []
+    for j, sp in enumerate(spans):
+        pieces += [tables[s][a : a + c] for s, a, c in sp if c]
+        if rows[j] < M:
+            pieces.append(pad[: M - rows[j]])
+    return torch.cat(pieces).view((len(spans), M) + tuple(tables[0].shape[1:]))
 
 
 def padded_view_fields(tables: Sequence[Tensor], radii: Sequence[Tensor], gids: Sequence[Tensor],
@@ -423,21 +438,11 @@ def padded_view_fields(tables: Sequence[Tensor], radii: Sequence[Tensor], gids: 
     """The fused call's padded fields (``_PaddedViewFields``, differentiable wrt ``tables``) plus
     radii [C,M] (0 in the padding: in no tile's list) for the views ``spans``; and their row counts.
     Off the GPU the records' global-id order is asserted, as ``_records_in_gid_order`` does."""
-    rows = [sum(c for _, _, c in sp) for sp in spans]
-    M = max(rows)
     if not tables[0].is_cuda:
         for sp in spans:
-            g = torch.cat([gids[s][a : a + c] for s, a, c in sp]).to(torch.int64)
-            if g.numel() > 1 and bool((g[1:] < g[:-1]).any()):
-                raise AssertionError("records said to be in global-id order are not")
+            _out_of_gid_order(torch.cat([gids[s][a : a + c] for s, a, c in sp]), said_sorted=True)
     fields = _PaddedViewFields.apply(spans, num_channels, *tables)
-    pad = radii[0].new_zeros(M - min(rows))
-    pieces = []
-    for j, sp in enumerate(spans):
-        pieces += [radii[s][a : a + c] for s, a, c in sp if c]
-        if rows[j] < M:
-            pieces.append(pad[: M - rows[j]])
-    return (*fields, torch.cat(pieces).view(len(spans), M)), rows
+    return (*fields, _padded_rows(radii, spans)), [sum(c for _, _, c in sp) for sp in spans]
 
 
 def composite_records_fused_loss(
