@@ -43,6 +43,8 @@ def main() -> None:
     p.add_argument("--split", choices=("train", "eval"), default="train")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
+    if not args.load_config.is_file():
+        p.error(f"--load-config {args.load_config}: no such file (a run's config.yml)")
     out = evaluate(args.load_config, args.split)
     args.out.write_text(json.dumps(out, indent=2))
     r = out["results"]

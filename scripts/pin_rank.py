@@ -31,6 +31,8 @@ def physical_cores(cpus: List[int]) -> List[List[int]]:
 
 
 def main() -> None:
+    if len(sys.argv) < 2 or sys.argv[1].startswith("-"):
+        sys.exit("usage: pin_rank.py MODULE [ARGS...]  (run under torchrun; see the docstring)")
     rank = int(os.environ.get("LOCAL_RANK", "0"))
     world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     cores = physical_cores(list(os.sched_getaffinity(0)))

@@ -93,6 +93,16 @@ def test_eval_split_script_scores_eval_views_as_ns_eval_and_the_training_views(t
     assert got["train"]["results"]["psnr"] != got["eval"]["results"]["psnr"]
 
 
+def test_eval_split_script_rejects_a_missing_config(tmp_path):
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "eval_split.py"
+    out = subprocess.run([sys.executable, str(script), "--load-config", str(tmp_path / "none.yml"), "--out",
+                          str(tmp_path / "o.json")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "no such file" in out.stderr and not (tmp_path / "o.json").exists()
+
+
 def test_resume_continues_training_the_loaded_gaussians(trained, workdir):
     from bytesplat_ns.trainer import read_checkpoint
 

@@ -47,3 +47,8 @@ def test_ranks_get_disjoint_cores_and_the_module_its_arguments(tmp_path):
     a, b = (set(g["cpus"]) for g in got)
     assert a and b and not a & b and a | b <= set(allowed)
     assert a == set(c for g in cores[: len(cores) // 2] for c in g)
+
+
+def test_without_a_module_it_says_how_to_call_it():
+    out = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "usage: pin_rank.py MODULE" in out.stderr
