@@ -158,7 +158,7 @@ def project_shard(
     """
     B = views.num_views
     means = params["means"]
-    projection = resolve_projection(projection) if means.is_cuda else "torch"
+    projection = resolve_projection(projection, means.device)
     radii, means2d, depths, conics, cols, _ = project(
         means, params["quats"], torch.exp(params["scales"]), params["opacities"].squeeze(-1),
         gaussian_colors(params, sh_degree), views.viewmats, views.Ks, views.width, views.height,

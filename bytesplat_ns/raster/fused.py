@@ -45,10 +45,12 @@ __all__ = [
 # ----------------------------------------------------------------------------------------------
 
 
-def resolve_projection(projection: Optional[str]) -> str:
-    """``auto`` (or None) -> ``gsplat`` when its CUDA extension imports, else ``torch``."""
+def resolve_projection(projection: Optional[str], device: torch.device) -> str:
+    """``auto`` (or None) -> ``gsplat`` for CUDA tensors when its CUDA extension imports, else ``torch``."""
     if projection not in (None, "auto"):
         return projection
+    if device.type != "cuda":
+        return "torch"
     try:
         import gsplat.cuda._wrapper  # noqa: F401
 
@@ -78,7 +80,7 @@ def project(
     conics [C,N,3], colors [C,N,3] (post-activation), opacities [C,N]. ``projection``: gsplat, torch
     or auto (None: auto; see :func:`resolve_projection`)."""
     C = viewmats.shape[0]
-    projection = resolve_projection(projection)
+    projection = resolve_projection(projection, means.device)
     if projection == "gsplat":
         from gsplat.cuda._wrapper import fully_fused_projection, spherical_harmonics
 
