@@ -13,8 +13,7 @@ once and keeps the torch implementation (same results, more memory traffic).
 from __future__ import annotations
 
 import warnings
-from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -22,10 +21,6 @@ from torch import Tensor
 from bytesplat_ns.raster._build import SPARSE_GRAD_KERNELS as EXTENSION
 
 _failed: Optional[str] = None
-
-
-def source_paths() -> List[Path]:
-    return EXTENSION.source_paths()
 
 
 def load_extension(verbose: bool = False):

@@ -51,11 +51,6 @@ def cuda_source_dir() -> Path:
     return Path(bytesplat_ns.__file__).resolve().parent.parent / "cuda"
 
 
-def source_paths() -> List[Path]:
-    d = cuda_source_dir()
-    return [d / s for s in SOURCES]
-
-
 def _nvcc_path() -> Optional[str]:
     from torch.utils import cpp_extension
 
@@ -202,11 +197,6 @@ RASTER_KERNELS = JitExtension("bytesplat_cuda", "the bytesplat CUDA kernels", SO
 # The sparse-grad communicator's kernels: built independently of the rasterizer's.
 SPARSE_GRAD_KERNELS = JitExtension("bytesplat_sparse_grad", "the bytesplat sparse-grad CUDA kernels",
                                    SPARSE_GRAD_SOURCES)
-
-
-def extension_name(arch: str, fast_math: bool) -> str:
-    """Unique per source contents and flags, so an edit or another GPU never reuses a stale build."""
-    return RASTER_KERNELS.name(arch, fast_math)
 
 
 def load_extension(verbose: bool = False):
