@@ -155,7 +155,8 @@ def test_fused_adam_switch_reaches_adam(monkeypatch):
     monkeypatch.setattr(optim, "_all_on_cuda", lambda params: True)  # as if the parameters were on a GPU
     monkeypatch.setattr(torch.optim.Adam, "__init__", record)
     for fused_on_gpu in (True, False):
-        opt = DeviceAdamOptimizerConfig(lr=0.1, eps=1e-15, fused_on_gpu=fused_on_gpu).setup([torch.nn.Parameter(torch.zeros(3))])
+        config = DeviceAdamOptimizerConfig(lr=0.1, eps=1e-15, fused_on_gpu=fused_on_gpu)
+        opt = config.setup([torch.nn.Parameter(torch.zeros(3))])
         assert type(opt) is DeviceAdam and "fused_on_gpu" not in opt.defaults
     assert asked == [True, None]
 

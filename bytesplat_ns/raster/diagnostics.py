@@ -39,8 +39,8 @@ def compare_with_unfused(
 
     The unfused path is what splatfacto does: ``unfused_backend`` (gsplat on CUDA, the reference
     elsewhere) renders, ``rgb = clamp(render + (1-alpha) bg, 0, 1)``, L1 + pytorch_msssim SSIM,
-    autograd; the fused step runs with ``options``. Returns norm-wise relative errors (fused vs unfused) of the loss, of the 2D gradient
-    handed to DefaultStrategy (``means2d.grad`` and ``.absgrad``, visible entries), of its
+    autograd; the fused step runs with ``options``. Returns norm-wise relative errors (fused vs
+    unfused) of the loss, of the 2D gradient handed to DefaultStrategy (``means2d.grad`` and ``.absgrad``, visible entries), of its
     per-Gaussian statistic (||absgrad * (W/2, H/2)||), of every parameter gradient, and whether
     the radii agree. Uses ``torch.autograd.grad`` (nothing accumulates into ``.grad``); costs one
     extra unfused and one extra fused step. ``ByteSplatModel`` runs it every
