@@ -238,9 +238,9 @@ def counted_generation(monkeypatch):
     calls = []
     real = scene_mod.generate_scene
 
-    def counting(spec, out_dir, progress=True):
+    def counting(spec, out_dir, progress=True, workers=None):
         calls.append(spec)
-        return real(spec, out_dir, progress=False)
+        return real(spec, out_dir, progress=False, workers=workers)
 
     monkeypatch.setattr(scene_mod, "generate_scene", counting)
     return calls
