@@ -37,5 +37,5 @@ class BytesplatError(Exception):
 
 
 class SettingError(BytesplatError, ValueError):
-    """A bad value of a bytesplat setting (an environment variable such as ``BYTESPLAT_WARP_CULL``):
-    one line on the command line like any :class:`BytesplatError`, and a ``ValueError`` to code."""
+    """A bad value of a bytesplat setting (e.g. a ``FusedOptions`` field given in code): one line on
+    the command line like any :class:`BytesplatError`, and a ``ValueError`` to code."""

@@ -26,7 +26,8 @@ from bytesplat_ns.compat import offline_safe_lpips
 from bytesplat_ns.data.datamanager import host_image_size
 from bytesplat_ns.errors import BytesplatError
 from bytesplat_ns.raster import rasterize, resolve_backend
-from bytesplat_ns.raster.fused import SSIM_WIN_SIZE
+from bytesplat_ns.raster.loss import SSIM_WIN_SIZE
+from bytesplat_ns.raster.options import FusedRasterConfig
 from bytesplat_ns.strategy import SyncFreeDefaultStrategy
 
 GAUSSIAN_PARAM_NAMES = ("means", "scales", "quats", "features_dc", "features_rest", "opacities")
@@ -39,6 +40,8 @@ class ByteSplatModelConfig(SplatfactoModelConfig):
     _target: Type = field(default_factory=lambda: ByteSplatModel)
     rasterizer: Literal["auto", "reference", "gsplat", "fused"] = "auto"
     """Rasterizer backend. auto: fused on GPU (gsplat, with the cause logged, if its kernels cannot be built), reference on CPU."""
+    fused: FusedRasterConfig = field(default_factory=FusedRasterConfig)
+    """Switches of the fused rasterizer (schedule, culling, reduction, projection, binning, cross-check)."""
     # Hardware-aware pruning (bytesplat_ns/pruning.py, docs/pruning.md).
     hw_prune: Literal["auto", "on", "off"] = "auto"
     """Prune so each tile's Gaussians fit the fused kernel's shared memory. auto: off for now (not yet shown
@@ -288,6 +291,7 @@ class ByteSplatModel(SplatfactoModel):
             sh_degree=sh_degree,
             render_mode=render_mode,
             absgrad=self.strategy.absgrad,
+            fused_options=self.config.fused.options(),
         )
         if self.training:
             self.strategy.step_pre_backward(self.gauss_params, self.optimizers, self.strategy_state, self.step, self.info)
@@ -324,14 +328,16 @@ class ByteSplatModel(SplatfactoModel):
         background = outputs["background"]
         gt = self.composite_with_background(self.get_gt_img(batch["image"]), background)
         gt_images, backgrounds = gt[None, ..., :3].float().contiguous(), background[None].float()
-        check_every = int(__import__("os").environ.get("BYTESPLAT_FUSED_CHECK", "0") or 0)
+        options = self.config.fused.options()
+        check_every = self.config.fused.check_every
         if check_every > 0 and self.step % check_every == 0:
             # Diagnostics: this step's fused loss/gradients against the unfused (splatfacto) path.
-            from bytesplat_ns.raster.fused import compare_with_unfused
+            from bytesplat_ns.raster.diagnostics import compare_with_unfused
 
             errors = compare_with_unfused(
                 raster_args, gt_images, backgrounds, {n: self.gauss_params[n] for n in GAUSSIAN_PARAM_NAMES},
                 sh_degree=sh_degree, ssim_lambda=self.config.ssim_lambda, absgrad=self.strategy.absgrad,
+                options=options,
             )
             errors["step"] = float(self.step)
             if not hasattr(self, "fused_check_log"):
@@ -346,6 +352,7 @@ class ByteSplatModel(SplatfactoModel):
             ssim_lambda=self.config.ssim_lambda,
             absgrad=self.strategy.absgrad,
             contribution=wants_contribution(self, self.step),  # the pruning score, from the backward kernel
+            options=options,
         )
         self.strategy.step_pre_backward(self.gauss_params, self.optimizers, self.strategy_state, self.step, self.info)
         outputs.update(rgb=rgb.squeeze(0), accumulation=alpha.squeeze(0), depth=None, fused_loss=loss)

@@ -6,12 +6,12 @@ a few milliseconds per step, those launches and their Python are a visible share
 (`bytesplat-bench profile`). ``fused=True`` does the whole update of a group in one kernel: the
 same Adam arithmetic, rounded differently in the last bits. On CPU (tests, CPU training) nothing
 changes: the default implementation is kept, so CPU runs stay comparable with earlier ones.
-``BYTESPLAT_FUSED_ADAM=0`` keeps the default implementation on the GPU too (A/B runs).
+``fused_on_gpu=False`` (``--optimizers.<group>.optimizer.fused-on-gpu False``) keeps the default
+implementation on the GPU too (A/B runs).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Iterable, Type
 
@@ -25,13 +25,13 @@ def _all_on_cuda(params: list) -> bool:
 
 
 class DeviceAdam(torch.optim.Adam):
-    """``torch.optim.Adam``, fused when every parameter is a CUDA float tensor and the caller chose
-    no implementation itself (``fused`` / ``foreach`` given explicitly are respected)."""
+    """``torch.optim.Adam``, fused when ``fused_on_gpu``, every parameter is a CUDA float tensor and
+    the caller chose no implementation itself (``fused`` / ``foreach`` given explicitly are respected)."""
 
-    def __init__(self, params: Iterable, **kwargs):
+    def __init__(self, params: Iterable, fused_on_gpu: bool = True, **kwargs):
         params = list(params)
         chosen = kwargs.get("fused") is not None or kwargs.get("foreach") is not None
-        if not chosen and os.environ.get("BYTESPLAT_FUSED_ADAM", "1") != "0" and _all_on_cuda(params):
+        if not chosen and fused_on_gpu and _all_on_cuda(params):
             kwargs["fused"] = True
         super().__init__(params, **kwargs)
 
@@ -41,3 +41,5 @@ class DeviceAdamOptimizerConfig(AdamOptimizerConfig):
     """nerfstudio's Adam config (same fields, same checkpoints) building a :class:`DeviceAdam`."""
 
     _target: Type = field(default_factory=lambda: DeviceAdam)
+    fused_on_gpu: bool = True
+    """Use PyTorch's fused Adam (one kernel per group) when every parameter is on the GPU; False keeps the default."""

@@ -75,7 +75,7 @@ def run(config):
     the trainer. The caller ends with ``teardown()``."""
     import torch.distributed as dist
 
-    from bytesplat_ns.distributed.runtime import init_distributed, launched_distributed
+    from bytesplat_ns.distributed.runtime import DEFAULT_TIMEOUT_S, init_distributed, launched_distributed
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -83,7 +83,8 @@ def run(config):
     if launched_distributed():
         if config.machine.device_type == "cuda" and not torch.cuda.is_available():
             raise BytesplatError("--machine.device-type cuda was asked for but no CUDA device is available.")
-        init_distributed("nccl" if config.machine.device_type == "cuda" else "gloo")
+        init_distributed("nccl" if config.machine.device_type == "cuda" else "gloo",
+                         timeout_s=getattr(config.pipeline, "rank_timeout", DEFAULT_TIMEOUT_S))
     config.machine.num_devices = world
     if config.data:
         config.pipeline.datamanager.data = config.data

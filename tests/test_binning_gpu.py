@@ -52,7 +52,8 @@ def _scene(C, N, W, H, seed, *, margin=0.5, max_r=40, culled=0.2, huge=0.0, dept
 
 
 def _check(means2d, radii, depths, W, H, tile_size=16):
-    from bytesplat_ns.raster.fused import _ops, bin_tiles, bin_tiles_torch
+    from bytesplat_ns.raster._wrapper import _ops
+    from bytesplat_ns.raster.fused import bin_tiles, bin_tiles_torch
 
     ref_off, ref_ids = bin_tiles_torch(means2d, radii, depths, W, H, tile_size)
     off, ids = _ops().bin_tiles(means2d.contiguous(), radii.contiguous(), depths.contiguous(), W, H, tile_size)
@@ -117,15 +118,14 @@ def test_single_gaussian_and_single_tile():
     assert _check(m, r, d, 10, 10) == 2  # one tile, both inside, sorted by depth
 
 
-def test_public_entry_dtypes_and_env(monkeypatch):
+def test_public_entry_dtypes_and_the_torch_switch():
     from bytesplat_ns.raster.fused import bin_tiles, bin_tiles_torch
 
     m, r, d = _scene(2, 2000, 150, 90, seed=3)
     ref = bin_tiles_torch(m, r, d, 150, 90)
     out = bin_tiles(m.double().requires_grad_(), r.long(), d, 150, 90)  # converted inputs
     assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
-    monkeypatch.setenv("BYTESPLAT_BINNING", "torch")
-    out = bin_tiles(m, r, d, 150, 90)
+    out = bin_tiles(m, r, d, 150, 90, binning="torch")  # FusedOptions.binning
     assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
 
 
@@ -134,7 +134,8 @@ def test_known_total_reads_nothing_and_lists_the_same():
     reads nothing back (sync debug mode "error" would raise) and lists the same pairs. A wrong
     total stays in bounds: a larger one pads with sentinels behind every tile (same lists), a
     smaller one truncates (never writes past its pairs)."""
-    from bytesplat_ns.raster.fused import _ops, bin_tiles_torch, tile_intersections
+    from bytesplat_ns.raster._wrapper import _ops
+    from bytesplat_ns.raster.fused import bin_tiles_torch, tile_intersections
 
     W, H = 203, 117
     m, r, d = _scene(3, 5000, W, H, seed=11, huge=0.005)
@@ -172,7 +173,8 @@ def _time_ms(fn, reps=20):
 
 
 def test_timing_1m_1080p():
-    from bytesplat_ns.raster.fused import _ops, bin_tiles_torch
+    from bytesplat_ns.raster._wrapper import _ops
+    from bytesplat_ns.raster.fused import bin_tiles_torch
 
     W, H, N = 1920, 1080, 1_000_000
     g = torch.Generator().manual_seed(0)

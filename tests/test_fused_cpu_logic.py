@@ -1,8 +1,9 @@
 """The fused backend's Python glue and its use by ByteSplatModel, on CPU.
 
-The CUDA extension is replaced by :class:`TorchOps`, a pure-PyTorch stand-in with the same entry
-points and return values (``render_fwd``, ``render_bwd``, ``fused_loss``, ``loss_grad``), built on the same tile
-lists and compositing rules. Everything else is the real code: ``rasterize_fused``'s projection,
+The CUDA extension is replaced by ``raster._torch_impl.TorchOps``, a pure-PyTorch stand-in with the
+same entry points and return values (``render_fwd``, ``render_bwd``, ``fused_loss``, ``loss_grad``),
+built on the same tile lists and compositing rules, here recording each launch's switches
+(tests/fused_ops_spy.py). Everything else is the real code: ``rasterize_fused``'s projection,
 binning and autograd Functions (``_RasterizeFused``, ``_FusedLoss``: gradient scaling, ``absgrad``
 publication, the ``RGB+ED`` depth pass), ``fused_render_loss``'s loss assembly, and the model's
 fused training step (``get_outputs`` -> ``get_metrics_dict`` -> ``get_loss_dict`` -> backward ->
@@ -14,14 +15,16 @@ tests/test_fused_gpu.py (GPU only).
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import pytest
 import torch
 
 from bytesplat_ns.errors import BytesplatError
+from bytesplat_ns.raster import _wrapper
 from bytesplat_ns.raster import fused as F
+from bytesplat_ns.raster.options import FusedOptions, FusedRasterConfig
 from bytesplat_ns.raster.reference import rasterize_reference
+from tests.fused_ops_spy import RecordingOps
 
 TOL = 2e-5  # float32 both sides, different summation orders
 
@@ -31,188 +34,12 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a - b).abs().max().item() / max(b.abs().max().item(), 1e-12)
 
 
-# ---------------------------------------------------------------------------------------------
-# A torch stand-in for the CUDA extension
-# ---------------------------------------------------------------------------------------------
-
-
-def tile_lists(offsets, fids, C, W, H):
-    """(camera, pixel x [P], pixel y [P], Gaussian ids front to back) for every tile of every view."""
-    tw, th = math.ceil(W / F.TILE_SIZE), math.ceil(H / F.TILE_SIZE)
-    offs = offsets.long().tolist()
-    for cam in range(C):
-        for t in range(tw * th):
-            tx, ty = t % tw, t // tw
-            xs = torch.arange(tx * F.TILE_SIZE, min((tx + 1) * F.TILE_SIZE, W))
-            ys = torch.arange(ty * F.TILE_SIZE, min((ty + 1) * F.TILE_SIZE, H))
-            py, px = torch.meshgrid(ys, xs, indexing="ij")
-            yield cam, px.flatten(), py.flatten(), fids[offs[cam * tw * th + t]: offs[cam * tw * th + t + 1]].long()
-
-
-def twin_composite(m, c, col, o, bg, offsets, fids, C, W, H, absbuf: Optional[torch.Tensor] = None):
-    """The kernels' compositing in torch, vectorised per tile (gsplat's alpha/skip/stop rules).
-
-    m [C*N,2], c [C*N,3], col [C*N,3], o [C*N], bg [C,3] or None; returns rgb [C,H,W,3] (with
-    T*bg), alpha [C,H,W,1], T [C,H,W]. ``absbuf`` [C*N,2]: the backward adds the per-pixel
-    |dL/dmean2d| into it (gsplat's absgrad)."""
-    vals, idxs = [], []
-    for cam, px, py, ids in tile_lists(offsets, fids, C, W, H):
-        idxs.append((cam * H + py) * W + px)
-        P = px.numel()
-        if ids.numel() == 0:
-            rgb = torch.zeros(P, 3) + (bg[cam][None] if bg is not None else 0.0)
-            vals.append(torch.cat([rgb, torch.ones(P, 1)], -1))
-            continue
-        dx = m[ids, 0][:, None] - (px.float() + 0.5)[None, :]  # [K,P]
-        dy = m[ids, 1][:, None] - (py.float() + 0.5)[None, :]
-        if absbuf is not None and dx.requires_grad:
-            def _hook(g, col, ids=ids):
-                absbuf[:, col].index_add_(0, ids, g.abs().sum(1))
-
-            dx.register_hook(lambda g, ids=ids: _hook(g, 0, ids))
-            dy.register_hook(lambda g, ids=ids: _hook(g, 1, ids))
-        cc = c[ids]
-        sigma = 0.5 * (cc[:, 0:1] * dx * dx + cc[:, 2:3] * dy * dy) + cc[:, 1:2] * dx * dy
-        alpha = torch.clamp(o[ids][:, None] * torch.exp(-sigma), max=0.999)
-        with torch.no_grad():
-            keep = (sigma >= 0) & (alpha >= 1.0 / 255.0)
-            T_try = torch.cumprod(1 - alpha * keep, 0)
-            keep &= T_try > 1e-4  # non-increasing: a prefix; the pixel stops before the rest
-        alpha = alpha * keep
-        T_incl = torch.cumprod(1 - alpha, 0)
-        T_excl = torch.cat([torch.ones_like(T_incl[:1]), T_incl[:-1]], 0)
-        w = alpha * T_excl  # [K,P]
-        rgb = w.t() @ col[ids]  # [P,3]
-        T = T_incl[-1]
-        if bg is not None:
-            rgb = rgb + T[:, None] * bg[cam][None]
-        vals.append(torch.cat([rgb, T[:, None]], -1))
-    out = torch.zeros(C * H * W, 4).index_copy(0, torch.cat(idxs), torch.cat(vals))
-    out = out.view(C, H, W, 4)
-    return out[..., :3], 1 - out[..., 3:], out[..., 3]
-
-
-@torch.no_grad()
-def twin_contribution(m, c, o, offsets, fids, C, W, H):
-    """The pruning score as the backward kernels gather it, in torch: walking each tile's list (the
-    fused binning) front to back, the largest alpha*T each entry gets at a pixel of the tile, the
-    Gaussian that stops a pixel counting with the T in front of it. [C*N]."""
-    out = torch.zeros(m.shape[0], dtype=m.dtype)
-    for cam, px, py, ids in tile_lists(offsets, fids, C, W, H):
-        if ids.numel() == 0:
-            continue
-        dx = m[ids, 0][:, None] - (px.flatten().float() + 0.5)[None, :]  # [K,P]
-        dy = m[ids, 1][:, None] - (py.flatten().float() + 0.5)[None, :]
-        cc = c[ids]
-        sigma = 0.5 * (cc[:, 0:1] * dx * dx + cc[:, 2:3] * dy * dy) + cc[:, 1:2] * dx * dy
-        alpha = torch.clamp(o[ids][:, None] * torch.exp(-sigma), max=0.999)
-        alpha = alpha * ((sigma >= 0) & (alpha >= 1.0 / 255.0))
-        T_incl = torch.cumprod(1 - alpha, 0)
-        T_excl = torch.cat([torch.ones_like(T_incl[:1]), T_incl[:-1]], 0)
-        # up to the stopping Gaussian T in front is the composited one; behind it, <= 1e-4
-        w = alpha * T_excl * (T_excl > 1e-4)
-        out.scatter_reduce_(0, ids, w.amax(1), reduce="amax")
-    return out
-
-
-class TorchOps:
-    """Same signatures and outputs as the compiled extension (cuda/bindings.cpp)."""
-
-    def __init__(self):
-        self.calls = {"render_fwd": 0, "render_bwd": 0, "fused_loss": 0, "loss_grad": 0}
-        self.butterfly = []  # (entry point, butterfly flag) per backward launch
-        self.contribution = []  # (entry point, contribution flag) per backward launch
-        self.warp_cull = []  # (entry point, warp_cull flag) per launch
-
-    def render_fwd(self, m, c, col, o, bg, offsets, fids, C, W, H, with_stop, warp_cull):
-        self.calls["render_fwd"] += 1
-        assert isinstance(with_stop, bool) and isinstance(warp_cull, bool)
-        self.warp_cull.append(("render_fwd", warp_cull))
-        rgb, alpha, T = twin_composite(m, c, col, o, bg, offsets, fids, C, W, H)
-        stop = torch.full((C if with_stop else 0, H, W), -1, dtype=torch.int32)
-        return rgb, alpha, T, torch.zeros(C, H, W, dtype=torch.int32), stop
-
-    def render_bwd(self, m, c, col, o, bg, offsets, fids, C, W, H, T, last, v_rgb, v_alpha, absgrad,
-                   butterfly, contribution, stop, warp_cull):
-        self.calls["render_bwd"] += 1
-        assert isinstance(butterfly, bool) and isinstance(contribution, bool) and isinstance(warp_cull, bool)
-        self.warp_cull.append(("render_bwd", warp_cull))
-        assert (stop is not None) == contribution and (stop is None or stop.shape == (C, H, W))
-        self.butterfly.append(("render_bwd", butterfly))
-        self.contribution.append(("render_bwd", contribution))
-        ins = [t.detach().clone().requires_grad_(True) for t in (m, c, col, o)]
-        absbuf = torch.zeros_like(m) if absgrad else None
-        with torch.enable_grad():
-            rgb, alpha, _ = twin_composite(*ins, bg, offsets, fids, C, W, H, absbuf=absbuf)
-            va = v_alpha if v_alpha is not None else torch.zeros_like(alpha)
-            grads = torch.autograd.grad((rgb, alpha), ins, (v_rgb, va), allow_unused=True)
-        grads = [g if g is not None else torch.zeros_like(x) for g, x in zip(grads, ins)]
-        contrib = twin_contribution(m, c, o, offsets, fids, C, W, H) if contribution else torch.empty(0)
-        return (*grads, absbuf if absgrad else torch.empty(0), contrib)
-
-    def loss_grad(self, render, gt, ssim_lambda, window, clamp_inclusive):
-        """cuda/loss_grad.cu: dL/d render of splatfacto's loss of clamp(render) (torch.clamp's own
-        mask through autograd), the clamped rgb, and per-tile partials the host divides by the counts."""
-        from pytorch_msssim import SSIM
-
-        self.calls["loss_grad"] += 1
-        assert window.device.type == "cpu" and window.numel() == F.SSIM_WIN_SIZE
-        assert isinstance(clamp_inclusive, bool) and render.shape == gt.shape and render.shape[-1] == 3
-        C, H, W, _ = render.shape
-        x = render.detach().clone().requires_grad_(True)
-        with torch.enable_grad():
-            rgb = torch.clamp(x, 0.0, 1.0)
-            l1 = torch.abs(gt - rgb).mean()
-            ssim = SSIM(data_range=1.0, size_average=True, channel=3, win_size=F.SSIM_WIN_SIZE,
-                        win_sigma=F.SSIM_WIN_SIGMA)(gt.permute(0, 3, 1, 2), rgb.permute(0, 3, 1, 2))
-            loss = (1 - ssim_lambda) * l1 + ssim_lambda * (1 - ssim)
-            (v_render,) = torch.autograd.grad(loss, x)
-        tw, th = math.ceil(W / F.TILE_SIZE), math.ceil(H / F.TILE_SIZE)
-        partials = torch.zeros(C * tw * th, 2)
-        partials[0, 0] = l1.detach() * (C * H * W * 3)
-        partials[0, 1] = ssim.detach() * (C * 3 * (H - F.SSIM_WIN_SIZE + 1) * (W - F.SSIM_WIN_SIZE + 1))
-        return v_render, rgb.detach(), partials
-
-    def fused_loss(self, m, c, col, o, bg, gt, offsets, fids, C, W, H, ssim_lambda, window, cap,
-                   blocks_per_sm, absgrad, force_two_phase, clamp_inclusive, butterfly, contribution, warp_cull):
-        from pytorch_msssim import SSIM
-
-        self.calls["fused_loss"] += 1
-        assert isinstance(butterfly, bool) and isinstance(contribution, bool) and isinstance(warp_cull, bool)
-        self.warp_cull.append(("fused_loss", warp_cull))
-        self.butterfly.append(("fused_loss", butterfly))
-        self.contribution.append(("fused_loss", contribution))
-        assert window.device.type == "cpu" and window.numel() == F.SSIM_WIN_SIZE
-        ins = [t.detach().clone().requires_grad_(True) for t in (m, c, col, o)]
-        absbuf = torch.zeros_like(m) if absgrad else None
-        with torch.enable_grad():
-            render, alpha, _ = twin_composite(*ins, bg, offsets, fids, C, W, H, absbuf=absbuf)
-            rgb = torch.clamp(render, 0.0, 1.0)
-            l1 = torch.abs(gt - rgb).mean()
-            ssim = SSIM(data_range=1.0, size_average=True, channel=3, win_size=F.SSIM_WIN_SIZE,
-                        win_sigma=F.SSIM_WIN_SIGMA)(gt.permute(0, 3, 1, 2), rgb.permute(0, 3, 1, 2))
-            loss = (1 - ssim_lambda) * l1 + ssim_lambda * (1 - ssim)
-            grads = torch.autograd.grad(loss, ins, allow_unused=True)
-        grads = [g if g is not None else torch.zeros_like(x) for g, x in zip(grads, ins)]
-        tw, th = math.ceil(W / F.TILE_SIZE), math.ceil(H / F.TILE_SIZE)
-        partials = torch.zeros(C * tw * th, 2)
-        partials[0, 0] = l1.detach() * (C * H * W * 3)  # the host divides by the counts
-        partials[0, 1] = ssim.detach() * (C * 3 * (H - F.SSIM_WIN_SIZE + 1) * (W - F.SSIM_WIN_SIZE + 1))
-        info = torch.tensor([int(force_two_phase), int(cap or 1920), 264, 0], dtype=torch.long)
-        contrib = twin_contribution(m, c, o, offsets, fids, C, W, H) if contribution else torch.empty(0)
-        return (rgb.detach(), alpha.detach(), partials, *grads,
-                absbuf if absgrad else torch.empty(0), info, contrib)
-
-
 @pytest.fixture
 def torch_ops(monkeypatch):
-    """Run fused.py on CPU with the torch stand-in and the torch projection."""
-    ops = TorchOps()
-    monkeypatch.setattr(F, "_ops", lambda: ops)
+    """Run fused.py on CPU with the torch stand-in (CPU tensors take the torch projection)."""
+    ops = RecordingOps()
+    monkeypatch.setattr(_wrapper, "_ops", lambda: ops)
     monkeypatch.setattr(F, "_check", lambda *a, **k: None)
-    monkeypatch.setenv("BYTESPLAT_PROJECTION", "torch")
-    monkeypatch.delenv("BYTESPLAT_BWD_REDUCE", raising=False)  # the default unless a test sets it
-    monkeypatch.delenv("BYTESPLAT_WARP_CULL", raising=False)
     return ops
 
 
@@ -307,62 +134,53 @@ def test_rasterize_fused_eval_under_no_grad(torch_ops):
     assert torch.equal(rf[..., :3], rf3) and torch.equal(af, af3)  # depth never changes the RGB part
 
 
-def _through_every_entry_point(modes):
+def _through_every_entry_point(schedules, **switches):
     """rasterize_fused forward + backward, then fused_render_loss forward + backward in each of
-    ``modes``, on one small scene; the kernel info of each fused_render_loss call."""
+    ``schedules``, on one small scene, all with ``FusedOptions(**switches)``; the kernel info of each
+    fused_render_loss call."""
     scene = make_scene(N=40, seed=7)
     H, W = scene["height"], scene["width"]
-    render, alpha, _ = F.rasterize_fused(*_args(_params(scene), scene), sh_degree=2)
+    render, alpha, _ = F.rasterize_fused(*_args(_params(scene), scene), sh_degree=2, options=FusedOptions(**switches))
     (render.sum() + alpha.sum()).backward()
     gt = torch.rand(1, H, W, 3, generator=torch.Generator().manual_seed(8))
     infos = []
-    for mode in modes:
-        loss, _, _, info = F.fused_render_loss(*_args(_params(scene), scene), gt, sh_degree=2, mode=mode)
+    for schedule in schedules:
+        loss, _, _, info = F.fused_render_loss(*_args(_params(scene), scene), gt, sh_degree=2,
+                                               options=FusedOptions(schedule=schedule, **switches))
         loss.backward()
         infos.append(info["kernel"])
     return infos
 
 
-@pytest.mark.parametrize("env,expect", [(None, True), ("butterfly", True), ("shuffle", False), (" Shuffle ", False)])
-def test_bwd_reduce_flag_reaches_both_kernels(torch_ops, monkeypatch, env, expect):
-    """BYTESPLAT_BWD_REDUCE (default butterfly) picks the backward warp reduction of both entry
+@pytest.mark.parametrize("value,expect", [(None, True), ("butterfly", True), ("shuffle", False)])
+def test_bwd_reduce_flag_reaches_both_kernels(torch_ops, value, expect):
+    """FusedOptions.bwd_reduce (default butterfly) picks the backward warp reduction of both entry
     points: render_bwd (rasterize_fused's backward, and the split schedule's) and fused_loss get
     butterfly=True/False."""
-    if env is not None:
-        monkeypatch.setenv("BYTESPLAT_BWD_REDUCE", env)
-    infos = _through_every_entry_point(("two_launch", "split"))
+    infos = _through_every_entry_point(("two_launch", "split"), **({} if value is None else {"bwd_reduce": value}))
     assert torch_ops.butterfly == [("render_bwd", expect), ("fused_loss", expect), ("render_bwd", expect)]
     assert [k["bwd_reduce"] for k in infos] == ["butterfly" if expect else "shuffle"] * 2
 
 
-@pytest.mark.parametrize("env,expect", [(None, True), ("1", True), ("0", False)])
-def test_warp_cull_flag_reaches_every_kernel(torch_ops, monkeypatch, env, expect):
-    """BYTESPLAT_WARP_CULL (default on) reaches every launch of every schedule, forward and backward
-    alike, and the kernel info reports it; anything but 0/1 is an error before any launch."""
-    if env is not None:
-        monkeypatch.setenv("BYTESPLAT_WARP_CULL", env)
-    infos = _through_every_entry_point(("one_launch", "split"))
+@pytest.mark.parametrize("value,expect", [(None, True), (True, True), (False, False)])
+def test_warp_cull_flag_reaches_every_kernel(torch_ops, value, expect):
+    """FusedOptions.warp_cull (default on) reaches every launch of every schedule, forward and
+    backward alike, and the kernel info reports it."""
+    infos = _through_every_entry_point(("one_launch", "split"), **({} if value is None else {"warp_cull": value}))
     assert [k["warp_cull"] for k in infos] == [expect, expect]
     assert torch_ops.warp_cull == [(k, expect) for k in ("render_fwd", "render_bwd", "fused_loss", "render_fwd",
                                                          "render_bwd")]
-    monkeypatch.setenv("BYTESPLAT_WARP_CULL", "off")
-    scene = make_scene(N=20, seed=9)
-    with pytest.raises(ValueError, match="BYTESPLAT_WARP_CULL") as err:
-        F.rasterize_fused(*_args(_params(scene), scene), sh_degree=2)
-    # a user error: the command-line hook prints it as one line (bytesplat_ns/cli_errors.py)
+
+
+
+@pytest.mark.parametrize("field,value", [("warp_cull", "off"), ("bwd_reduce", "transpose"), ("schedule", "halo"),
+                                         ("projection", "cuda"), ("binning", "gsplat")])
+def test_fused_options_reject_unknown_values(field, value):
+    """A bad switch given in code is refused when the options are made, before any launch: a user
+    error (one line from the command-line hook, bytesplat_ns/cli_errors.py) naming the field."""
+    with pytest.raises(ValueError, match=f"fused.{field}") as err:
+        FusedOptions(**{field: value})
     assert isinstance(err.value, BytesplatError)
-
-
-def test_bwd_reduce_rejects_unknown_values(torch_ops, monkeypatch):
-    monkeypatch.setenv("BYTESPLAT_BWD_REDUCE", "transpose")
-    scene = make_scene(N=20, seed=9)
-    H, W = scene["height"], scene["width"]
-    gt = torch.rand(1, H, W, 3)
-    with pytest.raises(ValueError, match="BYTESPLAT_BWD_REDUCE"):
-        F.fused_render_loss(*_args(_params(scene), scene), gt, sh_degree=2)
-    with pytest.raises(ValueError, match="BYTESPLAT_BWD_REDUCE"):
-        F.rasterize_fused(*_args(_params(scene), scene), sh_degree=2)
-    assert torch_ops.butterfly == []
 
 
 EXPECTED_CALLS = {  # entry points each schedule launches (per fused_render_loss)
@@ -372,7 +190,7 @@ EXPECTED_CALLS = {  # entry points each schedule launches (per fused_render_loss
 }
 
 
-@pytest.mark.parametrize("mode", F.FUSED_MODES)
+@pytest.mark.parametrize("mode", F.SCHEDULES)
 @pytest.mark.parametrize("absgrad", [False, True])
 def test_fused_render_loss_glue_matches_reference(torch_ops, absgrad, mode):
     from bytesplat_ns.raster.fused import splatfacto_loss_torch
@@ -385,7 +203,7 @@ def test_fused_render_loss_glue_matches_reference(torch_ops, absgrad, mode):
     scale = 2.5
     pf = _params(scene)
     loss_f, rgb_f, alpha_f, inf = F.fused_render_loss(*_args(pf, scene), gt, bg, sh_degree=2, absgrad=absgrad,
-                                                      mode=mode)
+                                                      options=FusedOptions(schedule=mode))
     inf["means2d"].retain_grad()
     (scale * loss_f).backward()
     pr = _params(scene)
@@ -407,7 +225,7 @@ def test_fused_render_loss_glue_matches_reference(torch_ops, absgrad, mode):
     assert abs(inf["l1"].item() - torch.abs(gt - render_r.clamp(0, 1)).mean().item()) <= 1e-6
 
 
-@pytest.mark.parametrize("mode", F.FUSED_MODES)
+@pytest.mark.parametrize("mode", F.SCHEDULES)
 def test_fused_render_loss_contribution_glue(torch_ops, mode):
     """fused_render_loss(contribution=True): the flag reaches the schedule's backward entry point
     (fused_loss; render_fwd's stop indices -> render_bwd for split), info["contribution"] is [C,N]
@@ -426,7 +244,8 @@ def test_fused_render_loss_contribution_glue(torch_ops, mode):
     for contribution in (False, True):
         torch_ops.contribution.clear()
         p = _params(scene)
-        loss, _, _, info = F.fused_render_loss(*_args(p, scene), gt, sh_degree=2, mode=mode, contribution=contribution)
+        loss, _, _, info = F.fused_render_loss(*_args(p, scene), gt, sh_degree=2, options=FusedOptions(schedule=mode),
+                                               contribution=contribution)
         loss.backward()
         entry = "render_bwd" if mode == "split" else "fused_loss"
         assert torch_ops.contribution == [(entry, contribution)]
@@ -448,32 +267,16 @@ def test_fused_render_loss_contribution_glue(torch_ops, mode):
     assert torch.equal(scores_from_info(info), got.amax(0))
 
 
-@pytest.mark.parametrize("env,expect", [(None, F.DEFAULT_MODE), ("split", "split"), (" Split ", "split"),
-                                        ("one_launch", "one_launch"), ("two_launch", "two_launch")])
-def test_fused_mode_from_env(torch_ops, monkeypatch, env, expect):
-    """BYTESPLAT_FUSED_MODE picks the schedule when mode is None (mode= and force_two_phase win)."""
-    if env is None:
-        monkeypatch.delenv("BYTESPLAT_FUSED_MODE", raising=False)
-    else:
-        monkeypatch.setenv("BYTESPLAT_FUSED_MODE", env)
-    assert F.fused_schedule() == expect
-    assert F.DEFAULT_MODE == "split"
+@pytest.mark.parametrize("schedule", [None, "split", "one_launch", "two_launch"])
+def test_schedule_option_picks_the_schedule(torch_ops, schedule):
+    """FusedOptions.schedule picks fused_render_loss's schedule (default: split, the measured fastest)."""
+    assert F.DEFAULT_OPTIONS.schedule == "split" and FusedRasterConfig().options() == F.DEFAULT_OPTIONS
     scene = make_scene(N=40, seed=7)
     gt = torch.rand(1, scene["height"], scene["width"], 3, generator=torch.Generator().manual_seed(8))
-    _, _, _, info = F.fused_render_loss(*_args(_params(scene), scene), gt, sh_degree=2)
-    assert info["kernel"]["schedule"] == expect
-    _, _, _, info = F.fused_render_loss(*_args(_params(scene), scene), gt, sh_degree=2, mode="one_launch")
-    assert info["kernel"]["schedule"] == "one_launch"
-    _, _, _, info = F.fused_render_loss(*_args(_params(scene), scene), gt, sh_degree=2, force_two_phase=True)
-    assert info["kernel"]["schedule"] == "two_launch"
-
-
-def test_fused_mode_rejects_unknown_values(torch_ops, monkeypatch):
-    monkeypatch.setenv("BYTESPLAT_FUSED_MODE", "three_launch")
-    with pytest.raises(ValueError, match="BYTESPLAT_FUSED_MODE"):
-        F.fused_schedule()
-    with pytest.raises(ValueError, match="split"):
-        F.fused_schedule("halo")
+    options = FusedOptions() if schedule is None else FusedOptions(schedule=schedule)
+    _, _, _, info = F.fused_render_loss(*_args(_params(scene), scene), gt, sh_degree=2, options=options)
+    assert info["kernel"]["schedule"] == (schedule or "split")
+    assert torch_ops.calls == EXPECTED_CALLS[schedule or "split"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -609,20 +412,17 @@ def compare_steps(a, b, grad_tol, state_tol):
         assert rel_err(a["state"][k], b["state"][k]) <= state_tol, f"strategy state {k}: {rel_err(a['state'][k], b['state'][k]):.3g}"
 
 
-@pytest.mark.parametrize("absgrad,mode", [(True, None), (False, None), (True, "split")])
-def test_model_fused_training_step_matches_reference(torch_ops, monkeypatch, absgrad, mode):
+@pytest.mark.parametrize("absgrad,mode", [(True, None), (False, None), (True, "two_launch")])
+def test_model_fused_training_step_matches_reference(torch_ops, absgrad, mode):
     """One Trainer iteration through ByteSplatModel's fused path (fused_pending -> _run_fused_step
     -> _FusedLoss -> DefaultStrategy) against the same iteration with the reference backend
-    (``mode``: BYTESPLAT_FUSED_MODE, None: the default schedule)."""
-    if mode is None:
-        monkeypatch.delenv("BYTESPLAT_FUSED_MODE", raising=False)
-    else:
-        monkeypatch.setenv("BYTESPLAT_FUSED_MODE", mode)
+    (``mode``: the model's ``fused.schedule``, None: the default)."""
     seed_points = seed_cloud()
     image, bg = target_image(), torch.tensor([0.3, 0.6, 0.2])
+    fused = FusedRasterConfig() if mode is None else FusedRasterConfig(schedule=mode)
     runs = {name: model_train_step(model, make_camera(), image, step=5, background=bg)
-            for name, model in models_from_same_gaussians(seed_points, use_absgrad=absgrad).items()}
-    assert torch_ops.calls == EXPECTED_CALLS[mode or F.DEFAULT_MODE]
+            for name, model in models_from_same_gaussians(seed_points, use_absgrad=absgrad, fused=fused).items()}
+    assert torch_ops.calls == EXPECTED_CALLS[mode or F.DEFAULT_OPTIONS.schedule]
     assert int((runs["reference"]["state"]["count"] > 0).sum()) > 50  # many Gaussians seen
     compare_steps(runs["fused"], runs["reference"], grad_tol=1e-4, state_tol=1e-4)
 
@@ -694,15 +494,14 @@ def test_model_fused_eval_outputs_match_reference(torch_ops):
     assert float(f["rgb"].min()) >= 0.0 and float(f["rgb"].max()) <= 1.0
 
 
-def test_model_fused_check_diagnostic(torch_ops, monkeypatch):
-    """BYTESPLAT_FUSED_CHECK=N: every N steps the model logs the fused step's errors against the
+def test_model_fused_check_diagnostic(torch_ops):
+    """fused.check_every=N: every N steps the model logs the fused step's errors against the
     unfused path on the same inputs, without changing the step itself."""
-    monkeypatch.setenv("BYTESPLAT_FUSED_CHECK", "5")
     seed_points = seed_cloud()
     image, bg = target_image(), torch.tensor([0.3, 0.6, 0.2])
     runs, params = {}, None
     for name in ("fused", "reference"):
-        model = make_model("reference", seed_points)
+        model = make_model("reference", seed_points, fused=FusedRasterConfig(check_every=5))
         if name == "fused":
             model._backend = "fused"
         params = params or anisotropic(model)
@@ -761,7 +560,7 @@ def test_tile_intersections_count_what_the_binning_lists():
         F.bin_tiles(m, r, d, W, H, known_total=int(per_cam.sum()) + 1)
 
 
-def _sharded_step_both_compositors(monkeypatch, communicator: str, loss_fn=None):
+def _sharded_step_both_compositors(monkeypatch, communicator: str, loss_fn=None, options=F.DEFAULT_OPTIONS):
     """The whole sharded step in one process (torch projection, exchange to itself, compositing +
     splatfacto loss, backward, absgrad routed back) with the reference and the fused compositor.
     Asserts the fused one gives the reference's loss, parameter gradients, densification statistic
@@ -777,7 +576,7 @@ def _sharded_step_both_compositors(monkeypatch, communicator: str, loss_fn=None)
     for compositor in ("reference", "fused"):
         params = {k: torch.nn.Parameter(v.clone()) for k, v in W.make_gaussians(W.N_GAUSSIANS, W.SEED).items()}
         fwd = sharded_render_loss(params, W.make_views(), make_communicator(communicator), W.SH_DEGREE,
-                                  loss_fn or splatfacto_loss, absgrad=True, compositor=compositor)
+                                  loss_fn or splatfacto_loss, absgrad=True, compositor=compositor, options=options)
         fwd.local_loss.backward()
         out[compositor] = (fwd.local_loss.item(), {k: p.grad.clone() for k, p in params.items()},
                            fwd.info["means2d"].absgrad.clone(), fwd.renders)
@@ -801,17 +600,14 @@ def test_sharded_step_fused_loss_glue_matches_reference(torch_ops, monkeypatch, 
 
     from bytesplat_ns.distributed.step import splatfacto_lambda, splatfacto_loss
 
-    if mode is None:
-        monkeypatch.delenv("BYTESPLAT_FUSED_MODE", raising=False)
-    else:
-        monkeypatch.setenv("BYTESPLAT_FUSED_MODE", mode)  # the sharded step reads it at every view
     # what the pipeline passes (its model's ssim_lambda): recognised; any other loss is not
     loss_fn = functools.partial(splatfacto_loss, ssim_lambda=0.3)
     assert splatfacto_lambda(loss_fn) == 0.3 and splatfacto_lambda(splatfacto_loss) == 0.2
     assert splatfacto_lambda(lambda p, g: splatfacto_loss(p, g, 0.3)) is None
-    _, told = _sharded_step_both_compositors(monkeypatch, "sparse-grad", loss_fn)
+    options = F.DEFAULT_OPTIONS if mode is None else FusedOptions(schedule=mode)
+    _, told = _sharded_step_both_compositors(monkeypatch, "sparse-grad", loss_fn, options)
     assert len(told) == 1 and told[0] > 0  # one binning for all the views, its size known up front
-    if (mode or F.DEFAULT_MODE) == "split":  # one launch of each kernel for all the views
+    if options.schedule == "split":  # one launch of each kernel for all the views
         assert torch_ops.calls["loss_grad"] == torch_ops.calls["render_fwd"] == 1
         assert torch_ops.calls["fused_loss"] == 0
     else:
@@ -826,12 +622,11 @@ def test_sharded_step_scores_views_in_groups_under_a_binning_budget(torch_ops, m
     from bytesplat_ns.raster.fused import tile_intersections
     from tests import distributed_worker as W
 
-    monkeypatch.setenv("BYTESPLAT_FUSED_MODE", "split")
     views = W.make_views()
     proj = S.project_shard(W.make_gaussians(W.N_GAUSSIANS, W.SEED), views, W.SH_DEGREE)
     per_view = tile_intersections(proj.means2d, proj.radii, views.width, views.height).tolist()
     monkeypatch.setattr(S, "joint_binning_budget", lambda device: 2 * max(per_view))  # about two views per call
-    _, told = _sharded_step_both_compositors(monkeypatch, "dense")
+    _, told = _sharded_step_both_compositors(monkeypatch, "dense", options=FusedOptions(schedule="split"))
     groups = S._view_groups(per_view, len(per_view), torch.device("cuda"))  # the budget is patched
     assert 1 < len(groups) < len(per_view) and [j for g in groups for j in g] == list(range(len(per_view)))
     assert told == [sum(per_view[j] for j in g) for g in groups]  # one binning per group, its size known
@@ -934,7 +729,6 @@ def test_model_fused_step_gathers_the_pruning_score(torch_ops, monkeypatch, mode
     from bytesplat_ns import pruning
     from bytesplat_ns.model import GAUSSIAN_PARAM_NAMES
 
-    monkeypatch.setenv("BYTESPLAT_FUSED_MODE", mode)
     definition = pruning.contribution_scores_2d
 
     def forbidden(*a, **k):
@@ -945,7 +739,7 @@ def test_model_fused_step_gathers_the_pruning_score(torch_ops, monkeypatch, mode
     views = train_views()
     images = [target_image(seed=10 + i) for i in range(len(views))]
     model = make_model("reference", seed_points, hw_prune="on", hw_prune_capacity=40, hw_prune_window=3,
-                       hw_prune_every_refines=2, **TRAINED_OVERRIDES)
+                       hw_prune_every_refines=2, fused=FusedRasterConfig(schedule=mode), **TRAINED_OVERRIDES)
     model._backend = "fused"
     optimizers = {n: torch.optim.Adam([model.gauss_params[n]], lr=1e-2, eps=1e-15) for n in GAUSSIAN_PARAM_NAMES}
     bg = torch.tensor([0.3, 0.6, 0.2])

@@ -18,6 +18,8 @@ import zlib
 import pytest
 import torch
 
+from bytesplat_ns.raster.options import FusedOptions
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
@@ -146,7 +148,7 @@ def test_rasterize_fused_matches_reference(case, projection):
         p = _params(scene)
         kw = dict(sh_degree=sh, backgrounds=bg, absgrad=absgrad)
         if backend == "fused":
-            render, alpha, info = rasterize_fused(*_args(p, scene), projection=projection, **kw)
+            render, alpha, info = rasterize_fused(*_args(p, scene), options=FusedOptions(projection=projection), **kw)
         else:
             render, alpha, info = rasterize_reference(*_args(p, scene), **kw)
         info["means2d"].retain_grad()
@@ -211,11 +213,11 @@ def test_render_kernel_matches_torch_twin():
 
 
 @pytest.mark.parametrize("schedule", [None, "split", "one_launch"])
-def test_warp_culling_changes_nothing(schedule, monkeypatch):
+def test_warp_culling_changes_nothing(schedule):
     """The kernels skip, per warp, the Gaussians that cannot reach alpha 1/255 at any of its pixels
     (``warp_mask``, cuda/common.cuh). On Gaussians made to sit on that edge
     (tests/culling_scenes.py: sub-pixel to 30 px, up to 1:300 anisotropy, opacities at the threshold)
-    the kernels with culling (the default) and without (BYTESPLAT_WARP_CULL=0) must give the same
+    the kernels with culling (the default) and without (``warp_cull=False``) must give the same
     image bit for bit (a pixel makes the same additions in the same order) and the same gradients up
     to the order of the float atomics. ``None``: the plain render pair; otherwise the fused loss in
     that schedule (one launch with a small capacity, so that tiles stream)."""
@@ -232,15 +234,15 @@ def test_warp_culling_changes_nothing(schedule, monkeypatch):
     w = torch.randn(2, H, W, 3, device="cuda", generator=g)
 
     def run(cull: bool):
-        monkeypatch.setenv("BYTESPLAT_WARP_CULL", "1" if cull else "0")
         ins = [sc[k].clone().contiguous().requires_grad_(True) for k in ("means2d", "conics", "colors", "opacities")]
         if schedule is None:
-            r, a = _RasterizeFused.apply(*ins, bg, offsets, fids, W, H, False)
+            r, a = _RasterizeFused.apply(*ins, bg, offsets, fids, W, H, False, cull)
             ((r * w).sum() + a.sum()).backward()
             out = (r, a)
         else:
             loss, r, a, _, _ = _FusedLoss.apply(*ins, bg, gt, offsets, fids, W, H, 0.2, False,
-                                                64 if schedule == "one_launch" else None, 2, schedule, False)
+                                                64 if schedule == "one_launch" else None, 2, schedule, True, cull,
+                                                False)
             loss.backward()
             out = (loss, r, a)
             assert _FusedLoss.last_kernel_info["warp_cull"] is cull
@@ -262,12 +264,12 @@ LOSS_CASES = [
     ("basic", 300, 1, 64, 48, False, 3, False, {}, None, None),
     ("multiview_odd_bg_absgrad", 400, 3, 77, 45, True, 3, True, {}, None, None),
     ("streaming_small_capacity", 500, 2, 70, 50, True, 3, True, {"capacity": 64}, None, None),
-    ("two_phase_fallback", 400, 2, 77, 45, True, 3, True, {"force_two_phase": True}, None, None),
+    ("two_phase_fallback", 400, 2, 77, 45, True, 3, True, {"schedule": "two_launch"}, None, None),
     ("empty_tiles", 200, 2, 96, 64, True, 2, False, {}, (20.0, 15.0, 0.02), None),
     ("over_capacity_auto", 4000, 1, 48, 40, True, 1, True, {}, (24.0, 20.0, 0.004), 0.01),
     ("rgb_colors_ssim_lambda", 300, 2, 33, 20, True, None, False, {"ssim_lambda": 0.6}, None, None),
-    ("tall_row_major_claims", 300, 2, 40, 90, True, 3, True, {"mode": "one_launch"}, None, None),
-    ("two_launch_mode", 300, 1, 64, 48, False, 3, False, {"mode": "two_launch"}, None, None),
+    ("tall_row_major_claims", 300, 2, 40, 90, True, 3, True, {"schedule": "one_launch"}, None, None),
+    ("two_launch_mode", 300, 1, 64, 48, False, 3, False, {"schedule": "two_launch"}, None, None),
 ]
 
 
@@ -282,10 +284,10 @@ def test_fused_render_loss_matches_reference(case, projection, schedule):
     from bytesplat_ns.raster.reference import rasterize_reference
 
     name, N, C, W, H, use_bg, sh, absgrad, kw, cluster, opacity = case
-    kw = {"mode": "one_launch", **kw}  # the single-kernel schedule unless the case says otherwise
+    kw = {"schedule": "one_launch", **kw}  # the single-kernel schedule unless the case says otherwise
     if schedule == "split":
-        kw = {k: v for k, v in kw.items() if k not in ("force_two_phase", "capacity")}
-        kw["mode"] = "split"
+        kw = {k: v for k, v in kw.items() if k != "capacity"}
+        kw["schedule"] = "split"
     lam = kw.get("ssim_lambda", 0.2)
     scene = make_scene(N, C, W, H, seed=zlib.crc32(name.encode()) % 1000 + 1, sh_degree=sh, cluster=cluster, opacity=opacity)
     g = torch.Generator(device="cuda").manual_seed(5)
@@ -296,7 +298,8 @@ def test_fused_render_loss_matches_reference(case, projection, schedule):
 
     pf = _params(scene)
     loss_f, rgb_f, alpha_f, inf = fused_render_loss(
-        *_args(pf, scene), gt, bg, sh_degree=sh, absgrad=absgrad, projection=projection, **kw)
+        *_args(pf, scene), gt, bg, sh_degree=sh, absgrad=absgrad,
+        options=FusedOptions(schedule=kw.pop("schedule"), projection=projection), **kw)
     inf["means2d"].retain_grad()
     (scale * loss_f).backward()
 
@@ -338,7 +341,8 @@ def test_loss_grad_kernel_matches_autograd(C, W, H):
     The sizes cut its 32x32 regions every way: partial in x, in y, both, a single region smaller
     than the window's halo, and regions with neighbours on every side (130x97)."""
     from bytesplat_ns.raster._build import load_extension
-    from bytesplat_ns.raster.fused import SSIM_WIN_SIZE, _torch_clamp_inclusive, splatfacto_loss_torch, ssim_window
+    from bytesplat_ns.raster._wrapper import _torch_clamp_inclusive, ssim_window
+    from bytesplat_ns.raster.loss import SSIM_WIN_SIZE, splatfacto_loss_torch
 
     g = torch.Generator(device="cuda").manual_seed(C * 1000 + W)
     render = torch.rand(C, H, W, 3, device="cuda", generator=g) * 1.4 - 0.2
@@ -381,14 +385,9 @@ REDUCE_AB_TOL = 5e-5  # same sums in another fp32 order (and the block atomics a
 # lane/component mix-up shows as O(1e-2..1)
 
 
-def _reduce_run(monkeypatch, reduce, fn):
-    monkeypatch.setenv("BYTESPLAT_BWD_REDUCE", reduce)
-    return fn()
-
-
 @pytest.mark.parametrize("absgrad", [True, False])
-def test_bwd_reduce_butterfly_matches_shuffle(absgrad, monkeypatch):
-    """BYTESPLAT_BWD_REDUCE=butterfly|shuffle: both backward kernels (render_bwd behind
+def test_bwd_reduce_butterfly_matches_shuffle(absgrad):
+    """FusedOptions.bwd_reduce butterfly|shuffle: both backward kernels (render_bwd behind
     rasterize_fused, and fused_loss one-launch with a small capacity so tiles stream) give the same
     2D and parameter gradients up to summation order, on a scene with > kChunk Gaussians per tile
     (several chunks) and partially valid warps. The butterfly run is also held against the
@@ -404,28 +403,30 @@ def test_bwd_reduce_butterfly_matches_shuffle(absgrad, monkeypatch):
     wa = torch.randn(C, H, W, 1, device="cuda", generator=g)
     gt = torch.rand(C, H, W, 3, device="cuda", generator=g)
 
-    def raster(fn=None):
+    def raster(reduce="butterfly", fn=None):
         p = _params(scene)
         kw = dict(sh_degree=sh, backgrounds=bg, absgrad=absgrad)
         if fn is None:
-            render, alpha, info = rasterize_fused(*_args(p, scene), projection="torch", **kw)
+            options = FusedOptions(projection="torch", bwd_reduce=reduce)
+            render, alpha, info = rasterize_fused(*_args(p, scene), options=options, **kw)
         else:
             render, alpha, info = fn(*_args(p, scene), **kw)
         info["means2d"].retain_grad()
         ((render * wr).sum() + (alpha * wa).sum()).backward()
         return p, info
 
-    def loss():
+    def loss(reduce):
         p = _params(scene)
+        options = FusedOptions(schedule="one_launch", projection="torch", bwd_reduce=reduce)
         l, _, _, info = fused_render_loss(*_args(p, scene), gt, bg, sh_degree=sh, absgrad=absgrad,
-                                          capacity=64, mode="one_launch", projection="torch")
+                                          capacity=64, options=options)
         info["means2d"].retain_grad()
         l.backward()
         return p, info
 
     for fn in (raster, loss):
-        pb, ib = _reduce_run(monkeypatch, "butterfly", fn)
-        ps, is_ = _reduce_run(monkeypatch, "shuffle", fn)
+        pb, ib = fn("butterfly")
+        ps, is_ = fn("shuffle")
         if fn is loss:
             assert ib["kernel"]["bwd_reduce"] == "butterfly" and is_["kernel"]["bwd_reduce"] == "shuffle"
             assert _max_tile_count(ib) > ib["kernel"]["capacity"]
@@ -438,9 +439,8 @@ def test_bwd_reduce_butterfly_matches_shuffle(absgrad, monkeypatch):
             assert b.abs().max() > 0, name
             e = rel_err(a, b)
             assert e <= REDUCE_AB_TOL, f"{fn.__name__} {name}: butterfly vs shuffle rel err {e:.3g}"
-    monkeypatch.setenv("BYTESPLAT_BWD_REDUCE", "butterfly")
     pb, ib = raster()
-    pr, ir = raster(rasterize_reference)
+    pr, ir = raster(fn=rasterize_reference)
     extra = [("means2d.grad", ib["means2d"].grad, ir["means2d"].grad)]
     if absgrad:
         extra.append(("means2d.absgrad", ib["means2d"].absgrad, ir["means2d"].absgrad))
@@ -480,7 +480,7 @@ def test_contribution_matches_torch_definition(case, schedule):
     from bytesplat_ns.raster.fused import fused_render_loss
 
     name, N, C, W, H, use_bg, sh, absgrad, kw, cluster, opacity = case
-    kw = {k: v for k, v in kw.items() if k not in ("force_two_phase", "mode")}
+    kw = {k: v for k, v in kw.items() if k != "schedule"}
     if schedule == "split":
         kw.pop("capacity", None)
     scene = make_scene(N, C, W, H, seed=zlib.crc32(name.encode()) % 1000 + 1, sh_degree=sh, cluster=cluster,
@@ -492,7 +492,8 @@ def test_contribution_matches_torch_definition(case, schedule):
     for contribution in (False, True):
         p = _params(scene)
         loss, _, _, info = fused_render_loss(*_args(p, scene), gt, bg, sh_degree=sh, absgrad=absgrad,
-                                             projection="torch", mode=schedule, contribution=contribution, **kw)
+                                             options=FusedOptions(schedule=schedule, projection="torch"),
+                                             contribution=contribution, **kw)
         info["means2d"].retain_grad()
         loss.backward()
         runs[contribution] = (loss, p, info)
@@ -529,7 +530,8 @@ def test_contribution_counts_the_stopping_gaussian(schedule, capacity):
     gt = torch.rand(C, H, W, 3, device="cuda", generator=torch.Generator(device="cuda").manual_seed(3))
     bg = torch.rand(C, 3, device="cuda", generator=torch.Generator(device="cuda").manual_seed(4))
     ins = [sc[k].clone().requires_grad_(True) for k in ("means2d", "conics", "colors", "opacities")]
-    loss, _, _, _, got = _FusedLoss.apply(*ins, bg, gt, offsets, fids, W, H, 0.2, True, capacity, 2, schedule, True)
+    loss, _, _, _, got = _FusedLoss.apply(*ins, bg, gt, offsets, fids, W, H, 0.2, True, capacity, 2, schedule, True,
+                                          True, True)
     loss.backward()
     assert torch.isfinite(loss) and got.shape == (C, N)
     assert _FusedLoss.last_kernel_info["schedule"] == schedule and _FusedLoss.last_kernel_info["contribution"]
@@ -557,8 +559,8 @@ def test_contribution_trained_regime(mode):
     W, H = scene["width"], scene["height"]
     gt = torch.rand(1, H, W, 3, device="cuda", generator=torch.Generator(device="cuda").manual_seed(9))
     p = _params(scene)
-    loss, _, alpha, info = fused_render_loss(*_args(p, scene), gt, sh_degree=3, absgrad=True, projection="torch",
-                                             mode=mode, contribution=True)
+    loss, _, alpha, info = fused_render_loss(*_args(p, scene), gt, sh_degree=3, absgrad=True,
+                                             options=FusedOptions(schedule=mode, projection="torch"), contribution=True)
     loss.backward()
     assert float(alpha.gt(0.999).float().mean()) > 0.3, "regime: saturated pixels"
     assert _max_tile_count(info) > info["kernel"]["capacity"], "regime: over-capacity tiles (batches for split)"
@@ -628,7 +630,8 @@ def test_rasterize_fused_rgb_ed_matches_reference(use_bg):
     assert rel_err(rf[..., 3][covered], rr[..., 3][covered]) <= 1e-4, "depth"
     # the RGB part does not depend on whether depth was requested
     with torch.no_grad():
-        r3, a3, _ = rasterize_fused(*_args(scene, scene), sh_degree=3, backgrounds=bg, projection="torch")
+        r3, a3, _ = rasterize_fused(*_args(scene, scene), sh_degree=3, backgrounds=bg,
+                                    options=FusedOptions(projection="torch"))
     assert torch.equal(r3, rf[..., :3].detach()) and torch.equal(a3, af.detach())
     _compare_grads(pf, pr, [("means2d.grad", inf["means2d"].grad, inr["means2d"].grad)])
 
@@ -643,7 +646,8 @@ def test_rasterize_fused_rgb_ed_matches_gsplat_eval():
 
     scene = make_scene(3000, 1, 256, 192, seed=22, sh_degree=3, scale=0.05)
     with torch.no_grad():
-        rf, af, inf = rasterize_fused(*_args(scene, scene), sh_degree=2, render_mode="RGB+ED", projection="gsplat")
+        rf, af, inf = rasterize_fused(*_args(scene, scene), sh_degree=2, render_mode="RGB+ED",
+                                      options=FusedOptions(projection="gsplat"))
         rg, ag, ing = rasterization(*_args(scene, scene), sh_degree=2, render_mode="RGB+ED", packed=False)
     assert torch.equal(inf["radii"], ing["radii"])
     diff = (rf[..., :3] - rg[..., :3]).abs()
@@ -696,7 +700,7 @@ def test_fused_loss_trained_regime_matches_gsplat(mode):
 
     pf = _params(scene)
     loss_f, rgb_f, alpha_f, inf = fused_render_loss(*_args(pf, scene), gt, bg, sh_degree=3, absgrad=True,
-                                                    projection="gsplat", mode=mode)
+                                                    options=FusedOptions(schedule=mode, projection="gsplat"))
     inf["means2d"].retain_grad()
     loss_f.backward()
 
@@ -752,7 +756,7 @@ def test_split_matches_two_launch_trained_regime():
     for mode in ("two_launch", "split"):
         p = _params(scene)
         loss, rgb, alpha, info = fused_render_loss(*_args(p, scene), gt, bg, sh_degree=3, absgrad=True,
-                                                   projection=projection, mode=mode)
+                                                   options=FusedOptions(schedule=mode, projection=projection))
         info["means2d"].retain_grad()
         loss.backward()
         runs[mode] = (loss, rgb, alpha, info, p)
@@ -843,22 +847,22 @@ def test_model_fused_eval_outputs_match_gsplat():
 
 
 @needs_gsplat
-def test_fused_training_run_cross_checked(tmp_path, monkeypatch):
+def test_fused_training_run_cross_checked(tmp_path):
     """ns-train's loop on the built-in medium scene (256x192, as in docs/benchmarks.md) with the fused
-    backend, BYTESPLAT_FUSED_CHECK comparing every 100th step with the unfused path on the same
+    backend, fused.check_every comparing every 100th step with the unfused path on the same
     inputs through warm-up and densification (hw-prune off: rasterizers only). Then the trained
     model is evaluated with the fused and with the gsplat renderer: same PSNR (eval path)."""
 
     from bytesplat_ns.bench.train import method_config
     from bytesplat_ns.data.scene import SceneSpec, ensure_scene
 
-    monkeypatch.setenv("BYTESPLAT_FUSED_CHECK", "100")
     data = ensure_scene(SceneSpec(size="medium"))
     config = method_config("bytesplat", "fused")
     config.pipeline.datamanager.data = data
     config.pipeline.datamanager.dataparser.data = data
     config.pipeline.model.num_downscales = 0
     config.pipeline.model.hw_prune = "off"
+    config.pipeline.model.fused.check_every = 100
     config.output_dir = tmp_path
     config.experiment_name = "fused-check"
     config.timestamp = "t"

@@ -215,14 +215,12 @@ def test_fused_cell_renderer_wiring_on_cpu_with_the_kernels_torch_twin(monkeypat
 
     class TorchTwin:
         @staticmethod
-        def apply(means2d, conics, colors, opacities, backgrounds, offsets, flatten_ids, W, H, absgrad):
+        def apply(means2d, conics, colors, opacities, backgrounds, offsets, flatten_ids, W, H, absgrad, *switches):
             return fused.render_2d_torch(means2d, conics, colors, opacities, backgrounds, offsets, flatten_ids, W, H)
 
     monkeypatch.setattr(fused, "_RasterizeFused", TorchTwin)
     monkeypatch.setattr(fused, "_check", lambda *a, **k: None)  # rasterize_fused's CUDA-device check
     monkeypatch.setattr(pixel, "resolve_renderer", lambda name, device: "fused" if name == "auto" else name)
-    monkeypatch.setenv("BYTESPLAT_PROJECTION", "torch")
-    monkeypatch.setenv("BYTESPLAT_BINNING", "torch")
     torch.set_num_threads(1)
     g, tree = P.make_scene(400, 2, crossing=False)
     views = P.make_views()

@@ -50,11 +50,13 @@ def max_abs(a: torch.Tensor, b: torch.Tensor) -> float:
 # One cell: fused vs reference partials and gradients
 
 
-def _render_one_cell(renderer: str, g, rows, views):
+def _render_one_cell(renderer: str, g, rows, views, projection: str = "auto"):
     from bytesplat_ns.distributed.pixel import render_cell
+    from bytesplat_ns.raster.options import FusedOptions
 
     params = {k: torch.nn.Parameter(v.clone().cuda()) for k, v in g.items()}
-    C, T, info = render_cell(params, rows.cuda(), views, P.SH_DEGREE, absgrad=True, with_info=True, renderer=renderer)
+    C, T, info = render_cell(params, rows.cuda(), views, P.SH_DEGREE, absgrad=True, with_info=True, renderer=renderer,
+                             fused_options=FusedOptions(projection=projection))
     gen = torch.Generator(device="cuda").manual_seed(5)
     dC = torch.randn(C.shape, generator=gen, device="cuda")
     dT = torch.randn(T.shape, generator=gen, device="cuda")
@@ -67,19 +69,18 @@ def _render_one_cell(renderer: str, g, rows, views):
 
 
 @pytest.mark.parametrize("projection", ["torch", "gsplat"])
-def test_fused_cell_render_equals_reference(projection, monkeypatch):
+def test_fused_cell_render_equals_reference(projection):
     """The same cell rendered by both renderers: the same partial color/transmittance contract
     (premultiplied color without background, T = 1 - alpha), the same gradients for the same
     dL/dC_k, dL/dT_k, and the same densification info (means2d gradient, absgrad, radii)."""
     if projection == "gsplat":
         pytest.importorskip("gsplat.cuda._wrapper")
-    monkeypatch.setenv("BYTESPLAT_PROJECTION", projection)  # read by fused.project at every call
     g, tree = P.make_scene(400, 4, crossing=False)
     views = P.views_on(P.make_views(), "cuda")
     rows = torch.nonzero(tree.locate(g["means"]) == 1).squeeze(1)
     assert rows.numel() > 20
     ref = _render_one_cell("reference", g, rows, views)
-    fused = _render_one_cell("fused", g, rows, views)
+    fused = _render_one_cell("fused", g, rows, views, projection)
     assert fused["C"].shape == ref["C"].shape == (P.NUM_VIEWS, P.HEIGHT, P.WIDTH, 3)
     assert fused["T"].shape == ref["T"].shape == (P.NUM_VIEWS, P.HEIGHT, P.WIDTH)
     assert fused["C"].device.type == fused["T"].device.type == "cuda"

@@ -752,10 +752,10 @@ def test_pruned_model_renders_identically_through_fused_and_reference(device="cu
     assert st["tiles_over_after"] == 0
     if device != "cuda":
         return  # the CPU half of this test (selection on the scene), for checking it without a GPU
-    from bytesplat_ns.raster.fused import rasterize_fused
+    from bytesplat_ns.raster.fused import FusedOptions, rasterize_fused
 
     # the reference's pure-torch projection on both sides, so only the rasterizers differ
-    fus, fus_a, _ = rasterize_fused(*args, backgrounds=bg, projection="torch")
+    fus, fus_a, _ = rasterize_fused(*args, backgrounds=bg, options=FusedOptions(projection="torch"))
     scale = ref.abs().max().item()
     assert (fus - ref).abs().max().item() / scale <= 1e-5
     assert (fus_a - ref_a).abs().max().item() <= 1e-5

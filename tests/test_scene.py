@@ -238,9 +238,9 @@ def counted_generation(monkeypatch):
     calls = []
     real = scene_mod.generate_scene
 
-    def counting(spec, out_dir, progress=True):
+    def counting(spec, out_dir, progress=True, workers=None):
         calls.append(spec)
-        return real(spec, out_dir, progress=False)
+        return real(spec, out_dir, progress=False, workers=workers)
 
     monkeypatch.setattr(scene_mod, "generate_scene", counting)
     return calls
@@ -286,7 +286,7 @@ def test_cache_reuse_and_repair(tmp_path, counted_generation):
 
 
 def test_failed_generation_leaves_no_scene(tmp_path, monkeypatch):
-    def broken(spec, out_dir, progress=True):
+    def broken(spec, out_dir, progress=True, workers=None):
         (Path(out_dir) / "transforms.json").write_text("{}")
         raise KeyboardInterrupt  # e.g. Ctrl-C half way
 

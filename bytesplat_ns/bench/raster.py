@@ -9,7 +9,7 @@ Measured per Gaussian count (median ms over ``repeats`` after ``warmup``, CUDA e
   ``raster_loss_fused_split`` (render_fwd -> loss_grad -> render_bwd), and the same two with the
   pruning score gathered in the backward (``..._contribution``: its cost, docs/pruning.md), and
   the split schedule and the forward without the kernels' per-warp culling
-  (``..._no_warp_cull``: BYTESPLAT_WARP_CULL=0, the A/B of cuda/common.cuh ``warp_mask``).
+  (``..._no_warp_cull``: ``FusedOptions(warp_cull=False)``, the A/B of cuda/common.cuh ``warp_mask``).
 - ``full``: from the 3D Gaussians (projection, SH, binning, raster, loss, backward to the 3D
   parameters): gsplat ``rasterization`` + the same loss vs ``fused_render_loss``.
 - ``full_fused_raster_torch_loss``: ``rasterize_fused`` (our plain fwd/bwd kernels) + the torch
@@ -24,7 +24,6 @@ of a finished nerfstudio run rendered from one of its train cameras against that
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -37,7 +36,9 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from bytesplat_ns.raster.fused import (
+    FusedOptions,
     _FusedLoss,
+    _RasterizeFused,
     bin_tiles,
     bin_tiles_torch,
     fused_render_loss,
@@ -102,19 +103,6 @@ def synthetic_scene(n: int, width: int, height: int, sh_degree: int = 3, seed: i
                 backgrounds=torch.zeros(1, 3, device=device), width=width, height=height, sh_degree=sh_degree)
 
 
-@contextlib.contextmanager
-def _env(name: str, value: str):
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
-
-
 def time_ms(fn: Callable[[], None], warmup: int, repeats: int) -> Dict[str, float]:
     for _ in range(warmup):
         fn()
@@ -176,12 +164,15 @@ class StageInputs:
     def leaves(self):
         return [t.detach().clone().requires_grad_(True) for t in (self.m2, self.con, self.col, self.op)]
 
-    def fused_raster_loss(self, blocks_per_sm: int = 2, schedule: str = "one_launch", contribution: bool = False):
+    def fused_raster_loss(self, blocks_per_sm: int = 2, schedule: str = "one_launch", contribution: bool = False,
+                          butterfly: bool = True, warp_cull: bool = True):
         """The fused loss (``schedule``: one_launch | two_launch | split): render + splatfacto loss +
-        2D gradients (and the pruning score with ``contribution``), then autograd's hand-over."""
+        2D gradients (and the pruning score with ``contribution``), then autograd's hand-over.
+        ``butterfly`` / ``warp_cull``: the backward reduction and the per-warp culling (A/B runs)."""
         s = self.scene
         loss, _, _, _, _ = _FusedLoss.apply(*self.leaves(), s["backgrounds"], s["gt"], self.offsets, self.fids,
-                                            self.W, self.H, 0.2, False, None, blocks_per_sm, schedule, contribution)
+                                            self.W, self.H, 0.2, False, None, blocks_per_sm, schedule, butterfly,
+                                            warp_cull, contribution)
         loss.backward()
         return loss
 
@@ -230,16 +221,16 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
         _safe(out, f"raster_loss_fused_two_phase_bps{bps}", lambda bps=bps: time_ms(
             lambda: inp.fused_raster_loss(blocks_per_sm=bps, schedule="two_launch"), warmup, repeats))
         _safe(out, f"fused_kernel_bps{bps}", lambda: dict(_FusedLoss.last_kernel_info))
-    with _env("BYTESPLAT_BWD_REDUCE", "shuffle"):  # A/B of the backward's per-Gaussian warp reduction
-        _safe(out, "raster_loss_fused_two_phase_shuffle_reduce", lambda: time_ms(
-            lambda: inp.fused_raster_loss(schedule="two_launch"), warmup, repeats))
+    # A/B of the backward's per-Gaussian warp reduction
+    _safe(out, "raster_loss_fused_two_phase_shuffle_reduce", lambda: time_ms(
+        lambda: inp.fused_raster_loss(schedule="two_launch", butterfly=False), warmup, repeats))
     # the split schedule: render_fwd -> loss_grad -> render_bwd (plain kernels' occupancy)
     _safe(out, "fused_split_loss_value", lambda: inp.fused_raster_loss(schedule="split").item())
     _safe(out, "raster_loss_fused_split", lambda: time_ms(
         lambda: inp.fused_raster_loss(schedule="split"), warmup, repeats))
-    with _env("BYTESPLAT_WARP_CULL", "0"):  # A/B of the per-warp culling (cuda/common.cuh warp_mask)
-        _safe(out, "raster_loss_fused_split_no_warp_cull", lambda: time_ms(
-            lambda: inp.fused_raster_loss(schedule="split"), warmup, repeats))
+    # A/B of the per-warp culling (cuda/common.cuh warp_mask)
+    _safe(out, "raster_loss_fused_split_no_warp_cull", lambda: time_ms(
+        lambda: inp.fused_raster_loss(schedule="split", warp_cull=False), warmup, repeats))
     for sched in ("two_launch", "split"):  # the pruning score gathered in the backward: what it costs
         _safe(out, f"raster_loss_fused_{sched}_contribution", lambda sched=sched: time_ms(
             lambda: inp.fused_raster_loss(schedule=sched, contribution=True), warmup, repeats))
@@ -273,29 +264,26 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
         if not raster_only:
             _safe(out, "full_gsplat", lambda: time_ms(gsplat_full, warmup, repeats))
 
-    def fused_full(mode=None):
-        loss, _, _, _ = fused_render_loss(*args3d(), s["gt"], s["backgrounds"], sh_degree=sh_degree,
-                                          projection=projection, mode=mode)
+    def fused_full(schedule=None):
+        options = FusedOptions(projection=projection, **({"schedule": schedule} if schedule else {}))
+        loss, _, _, _ = fused_render_loss(*args3d(), s["gt"], s["backgrounds"], sh_degree=sh_degree, options=options)
         loss.backward()
 
     def fused_raster_torch_loss_full():
         render, alpha, _ = rasterize_fused(*args3d(), sh_degree=sh_degree, backgrounds=s["backgrounds"],
-                                           projection=projection)
+                                           options=FusedOptions(projection=projection))
         splatfacto_loss_torch(render, alpha, s["gt"], s["backgrounds"]).backward()
 
-    def fused_raster_fwd():
+    def fused_raster_fwd(warp_cull=True):
         with torch.no_grad():
-            from bytesplat_ns.raster.fused import _RasterizeFused
-
-            _RasterizeFused.apply(m2, con, col, op, s["backgrounds"], offsets, fids, W, H, False)
+            _RasterizeFused.apply(m2, con, col, op, s["backgrounds"], offsets, fids, W, H, False, warp_cull)
 
     if not raster_only:
         _safe(out, "full_fused", lambda: time_ms(fused_full, warmup, repeats))
         _safe(out, "full_fused_split", lambda: time_ms(lambda: fused_full("split"), warmup, repeats))
         _safe(out, "full_fused_raster_torch_loss", lambda: time_ms(fused_raster_torch_loss_full, warmup, repeats))
     _safe(out, "raster_fwd_fused", lambda: time_ms(fused_raster_fwd, warmup, repeats))
-    with _env("BYTESPLAT_WARP_CULL", "0"):
-        _safe(out, "raster_fwd_fused_no_warp_cull", lambda: time_ms(fused_raster_fwd, warmup, repeats))
+    _safe(out, "raster_fwd_fused_no_warp_cull", lambda: time_ms(lambda: fused_raster_fwd(False), warmup, repeats))
     _safe(out, "binning_cuda", lambda: time_ms(lambda: bin_tiles(m2, radii, depths, W, H), warmup, repeats))
     _safe(out, "binning_torch", lambda: time_ms(lambda: bin_tiles_torch(m2, radii, depths, W, H), warmup, repeats))
     if gsplat_ok:

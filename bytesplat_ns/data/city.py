@@ -647,7 +647,7 @@ def generate_city(
     """Generate (or resume generating) the city for ``spec`` in ``out_dir``; returns ``out_dir``.
 
     Images already recorded in the journal and intact are kept; the rest are rendered (in ``workers``
-    processes; default as scene.py chooses, ``BYTESPLAT_SCENE_WORKERS`` overrides). Then the seed
+    processes; default as scene.py chooses). Then the seed
     point cloud, transforms.json and, last, the completion marker are written.
     """
     spec = spec or CitySpec()
@@ -794,7 +794,8 @@ def ensure_city_for_dataparser(config) -> Path:
     if config.num_views is not None:
         aerial = int(round(0.75 * int(config.num_views)))
         kw.update(aerial_views=aerial, street_views=int(config.num_views) - aerial)
-    return ensure_city(CitySpec(**kw), cache_dir=config.scene_cache_dir)  # type: ignore[arg-type]
+    return ensure_city(CitySpec(**kw), cache_dir=config.scene_cache_dir,  # type: ignore[arg-type]
+                       workers=config.scene_workers)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -74,6 +74,8 @@ class BytesplatSceneDataParserConfig(NerfstudioDataParserConfig):
     """Built-in scene: image height. None: the preset's."""
     scene_cache_dir: Optional[Path] = None
     """Where built-in scenes are cached. None: $BYTESPLAT_CACHE/scenes or ~/.cache/bytesplat_ns/scenes."""
+    scene_workers: Optional[int] = None
+    """Built-in scene: processes that render it on first use. None: 1 for small scenes, up to 16 for large ones."""
     check_images: bool = True
     """Decode every image once before training to report missing or corrupt files by name."""
     load_3D_points: bool = True
@@ -113,7 +115,8 @@ class BytesplatSceneDataParser(Nerfstudio):
 
             self.config.data = ensure_city_for_dataparser(self.config)
         elif self.config.data is None:
-            self.config.data = ensure_scene(self.config.scene_spec(), cache_dir=self.config.scene_cache_dir)
+            self.config.data = ensure_scene(self.config.scene_spec(), cache_dir=self.config.scene_cache_dir,
+                                            workers=self.config.scene_workers)
         elif not isinstance(self.config.data, Path):
             self.config.data = Path(self.config.data)
         return self.config.data

@@ -704,16 +704,11 @@ def _render_and_save(spec: SceneSpec, index: int, path: str) -> None:
     Image.fromarray(_to_uint8(rgb), mode="RGB").save(path, format="PNG", compress_level=6)
 
 
-def _num_workers(spec: SceneSpec) -> int:
-    """Processes for rendering: 1 for small scenes (process start-up would dominate), else up to 16.
-
-    ``BYTESPLAT_SCENE_WORKERS`` overrides."""
-    env = os.environ.get("BYTESPLAT_SCENE_WORKERS")
-    if env:
-        try:
-            return max(1, int(env))
-        except ValueError:
-            raise BytesplatError(f"BYTESPLAT_SCENE_WORKERS must be an integer, got {env!r}") from None
+def _num_workers(spec: SceneSpec, workers: Optional[int] = None) -> int:
+    """Processes for rendering: ``workers`` when given (the dataparser's ``scene_workers``), else 1
+    for small scenes (process start-up would dominate) and up to 16 for large ones."""
+    if workers is not None:
+        return max(1, int(workers))
     rays = spec.num_views * spec.width * spec.height * spec.supersample**2
     if rays < 12_000_000:
         return 1
@@ -723,8 +718,10 @@ def _num_workers(spec: SceneSpec) -> int:
     return max(1, min(16, cpus, spec.num_views))
 
 
-def generate_scene(spec: Optional[SceneSpec] = None, out_dir: Union[str, Path] = ".", progress: bool = True) -> Path:
-    """Write the scene for ``spec`` into ``out_dir`` (created if needed; existing files are overwritten).
+def generate_scene(spec: Optional[SceneSpec] = None, out_dir: Union[str, Path] = ".", progress: bool = True,
+                   workers: Optional[int] = None) -> Path:
+    """Write the scene for ``spec`` into ``out_dir`` (created if needed; existing files are overwritten),
+    rendering in ``workers`` processes (None: as :func:`_num_workers` chooses; same bytes either way).
 
     No caching or atomicity here: :func:`ensure_scene` wraps this. Returns ``out_dir``.
     """
@@ -737,7 +734,7 @@ def generate_scene(spec: Optional[SceneSpec] = None, out_dir: Union[str, Path] =
     train_indices = [i for i in range(spec.num_views) if i not in eval_set]
     names = [f"{IMAGES_DIR}/frame_{i:05d}.png" for i in range(spec.num_views)]
 
-    workers = _num_workers(spec)
+    workers = _num_workers(spec, workers)
 
     def render_all(update) -> None:
         if workers <= 1:
@@ -870,8 +867,10 @@ def _remove_tree(path: Path) -> None:
     shutil.rmtree(trash, ignore_errors=True)
 
 
-def ensure_scene(spec: Optional[SceneSpec] = None, cache_dir: Optional[Union[str, Path]] = None) -> Path:
-    """Path of the generated scene for ``spec`` (default: small), generating it on first use.
+def ensure_scene(spec: Optional[SceneSpec] = None, cache_dir: Optional[Union[str, Path]] = None,
+                 workers: Optional[int] = None) -> Path:
+    """Path of the generated scene for ``spec`` (default: small), generating it on first use (in
+    ``workers`` processes, see :func:`generate_scene`).
 
     ``cache_dir`` is the directory holding the scenes (default :func:`default_cache_dir`). An existing
     complete scene is returned as is; an incomplete or broken one is replaced. Safe to call from several
@@ -904,7 +903,7 @@ def ensure_scene(spec: Optional[SceneSpec] = None, cache_dir: Optional[Union[str
             try:
                 os.chmod(tmp, 0o755)
                 start = time.perf_counter()
-                generate_scene(spec, tmp)
+                generate_scene(spec, tmp, workers=workers)
                 _write_marker(tmp, spec)
                 os.rename(tmp, target)
             except BaseException:

@@ -10,7 +10,7 @@ One interface (:class:`Communicator`), chosen by name (``make_communicator``):
   the zero rows they leave out, the message carries the dense rows instead, so sparse-grad never
   sends more than dense. On CUDA tensors ``encode``/``decode`` run the GPU kernels of
   ``cuda/sparse_grad.cu`` (``sparse_kernels``: warp-ballot compaction, atomicAdd decode); on the
-  CPU (and where the kernels cannot be built, or ``BYTESPLAT_SPARSE_KERNELS=0``) the torch
+  CPU (and where the kernels cannot be built, or ``--pipeline.sparse-kernels False``) the torch
   implementation (``encode_torch``/``decode_torch``), which gives the same bytes.
 
 Both give bit-identical owner gradients: the buffer starts at zero and every (view, Gaussian)
@@ -174,11 +174,15 @@ class DenseCommunicator(Communicator):
 class SparseGradCommunicator(Communicator):
     name = "sparse-grad"
 
+    def __init__(self, group=None, gpu_kernels: bool = True):
+        super().__init__(group)
+        self.gpu_kernels = gpu_kernels  # False: the torch implementation on the GPU too (A/B runs)
+
     def encode(self, grad: Tensor) -> Tuple[Tensor, Tensor]:
         """[m, G] gradients -> (index [k] int32 of rows with any non-zero entry, values [k, G])."""
         from bytesplat_ns.distributed import sparse_kernels
 
-        if sparse_kernels.usable(grad):
+        if self.gpu_kernels and sparse_kernels.usable(grad):
             return sparse_kernels.encode(grad)
         return self.encode_torch(grad)
 
@@ -187,7 +191,7 @@ class SparseGradCommunicator(Communicator):
         ``bad``: see ``sparse_kernels.decode`` (GPU kernels only; lets one check cover every peer)."""
         from bytesplat_ns.distributed import sparse_kernels
 
-        if index.numel() and grad_buffer.is_contiguous() and sparse_kernels.usable(grad_buffer):
+        if self.gpu_kernels and index.numel() and grad_buffer.is_contiguous() and sparse_kernels.usable(grad_buffer):
             sparse_kernels.decode(index, values, sent_index, grad_buffer, bad)
             return
         self.decode_torch(index, values, sent_index, grad_buffer)
@@ -258,9 +262,10 @@ COMMUNICATORS: Dict[str, Type[Communicator]] = {
 }
 
 
-def make_communicator(name: str, group=None) -> Communicator:
+def make_communicator(name: str, group=None, sparse_kernels: bool = True) -> Communicator:
+    """``sparse_kernels``: whether sparse-grad encodes and decodes with its GPU kernels where they build."""
     try:
         cls = COMMUNICATORS[name]
     except KeyError:
         raise ValueError(f"Unknown communicator '{name}'; choose one of {', '.join(COMMUNICATORS)}.") from None
-    return cls(group)
+    return cls(group, gpu_kernels=sparse_kernels) if cls is SparseGradCommunicator else cls(group)

@@ -74,7 +74,7 @@ def wrap_failure(phase: str, peer: Optional[int], error: BaseException, group=No
     return DistributedError(
         f"rank {rank}/{world}: {phase}: communication{with_peer} failed ({_short(error)}).",
         hint="Another rank died or stalled (see its log); every rank stops instead of hanging. "
-        "Waits are bounded by the process-group timeout (BYTESPLAT_DIST_TIMEOUT seconds, default 600).",
+        "Waits are bounded by the process-group timeout (--pipeline.rank-timeout seconds, default 600).",
     )
 
 

@@ -117,6 +117,12 @@ class ShardedPipelineConfig(VanillaPipelineConfig):
     """Re-cut the shards evenly when a shard's size differs from the mean by more than this fraction."""
     step_timeout: float = 0.0
     """Seconds after which a rank stuck in one training step ends itself with a clear error (0: off)."""
+    rank_timeout: float = 600.0
+    """Seconds a collective waits for the other ranks before every rank stops with an error (the process
+    group's timeout, under bytesplat_ns.train / torchrun)."""
+    sparse_kernels: bool = True
+    """sparse-grad: encode and decode the gradients with its CUDA kernels (cuda/sparse_grad.cu) where they
+    build; False: the torch implementation (same bytes; A/B runs)."""
     compositor: Literal["auto", "reference", "fused"] = "auto"
     """How a rank composites (and scores) the gathered 2D records of its views: reference (PyTorch, any
     device) or fused (bytesplat's CUDA kernels: the fused loss kernel per view, GPU and RGB only);
@@ -182,7 +188,8 @@ class ShardedPipeline(VanillaPipeline):
         self.full_copy_step: Optional[int] = None
         self._eval_ran = False
         self._share_initial_gaussians()
-        self.communicator = make_communicator(self.comm_name) if self.comm_name != "pixel" else None
+        self.communicator = (make_communicator(self.comm_name, sparse_kernels=config.sparse_kernels)
+                             if self.comm_name != "pixel" else None)
         if self.comm_name == "pixel":
             # The cells are rendered by the compositor's renderer (pixel.render_cell): fused on CUDA
             # (the fused-on-CPU case was refused in _check_supported), reference elsewhere.
@@ -472,6 +479,7 @@ class ShardedPipeline(VanillaPipeline):
             functools.partial(splatfacto_loss, ssim_lambda=lam),  # recognised by the fused compositor
             absgrad=bool(getattr(model.strategy, "absgrad", False)),
             compositor=self.compositor,
+            options=model.config.fused.options(),
         )
         model.info = fwd.info
         if getattr(model, "optimizers", None) is not None:
@@ -513,7 +521,8 @@ class ShardedPipeline(VanillaPipeline):
         # Every local Gaussian belongs to this rank's cell until the next migration moves it (also
         # one that wandered out of the cell: the composite's order is then approximate for it).
         self.cells.cell_of = torch.full((n,), self._my_cell(), dtype=torch.int64, device=params["means"].device)
-        cfg = PixelConfig(geometric=self.config.pixel_geometric, transmittance=self.config.pixel_transmittance)
+        cfg = PixelConfig(geometric=self.config.pixel_geometric, transmittance=self.config.pixel_transmittance,
+                          fused=model.config.fused.options())
         fwd = pixel_render_loss(
             params, self.cells, views, self._sh_degree(), cfg, functools.partial(splatfacto_loss, ssim_lambda=lam), absgrad=absgrad,
             renderer=self.compositor,

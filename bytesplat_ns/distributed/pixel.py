@@ -85,6 +85,7 @@ from bytesplat_ns.distributed.step import (
     gaussian_colors,
     splatfacto_loss,
 )
+from bytesplat_ns.raster.options import DEFAULT_OPTIONS, FusedOptions
 from bytesplat_ns.raster.projection import camera_centers
 from bytesplat_ns.errors import BytesplatError
 from bytesplat_ns.raster.reference import T_MIN
@@ -123,6 +124,8 @@ class PixelConfig:
     """Widening of the projected rectangle in pixels (covers the 0.3 px^2 2D blur)."""
     schedule: bool = True
     """Balanced, locality-aware view-to-rank assignment (``schedule.py``); False: contiguous blocks."""
+    fused: FusedOptions = DEFAULT_OPTIONS
+    """The fused renderer's switches (the model's ``fused`` config)."""
 
 
 @dataclass
@@ -600,7 +603,8 @@ class PixelForward:
 
 
 def render_cell(params: Mapping[str, Tensor], rows: Tensor, views: Views, sh_degree: Optional[int],
-                absgrad: bool = False, with_info: bool = False, renderer: str = "reference"):
+                absgrad: bool = False, with_info: bool = False, renderer: str = "reference",
+                fused_options: FusedOptions = DEFAULT_OPTIONS):
     """Partial render of the Gaussians ``rows`` of ``params``: (C [B,H,W,D] premultiplied, T [B,H,W]),
     and with ``with_info`` the renderer's info dict (``means2d`` retains its gradient).
 
@@ -608,7 +612,7 @@ def render_cell(params: Mapping[str, Tensor], rows: Tensor, views: Views, sh_deg
     ``fused.project`` with gsplat's CUDA projection when importable, else the torch one; ``bin_tiles``;
     ``_RasterizeFused`` without background, whose outputs are exactly (C_k, 1 - T_k) and whose backward
     takes dL/dC_k and dL/dalpha_k = -dL/dT_k). Same projection settings (near 0.01, far 1e10, 2D blur
-    0.3) and the same per-pixel rules (gsplat's) in both."""
+    0.3) and the same per-pixel rules (gsplat's) in both. ``fused_options``: the fused renderer's switches."""
     B, H, W = views.num_views, views.height, views.width
     dev = params["means"].device
     renderer = resolve_renderer(renderer, dev)
@@ -622,7 +626,8 @@ def render_cell(params: Mapping[str, Tensor], rows: Tensor, views: Views, sh_deg
                              hint="Use --pipeline.compositor reference.")
     from bytesplat_ns.raster import rasterize
 
-    render, alpha, info = rasterize(*args, backend=renderer, sh_degree=sh_degree, absgrad=absgrad)
+    render, alpha, info = rasterize(*args, backend=renderer, sh_degree=sh_degree, absgrad=absgrad,
+                                    fused_options=fused_options)
     if not with_info:
         return render, 1.0 - alpha[..., 0]
     if info["means2d"].requires_grad:
@@ -703,7 +708,8 @@ def pixel_render_loss(
             Cc = torch.zeros(B, H, W, D, dtype=dtype, device=dev)
             Tc = torch.ones(B, H, W, dtype=dtype, device=dev)
         else:
-            Cc, Tc, infos[c] = render_cell(params, rows, views, sh_degree, absgrad=absgrad, with_info=True, renderer=renderer)
+            Cc, Tc, infos[c] = render_cell(params, rows, views, sh_degree, absgrad=absgrad, with_info=True, renderer=renderer,
+                                           fused_options=cfg.fused)
             Cc, Tc = Cc.to(dtype), Tc.to(dtype)
             D = Cc.shape[-1]
         partials += [Cc, Tc]

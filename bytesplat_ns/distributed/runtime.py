@@ -30,17 +30,6 @@ DEFAULT_TIMEOUT_S = 600.0
 WATCHDOG_EXIT_CODE = 75
 
 
-def default_timeout_s() -> float:
-    """Process-group timeout: ``BYTESPLAT_DIST_TIMEOUT`` seconds, else 600."""
-    value = os.environ.get("BYTESPLAT_DIST_TIMEOUT")
-    if not value:
-        return DEFAULT_TIMEOUT_S
-    try:
-        return float(value)
-    except ValueError:
-        raise DistributedError(f"BYTESPLAT_DIST_TIMEOUT must be a number of seconds, got {value!r}") from None
-
-
 def launched_distributed() -> bool:
     """True when started by torchrun (or our launcher) with more than one process."""
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
@@ -68,11 +57,12 @@ def share_cpu_threads(ranks_on_host: int) -> None:
         torch.set_num_threads(threads)
 
 
-def init_distributed(backend: Optional[str] = None, timeout_s: Optional[float] = None) -> torch.device:
+def init_distributed(backend: Optional[str] = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> torch.device:
     """Initialise the default process group from RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT.
 
     ``backend``: None picks NCCL when CUDA is available, gloo otherwise. Returns the device this
-    rank computes on (``cuda:LOCAL_RANK`` for NCCL, the CPU for gloo).
+    rank computes on (``cuda:LOCAL_RANK`` for NCCL, the CPU for gloo). ``timeout_s``: how long a
+    collective waits for the other ranks (``--pipeline.rank-timeout``).
     """
     missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
     if missing:
@@ -82,7 +72,9 @@ def init_distributed(backend: Optional[str] = None, timeout_s: Optional[float] =
         )
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-    timeout = datetime.timedelta(seconds=timeout_s if timeout_s is not None else default_timeout_s())
+    if not timeout_s > 0:
+        raise DistributedError(f"the rank timeout must be a positive number of seconds, got {timeout_s!r}")
+    timeout = datetime.timedelta(seconds=timeout_s)
     device = torch.device("cpu")
     if backend == "nccl":
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))

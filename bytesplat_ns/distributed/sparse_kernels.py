@@ -3,35 +3,24 @@
 ``encode(grad)`` and ``decode(index, values, sent_index, buffer)`` do on the GPU exactly what
 ``SparseGradCommunicator.encode``/``decode``'s torch code does (same rows, same order, same bytes;
 the decoder adds with atomicAdd straight into the owner's gradient buffer). ``usable(tensor)``
-says whether the kernels serve a tensor: a CUDA float32/float64 tensor, the extension builds, and
-``BYTESPLAT_SPARSE_KERNELS`` is not ``0``. It is built like the rasterizer's kernels
-(``bytesplat_ns.raster._build.JitExtension``) but as its own small extension (``sparse_grad.cu`` +
-``sparse_grad_bindings.cpp``). If it cannot be built, the communicator warns once and keeps the
-torch implementation (same results, more memory traffic).
+says whether the kernels serve a tensor: a CUDA float32/float64 tensor and the extension builds (the
+communicator also asks its ``gpu_kernels`` switch, ``--pipeline.sparse-kernels``). It is built by
+the rasterizer's builder as its own small extension (``raster._build.SPARSE_GRAD_KERNELS``:
+``sparse_grad.cu`` + ``sparse_grad_bindings.cpp``). If it cannot be built, the communicator warns
+once and keeps the torch implementation (same results, more memory traffic).
 """
 
 from __future__ import annotations
 
-import os
 import warnings
-from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from bytesplat_ns.raster._build import JitExtension
-
-SOURCES = ("sparse_grad.cu", "sparse_grad_bindings.cpp")
-ENV_SWITCH = "BYTESPLAT_SPARSE_KERNELS"
+from bytesplat_ns.raster._build import SPARSE_GRAD_KERNELS as EXTENSION
 
 _failed: Optional[str] = None
-# A separate, small extension: builds in seconds and independently of the rasterizer's kernels.
-EXTENSION = JitExtension("bytesplat_sparse_grad", "the bytesplat sparse-grad CUDA kernels", SOURCES)
-
-
-def source_paths() -> List[Path]:
-    return EXTENSION.source_paths()
 
 
 def load_extension(verbose: bool = False):
@@ -44,7 +33,7 @@ def usable(tensor: Tensor) -> bool:
     global _failed
     if not tensor.is_cuda or tensor.dtype not in (torch.float32, torch.float64):
         return False
-    if os.environ.get(ENV_SWITCH, "1") == "0" or _failed is not None:
+    if _failed is not None:
         return False
     try:
         load_extension()

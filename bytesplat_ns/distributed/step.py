@@ -49,7 +49,9 @@ from bytesplat_ns.distributed.communicators import (
 )
 from bytesplat_ns.distributed.exchange import DistributedError, ExchangeStats, all_reduce_, rank_and_world
 from bytesplat_ns.distributed.sharding import ShardLayout, gather_layout_and_view_counts
-from bytesplat_ns.raster.fused import _default_projection, project
+from bytesplat_ns.raster.fused import project, resolve_projection
+from bytesplat_ns.raster.loss import splatfacto_loss
+from bytesplat_ns.raster.options import DEFAULT_OPTIONS, FusedOptions
 from bytesplat_ns.raster.reference import rasterize_to_pixels_reference
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
@@ -115,15 +117,6 @@ def rgb_with_background(render: Tensor, alpha: Tensor, background: Tensor) -> Te
     return torch.clamp(render + (1.0 - alpha) * background, 0.0, 1.0)
 
 
-def splatfacto_loss(pred: Tensor, gt: Tensor, ssim_lambda: float = 0.2) -> Tensor:
-    """splatfacto's main loss for one view ([H,W,3] images): (1-l) L1 + l (1 - SSIM)."""
-    from pytorch_msssim import ssim
-
-    l1 = torch.abs(gt - pred).mean()
-    s = ssim(gt.permute(2, 0, 1)[None], pred.permute(2, 0, 1)[None], data_range=1.0, size_average=True)
-    return (1.0 - ssim_lambda) * l1 + ssim_lambda * (1.0 - s)
-
-
 def splatfacto_lambda(loss_fn: LossFn) -> Optional[float]:
     """The SSIM weight when ``loss_fn`` is splatfacto's loss (``splatfacto_loss`` itself or a
     ``functools.partial`` of it), else None: only then may the fused kernel compute the loss."""
@@ -160,13 +153,12 @@ def project_shard(
     """Project this rank's Gaussians into every view, as ``rasterize(backend="reference")`` does.
 
     ``projection``: ``torch`` (``raster.projection``/``raster.sh``, any device) or ``gsplat``
-    (gsplat's CUDA projection and SH kernels, same math); None picks gsplat for CUDA tensors when
-    its extension is importable (env ``BYTESPLAT_PROJECTION`` overrides), torch otherwise.
+    (gsplat's CUDA projection and SH kernels, same math); None or ``auto`` picks gsplat for CUDA
+    tensors when its extension is importable, torch otherwise.
     """
     B = views.num_views
     means = params["means"]
-    if projection is None:
-        projection = _default_projection() if means.is_cuda else "torch"
+    projection = resolve_projection(projection, means.device)
     radii, means2d, depths, conics, cols, _ = project(
         means, params["quats"], torch.exp(params["scales"]), params["opacities"].squeeze(-1),
         gaussian_colors(params, sh_degree), views.viewmats, views.Ks, views.width, views.height,
@@ -249,6 +241,7 @@ def composite_records(
     absgrad_sink: Optional[List[Tensor]] = None,
     compositor: str = "reference",
     sorted_by_gid: bool = False,
+    options: FusedOptions = DEFAULT_OPTIONS,
 ) -> Tuple[Tensor, Tensor]:
     """Composite gathered 2D records of ONE view: [M,2], [M,3], [M,D], [M], [M], [M] int, [M] ids.
 
@@ -259,7 +252,8 @@ def composite_records(
 
     Returns (render [H,W,D], alpha [H,W,1]) without background. With ``absgrad_sink`` (a list),
     the backward appends the per-record sum over pixels of |d loss / d mean2d| ([M,2], in the
-    order of the inputs) to it. ``sorted_by_gid``: see ``_records_in_gid_order``.
+    order of the inputs) to it. ``sorted_by_gid``: see ``_records_in_gid_order``. ``options``: the
+    fused compositor's binning, warp culling and backward reduction.
     """
     (means2d, conics, colors, opacities, depths, radii), order = _records_in_gid_order(
         means2d, conics, colors, opacities, depths, radii, gids, sorted_by_gid)
@@ -270,9 +264,11 @@ def composite_records(
 
         if not means2d.is_cuda or colors.shape[-1] != 3:
             raise ValueError("the fused compositor needs CUDA tensors and RGB colors")
-        offsets, flatten_ids = bin_tiles(m, radii[None], depths[None], width, height, tile_size)
+        offsets, flatten_ids = bin_tiles(m, radii[None], depths[None], width, height, tile_size,
+                                         binning=options.binning)
         render, alpha = _RasterizeFused.apply(
-            m, conics[None], colors[None], opacities[None], None, offsets, flatten_ids, width, height, absgrad
+            m, conics[None], colors[None], opacities[None], None, offsets, flatten_ids, width, height, absgrad,
+            options.warp_cull, options.butterfly,
         )
     elif compositor in ("reference", "fused"):
         render, alpha = rasterize_to_pixels_reference(
@@ -297,6 +293,7 @@ def composite_views_fused_loss(
     absgrad_sinks: Optional[Sequence[List[Tensor]]] = None,
     sorted_by_gid: bool = False,
     known_intersections: Optional[int] = None,
+    options: FusedOptions = DEFAULT_OPTIONS,
 ) -> Tuple[Tensor, Tensor]:
     """C views' records composited AND scored in ONE call of the fused kernels
     (``raster.fused._FusedLoss``): splatfacto's loss ``(1-l) L1 + l (1 - SSIM)`` of
@@ -328,7 +325,7 @@ def composite_views_fused_loss(
 
     padded = tuple(stacked(i) for i in range(6))
     return _score_padded_views(padded, rows, orders, width, height, gts, backgrounds, ssim_lambda, tile_size,
-                               absgrad_sinks, known_intersections)
+                               absgrad_sinks, known_intersections, options)
 
 
 def _score_padded_views(
@@ -343,22 +340,23 @@ def _score_padded_views(
     tile_size: int,
     absgrad_sinks: Optional[Sequence[List[Tensor]]],
     known_intersections: Optional[int],
+    options: FusedOptions = DEFAULT_OPTIONS,
 ) -> Tuple[Tensor, Tensor]:
     """The one fused call of :func:`composite_views_fused_loss` on the views' padded fields
     (means2d [C,M,2], conics, colors, opacities, depths, radii; view j's records in its first
     ``rows[j]`` rows, ``orders[j]`` their permutation from the caller's order or None)."""
-    from bytesplat_ns.raster.fused import _check, _FusedLoss, bin_tiles, fused_schedule
+    from bytesplat_ns.raster.fused import _check, _FusedLoss, bin_tiles
 
     m, conics, colors, opacities, depths, radii = padded
     C = m.shape[0]
     _check(width, height, tile_size, m.device)
     absgrad = absgrad_sinks is not None and m.requires_grad
-    offsets, flatten_ids = bin_tiles(m, radii, depths, width, height, tile_size, known_intersections)
+    offsets, flatten_ids = bin_tiles(m, radii, depths, width, height, tile_size, known_intersections, options.binning)
     # _FusedLoss scores the mean over the C views (they share the image size), so C x that is the sum
     loss, rgb, _, _, _ = _FusedLoss.apply(
         m, conics, colors, opacities, backgrounds.reshape(C, 3).detach().float(),
         gts.detach().float().contiguous(), offsets, flatten_ids, width, height, ssim_lambda, absgrad,
-        None, 2, fused_schedule(),
+        None, 2, options.schedule, options.butterfly, options.warp_cull,
     )
     if absgrad:
         assert absgrad_sinks is not None
@@ -461,6 +459,7 @@ def composite_records_fused_loss(
     tile_size: int = 16,
     absgrad_sink: Optional[List[Tensor]] = None,
     sorted_by_gid: bool = False,
+    options: FusedOptions = DEFAULT_OPTIONS,
 ) -> Tuple[Tensor, Tensor]:
     """ONE view's records composited AND scored by the fused kernel: :func:`composite_views_fused_loss`
     of that view alone (``gt`` [H,W,3], ``background`` [3]). Returns (loss, rgb [H,W,3] detached); what
@@ -468,7 +467,7 @@ def composite_records_fused_loss(
     contract."""
     loss, rgb = composite_views_fused_loss(
         [(means2d, conics, colors, opacities, depths, radii, gids)], width, height, gt[None], background.reshape(1, 3),
-        ssim_lambda, tile_size, None if absgrad_sink is None else [absgrad_sink], sorted_by_gid)
+        ssim_lambda, tile_size, None if absgrad_sink is None else [absgrad_sink], sorted_by_gid, options=options)
     return loss, rgb[0]
 
 
@@ -583,6 +582,7 @@ class _Runner:
     tile_size: int = 16
     absgrad: bool = False
     compositor: str = "reference"
+    options: FusedOptions = DEFAULT_OPTIONS  # the fused compositor's switches
     # filled by forward
     sent_index: List[Tensor] = field(default_factory=list)
     leaves: List[Tensor] = field(default_factory=list)
@@ -663,7 +663,7 @@ class _ShardedRenderLoss(torch.autograd.Function):
                         torch.stack([views.images[v].to(padded[0]) for v in group_views]),
                         torch.stack([views.backgrounds[v].to(padded[0]) for v in group_views]), lam,
                         runner.tile_size, [sinks[j] for j in group] if runner.absgrad else None,
-                        None if tiles is None else sum(tiles[j] for j in group),
+                        None if tiles is None else sum(tiles[j] for j in group), runner.options,
                     )
                     runner.renders.update(zip(group_views, rgb.unbind(0)))
                     loss = loss + loss_sum / B
@@ -675,7 +675,8 @@ class _ShardedRenderLoss(torch.autograd.Function):
                               torch.cat([radii_in[s][a : a + c] for s, a, c in spans[j]]),
                               torch.cat([gids_in[s][a : a + c] for s, a, c in spans[j]]))
                     render, alpha = composite_records(*fields, views.width, views.height, runner.tile_size,
-                                                      absgrad_sink=sinks[j], compositor=runner.compositor, sorted_by_gid=True)
+                                                      absgrad_sink=sinks[j], compositor=runner.compositor, sorted_by_gid=True,
+                                                      options=runner.options)
                     rgb = rgb_with_background(render, alpha, views.backgrounds[v].to(render))
                     runner.renders[v] = rgb.detach()
                     loss = loss + runner.loss_fn(rgb, views.images[v].to(rgb)) / B
@@ -752,15 +753,16 @@ def sharded_render_loss(
     tile_size: int = 16,
     absgrad: bool = False,
     compositor: str = "reference",
+    options: FusedOptions = DEFAULT_OPTIONS,
 ) -> ShardedForward:
     """Forward of one sharded step (collective). ``.local_loss.backward()`` runs the exchange of
     gradients and the owner's backward; the caller then steps its optimizers. With ``absgrad``
     the backward also sets ``info["means2d"].absgrad`` [B,n,2] (gsplat's densification statistic),
     carried back in two extra gradient columns of the wire format. ``compositor``: see
-    ``composite_records``."""
+    ``composite_records``; ``options``: the fused rasterizer's switches (projection included)."""
     stats = CommStats()
     meta = ExchangeStats()
-    proj = project_shard(params, views, sh_degree)
+    proj = project_shard(params, views, sh_degree, projection=options.projection)
     proj.means2d.retain_grad()
     visible = proj.radii > 0
     tiles = None
@@ -769,10 +771,10 @@ def sharded_render_loss(
         # renderer's binning counts what the sender counted)
         from bytesplat_ns.raster.fused import tile_intersections
 
-        tiles = tile_intersections(proj.means2d, proj.radii, views.width, views.height, tile_size)
+        tiles = tile_intersections(proj.means2d, proj.radii, views.width, views.height, tile_size, options.binning)
     layout, view_counts, view_tiles = gather_layout_and_view_counts(visible, communicator.group, meta, tiles)
     stats.meta_bytes += meta.meta_bytes
-    runner = _Runner(views, communicator, layout, loss_fn, stats, tile_size, absgrad, compositor)
+    runner = _Runner(views, communicator, layout, loss_fn, stats, tile_size, absgrad, compositor, options)
     runner.means2d_ref = proj.means2d
     runner.view_counts, runner.view_tiles, runner.visible = view_counts, view_tiles, visible
     local_loss = _ShardedRenderLoss.apply(runner, proj.means2d, proj.conics, proj.colors, proj.opacities, proj.depths, proj.radii)

@@ -10,7 +10,10 @@ Backends:
 - ``reference``: pure PyTorch (projection, SH, tile binning, compositing), gradients by autograd,
   any device. The CPU path and the oracle the other two are tested against.
 - ``gsplat``: gsplat 1.4.0's CUDA rasterizer, the baseline.
-- ``fused``: our CUDA kernels (``cuda/``), forward and backward in one launch.
+- ``fused``: our CUDA kernels (``cuda/``): projection and SH (gsplat's or PyTorch's), our tile
+  binning, forward and backward kernels; its switches arrive as ``fused_options``
+  (``raster.options.FusedOptions``). Training uses ``raster.fused.fused_render_loss``, which also
+  computes splatfacto's loss and its gradients in the kernels.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from typing import Dict, Literal, Optional, Tuple
 
 import torch
 from torch import Tensor
+
+from bytesplat_ns.raster.options import DEFAULT_OPTIONS, FusedOptions
 
 Backend = Literal["reference", "gsplat", "fused"]
 BACKENDS: Tuple[str, ...] = ("reference", "gsplat", "fused")
@@ -78,8 +83,10 @@ def rasterize(
     far_plane: float = 1e10,
     eps2d: float = 0.3,
     tile_size: int = 16,
+    fused_options: FusedOptions = DEFAULT_OPTIONS,
 ) -> Tuple[Tensor, Tensor, Dict]:
-    """Render C views of N Gaussians with the chosen backend (see module docstring)."""
+    """Render C views of N Gaussians with the chosen backend (see module docstring).
+    ``fused_options``: the fused backend's switches; the other backends have none."""
     kwargs = dict(
         sh_degree=sh_degree,
         backgrounds=backgrounds,
@@ -104,5 +111,5 @@ def rasterize(
     if backend == "fused":
         from bytesplat_ns.raster.fused import rasterize_fused
 
-        return rasterize_fused(*args, **kwargs)
+        return rasterize_fused(*args, **kwargs, options=fused_options)
     raise ValueError(f"Unknown rasterizer backend '{backend}'")

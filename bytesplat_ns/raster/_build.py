@@ -1,10 +1,14 @@
 """JIT build of the bundled CUDA kernels (``cuda/`` in the repo, ``bytesplat_ns.cuda`` installed).
 
-``load_extension()`` compiles the sources with ``torch.utils.cpp_extension.load`` on first use for
+One builder (:class:`JitExtension`) for both extensions: :data:`RASTER_KERNELS` (the rasterizer:
+render, fused loss, binning, SH of several views) and :data:`SPARSE_GRAD_KERNELS` (the sparse-grad
+communicator's encoder/decoder, a separate small extension that builds in seconds).
+``load_extension()`` compiles the rasterizer's sources with ``torch.utils.cpp_extension.load`` on first use for
 the current GPU's architecture, caches the result (``TORCH_EXTENSIONS_DIR``, else torch's default
 cache) and returns the module. Every reason it cannot (no CUDA device, no nvcc, a GPU older than
 compute capability 7.0, a compiler error) raises :class:`CudaBuildError` with one message naming
-the cause. ``MAX_JOBS`` is honoured by torch's ninja build.
+the cause. Only the build is configured by the environment, as with gsplat: ``MAX_JOBS`` (torch's
+ninja build), ``TORCH_EXTENSIONS_DIR`` (the cache) and ``BYTESPLAT_FAST_MATH=1`` (``--use_fast_math``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ except Exception:  # pragma: no cover - errors.py is optional for this module
 MIN_COMPUTE_CAPABILITY = (7, 0)
 SOURCES = ("bindings.cpp", "render.cu", "fused_loss.cu", "loss_grad.cu", "binning.cu", "sh_views.cu")
 HEADERS = ("common.cuh", "ssim_tile.cuh")
+SPARSE_GRAD_SOURCES = ("sparse_grad.cu", "sparse_grad_bindings.cpp")
 
 
 class CudaBuildError(_ErrorBase):  # type: ignore[misc,valid-type]
@@ -44,11 +49,6 @@ def cuda_source_dir() -> Path:
     import bytesplat_ns
 
     return Path(bytesplat_ns.__file__).resolve().parent.parent / "cuda"
-
-
-def source_paths() -> List[Path]:
-    d = cuda_source_dir()
-    return [d / s for s in SOURCES]
 
 
 def _nvcc_path() -> Optional[str]:
@@ -191,14 +191,12 @@ class JitExtension:
         return module
 
 
-# The rasterizer's kernels (render, fused loss, binning).
+# The rasterizer's kernels (render, fused loss, binning, SH of several views).
 RASTER_KERNELS = JitExtension("bytesplat_cuda", "the bytesplat CUDA kernels", SOURCES, HEADERS,
                               fast_math_env="BYTESPLAT_FAST_MATH")
-
-
-def extension_name(arch: str, fast_math: bool) -> str:
-    """Unique per source contents and flags, so an edit or another GPU never reuses a stale build."""
-    return RASTER_KERNELS.name(arch, fast_math)
+# The sparse-grad communicator's kernels: built independently of the rasterizer's.
+SPARSE_GRAD_KERNELS = JitExtension("bytesplat_sparse_grad", "the bytesplat sparse-grad CUDA kernels",
+                                   SPARSE_GRAD_SOURCES)
 
 
 def load_extension(verbose: bool = False):

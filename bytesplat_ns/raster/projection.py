@@ -49,12 +49,6 @@ def quat_to_rotmat(quats: Tensor) -> Tensor:
     )
 
 
-def quat_scale_to_covar(quats: Tensor, scales: Tensor) -> Tensor:
-    """World-space 3D covariances [...,3,3] from quaternions [...,4] and scales [...,3]."""
-    M = quat_to_rotmat(quats) * scales[..., None, :]  # R diag(s)
-    return M @ M.transpose(-1, -2)
-
-
 def camera_centers(viewmats: Tensor) -> Tensor:
     """Camera centers in world space [C,3] (via the matrix inverse, as gsplat does for SH)."""
     return torch.linalg.inv(viewmats)[:, :3, 3]

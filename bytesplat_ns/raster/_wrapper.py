@@ -1,0 +1,216 @@
+"""The autograd Functions around the compiled kernels (``cuda/``), as gsplat's ``cuda/_wrapper.py``.
+
+Each Function takes plain tensors and the switches of its launch as arguments (nothing is read from
+the environment): :class:`_RasterizeFused` (render_fwd / render_bwd), :class:`_FusedLoss` (the loss
+and its 2D gradients in one of three schedules) and :class:`_MultiViewSH` (cuda/sh_views.cu). The
+public front end is ``raster.fused``; the PyTorch twins are in ``raster._torch_impl``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from bytesplat_ns.raster._build import CudaBuildError, load_extension
+from bytesplat_ns.raster.loss import SSIM_WIN_SIGMA, SSIM_WIN_SIZE
+from bytesplat_ns.raster.options import SCHEDULES
+
+TILE_SIZE = 16
+# Gaussians per shared-memory batch of render_fwd/render_bwd (cuda/render.cu kBatch): what the
+# split schedule reports as its "capacity".
+RENDER_BATCH = 256
+
+_two_phase_logged = False
+_optional_warned = False
+_clamp_inclusive: Optional[bool] = None
+
+
+def _ops():
+    return load_extension()
+
+
+def _optional_ops():
+    """The extension for the helpers that have a fallback (tile binning: its torch twin; SH of
+    several cameras: gsplat per camera), or None (with one warning) when it cannot be built here:
+    callers such as pruning or the projection with the gsplat backend must keep working."""
+    global _optional_warned
+    try:
+        return _ops()
+    except CudaBuildError as e:
+        if not _optional_warned:
+            warnings.warn(f"bytesplat: CUDA kernels unavailable, binning tiles in torch and SH per camera in gsplat ({e})")
+            _optional_warned = True
+        return None
+
+
+def _torch_clamp_inclusive() -> bool:
+    """Whether torch.clamp(x, 0, 1) passes the gradient at x == 0 / x == 1 (it does not in recent
+    torch). The fused kernel follows the installed torch so it matches splatfacto's autograd."""
+    global _clamp_inclusive
+    if _clamp_inclusive is None:
+        with torch.enable_grad():  # may be called where grad mode is off (autograd forward, eval)
+            x = torch.tensor([0.0, 1.0], requires_grad=True)
+            (g,) = torch.autograd.grad(torch.clamp(x, 0.0, 1.0).sum(), x)
+        _clamp_inclusive = bool(g[0] > 0)
+    return _clamp_inclusive
+
+
+@functools.lru_cache(maxsize=None)
+def ssim_window() -> Tensor:
+    """pytorch_msssim's 1D Gaussian window (size 11, sigma 1.5), float32 on the CPU. Made once:
+    its five small CPU ops sat on every step's host path before the first render (read-only)."""
+    coords = torch.arange(SSIM_WIN_SIZE, dtype=torch.float) - SSIM_WIN_SIZE // 2
+    g = torch.exp(-(coords**2) / (2 * SSIM_WIN_SIGMA**2))
+    return g / g.sum()
+
+
+def _flat(t: Tensor, d: int) -> Tensor:
+    return t.reshape(-1, d).contiguous().float() if d > 1 else t.reshape(-1).contiguous().float()
+
+
+class _RasterizeFused(torch.autograd.Function):
+    """2D Gaussians -> (render [C,H,W,3] incl. T*bg, alpha [C,H,W,1]); backward by our kernel.
+    ``warp_cull`` and ``butterfly``: the launches' switches (``FusedOptions``)."""
+
+    @staticmethod
+    def forward(ctx, means2d, conics, colors, opacities, backgrounds, offsets, flatten_ids, W, H, absgrad,
+                warp_cull=True, butterfly=True):
+        C = means2d.shape[0]
+        m, c, col, o = _flat(means2d, 2), _flat(conics, 3), _flat(colors, 3), _flat(opacities, 1)
+        bg = backgrounds.contiguous().float() if backgrounds is not None else None
+        rgb, alpha, T, last, _ = _ops().render_fwd(m, c, col, o, bg, offsets, flatten_ids, C, W, H, False,
+                                                   bool(warp_cull))
+        ctx.save_for_backward(means2d, m, c, col, o, bg, offsets, flatten_ids, T, last)
+        ctx.dims = (C, W, H, absgrad, backgrounds is not None and backgrounds.requires_grad)
+        ctx.butterfly, ctx.warp_cull = bool(butterfly), bool(warp_cull)
+        return rgb, alpha
+
+    @staticmethod
+    def backward(ctx, v_rgb, v_alpha):
+        means2d, m, c, col, o, bg, offsets, flatten_ids, T, last = ctx.saved_tensors
+        C, W, H, absgrad, bg_grad = ctx.dims
+        if v_rgb is None:
+            v_rgb = torch.zeros(C, H, W, 3, device=m.device)
+        va = v_alpha.contiguous().float() if v_alpha is not None else None
+        vm, vc, vcol, vo, vabs, _ = _ops().render_bwd(
+            m, c, col, o, bg, offsets, flatten_ids, C, W, H, T, last, v_rgb.contiguous().float(), va, absgrad,
+            ctx.butterfly, False, None, ctx.warp_cull,
+        )
+        N = means2d.shape[1]
+        if absgrad:
+            means2d.absgrad = vabs.view(C, N, 2)  # read by gsplat's DefaultStrategy(absgrad=True)
+        v_bg = (v_rgb * T[..., None]).sum((1, 2)) if bg_grad else None
+        return (vm.view(C, N, 2), vc.view(C, N, 3), vcol.view(C, N, 3), vo.view(C, N), v_bg,
+                None, None, None, None, None, None, None)
+
+
+def _split_loss(m, c, col, o, bg, gt, offsets, flatten_ids, C, W, H, ssim_lambda, absgrad, butterfly,
+                contribution, cull):
+    """The split schedule: three plain launches, nothing but images crossing between them.
+
+    render_fwd (with the backgrounds: render + T*bg, alpha, T, last, and with ``contribution`` each
+    pixel's stopping Gaussian) -> loss_grad (dL/d render = the per-pixel loss gradient times
+    torch.clamp's mask, clamped rgb, per-region L1 and SSIM sums) -> render_bwd (v_render and the
+    backgrounds, which it turns into the alpha term; the pruning score with ``contribution``).
+    Returns what fused_loss returns, info = (two_phase, capacity, resident, smem) =
+    (0, RENDER_BATCH, 0, 0)."""
+    ops = _ops()
+    render, alpha, T, last, stop = ops.render_fwd(m, c, col, o, bg, offsets, flatten_ids, C, W, H, bool(contribution),
+                                                  cull)
+    v_render, rgb, partials = ops.loss_grad(render, gt, float(ssim_lambda), ssim_window(), _torch_clamp_inclusive())
+    del render
+    vm, vc, vcol, vo, vabs, contrib = ops.render_bwd(
+        m, c, col, o, bg, offsets, flatten_ids, C, W, H, T, last, v_render, None, bool(absgrad), bool(butterfly),
+        bool(contribution), stop if contribution else None, cull)
+    info = torch.tensor([0, RENDER_BATCH, 0, 0], dtype=torch.long)
+    return rgb, alpha, partials, vm, vc, vcol, vo, vabs, info, contrib
+
+
+class _FusedLoss(torch.autograd.Function):
+    """Render + loss + its 2D gradients (``schedule``: one_launch, two_launch, split; ``butterfly``
+    and ``warp_cull``: the launches' switches). Forward returns (loss, rgb, alpha, stats,
+    contribution); only the loss is differentiable; backward scales the stashed gradients.
+    ``contribution=True``: the backward walk, which runs inside this forward, also gathers the
+    pruning score (largest alpha*T per view and Gaussian, ``pruning.contribution_scores_2d``'s
+    definition) into ``contribution`` [C,N]; otherwise it is an empty tensor and the kernels skip it."""
+
+    @staticmethod
+    def forward(ctx, means2d, conics, colors, opacities, backgrounds, gt, offsets, flatten_ids, W, H,
+                ssim_lambda, absgrad, capacity, blocks_per_sm, schedule, butterfly, warp_cull, contribution=False):
+        global _two_phase_logged
+        C, N = means2d.shape[0], means2d.shape[1]
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+        two_launch = schedule == "two_launch"
+        butterfly, cull = bool(butterfly), bool(warp_cull)
+        m, c, col, o = _flat(means2d, 2), _flat(conics, 3), _flat(colors, 3), _flat(opacities, 1)
+        bg, gtc = backgrounds.contiguous().float(), gt.contiguous().float()
+        if schedule == "split":
+            out = _split_loss(m, c, col, o, bg, gtc, offsets, flatten_ids, C, W, H, ssim_lambda, absgrad,
+                              butterfly, contribution, cull)
+        else:
+            out = _ops().fused_loss(
+                m, c, col, o, bg, gtc, offsets, flatten_ids,
+                C, W, H, float(ssim_lambda), ssim_window(), int(capacity or 0), int(blocks_per_sm),
+                bool(absgrad), two_launch, _torch_clamp_inclusive(), butterfly, bool(contribution), cull,
+            )
+        rgb, alpha, partials, vm, vc, vcol, vo, vabs, kinfo, contrib = out
+        contrib = contrib.view(C, N) if contribution else contrib
+        two_phase, cap, resident, smem = (int(v) for v in kinfo.tolist())
+        if two_phase and not two_launch and not _two_phase_logged:
+            _two_phase_logged = True
+            warnings.warn(
+                f"bytesplat fused loss: only {resident} blocks fit on the GPU at once, fewer than the "
+                f"{min(math.ceil(W / TILE_SIZE), math.ceil(H / TILE_SIZE)) + 2} the one-launch neighbour "
+                f"wait needs at {W}x{H}; using the two-launch path (same result)."
+            )
+        p = partials.double().sum(0)
+        n_l1 = C * H * W * 3
+        n_ssim = C * 3 * (H - SSIM_WIN_SIZE + 1) * (W - SSIM_WIN_SIZE + 1)
+        l1 = p[0] / n_l1
+        ssim = p[1] / n_ssim
+        loss = ((1 - ssim_lambda) * l1 + ssim_lambda * (1 - ssim)).float()
+        ctx.save_for_backward(means2d, vm, vc, vcol, vo, vabs)
+        ctx.meta = (C, N, absgrad)
+        stats = torch.stack([l1, ssim]).float()
+        ctx.mark_non_differentiable(rgb, alpha, stats, contrib)
+        ctx.kinfo = dict(schedule=schedule, two_phase=bool(two_phase), capacity=cap, resident_blocks=resident,
+                         smem_bytes=smem, bwd_reduce="butterfly" if butterfly else "shuffle",
+                         contribution=bool(contribution), warp_cull=cull)
+        _FusedLoss.last_kernel_info = ctx.kinfo
+        return loss, rgb, alpha, stats, contrib
+
+    @staticmethod
+    def backward(ctx, g, _g_rgb, _g_alpha, _g_stats, _g_contrib):
+        means2d, vm, vc, vcol, vo, vabs = ctx.saved_tensors
+        C, N, absgrad = ctx.meta
+        if absgrad:
+            means2d.absgrad = (vabs * g.abs()).view(C, N, 2)
+        return (
+            (vm * g).view(C, N, 2), (vc * g).view(C, N, 3), (vcol * g).view(C, N, 3), (vo * g).view(C, N),
+            None, None, None, None, None, None, None, None, None, None, None, None, None, None,
+        )
+
+
+_FusedLoss.last_kernel_info = {}
+
+
+class _MultiViewSH(torch.autograd.Function):
+    """SH colors of N Gaussians from C cameras (cuda/sh_views.cu); gradients for means and coefficients."""
+
+    @staticmethod
+    def forward(ctx, means, coeffs, viewmats, radii, degree):  # type: ignore[override]
+        args = (means.contiguous(), coeffs.contiguous(), viewmats.contiguous(), radii.to(torch.int32).contiguous())
+        ctx.save_for_backward(*args)
+        ctx.degree = degree
+        return _ops().sh_views_fwd(*args, int(degree))
+
+    @staticmethod
+    def backward(ctx, v_colors):  # type: ignore[override]
+        v_coeffs, v_means = _ops().sh_views_bwd(*ctx.saved_tensors, ctx.degree, v_colors.contiguous())
+        return v_means, v_coeffs, None, None, None

@@ -1,0 +1,86 @@
+"""The fused rasterizer's behaviour switches.
+
+:class:`FusedRasterConfig` is what a user sets (``--pipeline.model.fused.*``, recorded in
+``config.yml``); :class:`FusedOptions` is the small frozen value the kernels' Python front end
+(``raster.fused``) takes as an argument, so a call's behaviour is fixed by its arguments alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from bytesplat_ns.errors import SettingError
+
+# The schedules of ``fused_render_loss`` (docs/fused_ssim.md). "split" (render_fwd -> loss_grad ->
+# render_bwd, three plain launches) is the default: on an H200 (1920x1080, SH 3, raster + loss
+# fwd+bwd) it took 4.77 / 10.26 ms against 9.02 / 21.75 ms for two launches and 8.96 / 21.05 ms
+# for one launch at 1M / 4M Gaussians.
+SCHEDULES = ("one_launch", "two_launch", "split")
+# Warp reduction of the backward kernels (cuda/common.cuh backward_slots): "butterfly" (a
+# reduce-scatter over the warp, 13 shuffles per Gaussian with absgrad) or "shuffle" (one 5-shuffle
+# warp sum per gradient component, 55 shuffles). Same gradients up to fp32 summation order.
+BWD_REDUCTIONS = ("butterfly", "shuffle")
+PROJECTIONS = ("auto", "gsplat", "torch")
+BINNINGS = ("cuda", "torch")
+
+Schedule = Literal["one_launch", "two_launch", "split"]
+BwdReduce = Literal["butterfly", "shuffle"]
+Projection = Literal["auto", "gsplat", "torch"]
+Binning = Literal["cuda", "torch"]
+
+
+def _check_choice(field: str, value: str, choices) -> None:
+    if value not in choices:
+        raise SettingError(f"fused.{field} must be one of {', '.join(choices)}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class FusedOptions:
+    """How one call of the fused kernels runs (see :class:`FusedRasterConfig` for each field)."""
+
+    schedule: Schedule = "split"
+    warp_cull: bool = True
+    bwd_reduce: BwdReduce = "butterfly"
+    projection: Projection = "auto"
+    binning: Binning = "cuda"
+
+    def __post_init__(self):
+        _check_choice("schedule", self.schedule, SCHEDULES)
+        _check_choice("bwd_reduce", self.bwd_reduce, BWD_REDUCTIONS)
+        _check_choice("projection", self.projection, PROJECTIONS)
+        _check_choice("binning", self.binning, BINNINGS)
+        if not isinstance(self.warp_cull, bool):
+            raise SettingError(f"fused.warp_cull must be true or false, got {self.warp_cull!r}")
+
+    @property
+    def butterfly(self) -> bool:
+        return self.bwd_reduce == "butterfly"
+
+
+DEFAULT_OPTIONS = FusedOptions()
+
+
+@dataclass
+class FusedRasterConfig:
+    """Switches of the fused rasterizer (``--pipeline.model.fused.*``). The defaults are the measured
+    fastest; the others exist for A/B runs and diagnostics and give the same results."""
+
+    schedule: Schedule = "split"
+    """Training step's schedule: split (render, loss gradient, backward: three kernels), two_launch (the fused
+    kernel twice), one_launch (once; falls back to two launches, logged, when too few blocks fit)."""
+    warp_cull: bool = True
+    """Skip, per warp, the Gaussians that cannot reach alpha 1/255 at any of its pixels (exact)."""
+    bwd_reduce: BwdReduce = "butterfly"
+    """Warp reduction of the backward kernels: butterfly (reduce-scatter) or shuffle (one warp sum per component)."""
+    projection: Projection = "auto"
+    """3D -> 2D projection and SH: gsplat's CUDA kernels, the pure-PyTorch ones, or auto (gsplat when importable)."""
+    binning: Binning = "cuda"
+    """Tile binning: bytesplat's kernel (cuda/binning.cu, on CUDA tensors) or its PyTorch twin (same lists)."""
+    check_every: int = 0
+    """Every this many training steps, compare the fused loss and gradients with the unfused (splatfacto) path
+    and log the errors (model.fused_check_log; 0: off). Costs two extra steps each time."""
+
+    def options(self) -> FusedOptions:
+        return FusedOptions(schedule=self.schedule, warp_cull=self.warp_cull, bwd_reduce=self.bwd_reduce,
+                            projection=self.projection, binning=self.binning)
