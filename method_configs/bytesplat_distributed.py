@@ -16,7 +16,7 @@ from __future__ import annotations
 from nerfstudio.plugins.types import MethodSpecification
 
 from bytesplat_ns.method_configs.bytesplat import bytesplat_config
-from bytesplat_ns.train import sharded_variant
+from bytesplat_ns.distributed.trainer import sharded_variant
 
 bytesplat_distributed_config = sharded_variant(bytesplat_config, method_name="bytesplat-distributed")
 

@@ -21,11 +21,8 @@ rank also owns only its shard's optimizer state. A training step:
   on rank 0 (a collective in a callback: nerfstudio saves on rank 0 only, so ``state_dict`` never
   runs a collective).
 
-``ShardedTrainer`` scales the Gaussian learning rates for the batch (``step.scale_adam_for_batch``:
-lr and the scheduler's final lr times sqrt(B), Adam betas to the power B), writes checkpoints on
-rank 0 only from the gathered copy (the same format as ``ns-train bytesplat``, so ``ns-viewer``,
-``ns-export gaussian-splat`` and ``ns-eval`` load them in one process), and loads a checkpoint of
-any rank count by slicing the full Gaussians and their Adam state into this run's shards.
+The trainer (``distributed/trainer.py``) builds the optimizers on the shard and writes checkpoints from
+rank 0's gathered copy.
 
 The viewer and evaluation during training (DESIGN "Distributed": never a collective from the viewer
 thread or inside ``state_dict``): rank 0 keeps a FULL copy of the Gaussians (``full_model()``, a
@@ -57,7 +54,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -69,7 +65,6 @@ import torch.distributed as dist
 from nerfstudio.engine.callbacks import TrainingCallback, TrainingCallbackAttributes, TrainingCallbackLocation
 from nerfstudio.pipelines.base_pipeline import VanillaPipeline, VanillaPipelineConfig
 from nerfstudio.utils import writer
-from nerfstudio.utils.decorators import check_main_thread
 from nerfstudio.utils.misc import step_check
 from nerfstudio.utils.rich_utils import CONSOLE
 
@@ -82,17 +77,10 @@ from bytesplat_ns.distributed.step import (
     PARAM_NAMES,
     Views,
     assign_views,
-    scale_adam_for_batch,
     sharded_render_loss,
     splatfacto_loss,
 )
 from bytesplat_ns.errors import BytesplatError
-from bytesplat_ns.trainer import (
-    ByteSplatTrainer,
-    ByteSplatTrainerConfig,
-    resume_pipeline,
-    write_checkpoint,
-)
 
 ADAM_ROW_KEYS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 STRATEGY_ROW_KEYS = ("grad2d", "count", "radii")
@@ -129,7 +117,8 @@ class ShardedPipelineConfig(VanillaPipelineConfig):
     step and at checkpoints."""
 
 
-def _strip_module(state: Mapping[str, Any]) -> Dict[str, Any]:
+def strip_module(state: Mapping[str, Any]) -> Dict[str, Any]:
+    """A pipeline state dict without DDP's ``module.`` prefixes (checkpoints of any launcher)."""
     return {(k[len("module.") :] if k.startswith("module.") else k): v for k, v in state.items()}
 
 
@@ -690,7 +679,7 @@ class ShardedPipeline(VanillaPipeline):
 
     def load_pipeline(self, loaded_state: Dict[str, Any], step: int) -> None:
         """Load a full checkpoint (any rank count) and keep this rank's shard."""
-        state = _strip_module(loaded_state)
+        state = strip_module(loaded_state)
         total = int(state["_model.gauss_params.means"].shape[0])
         start, end = ShardLayout.even(total, self.world_size).range(self.rank)
         self.model.update_to_step(step)
@@ -713,130 +702,3 @@ def _barrier(what: str) -> None:
             dist.barrier()
         except Exception as error:  # noqa: BLE001
             raise wrap_failure(what, None, error) from error
-
-
-# ---------------------------------------------------------------------------------------------
-
-
-TORCHRUN_HINT = (
-    "On CPU (gloo), launch the ranks with torchrun instead: `torchrun --nproc-per-node N -m bytesplat_ns.train "
-    "bytesplat --machine.device-type cpu [ns-train arguments]` (same arguments as ns-train; see docs/distributed.md)."
-)
-
-
-def check_nerfstudio_launch(machine) -> None:
-    """Fail early and clearly where nerfstudio 1.1.5's own launcher (``ns-train ... --machine.num-devices
-    N``, N > 1) cannot work: its spawned worker asserts CUDA and one GPU per process, so it never runs
-    on CPU. Not called under torchrun / ``bytesplat_ns.train`` (the process group already exists)."""
-    processes = int(machine.num_devices) * int(machine.num_machines)
-    if processes <= 1 or (dist.is_available() and dist.is_initialized()):
-        return
-    if machine.device_type != "cuda":
-        raise BytesplatError(
-            f"ns-train cannot start {processes} processes with --machine.device-type {machine.device_type}: "
-            "nerfstudio 1.1.5's multi-process launcher only runs on CUDA GPUs (one per process).",
-            hint=TORCHRUN_HINT,
-        )
-    if not torch.cuda.is_available():
-        raise BytesplatError(
-            f"--machine.num-devices {machine.num_devices} needs {machine.num_devices} CUDA GPUs, but torch sees none.",
-            hint=TORCHRUN_HINT,
-        )
-    if torch.cuda.device_count() < int(machine.num_devices):
-        raise BytesplatError(
-            f"--machine.num-devices {machine.num_devices} needs {machine.num_devices} CUDA GPUs on this host, "
-            f"but torch sees {torch.cuda.device_count()}.",
-            hint="Lower --machine.num-devices or make more GPUs visible (CUDA_VISIBLE_DEVICES).",
-        )
-
-
-@dataclass
-class ShardedTrainerConfig(ByteSplatTrainerConfig):
-    _target: Type = field(default_factory=lambda: ShardedTrainer)
-
-
-class ShardedTrainer(ByteSplatTrainer):
-    pipeline: ShardedPipeline
-
-    def setup(self, test_mode: Literal["test", "val", "inference"] = "val") -> None:
-        super().setup(test_mode=test_mode)
-        viewer = self.viewer_state
-        if viewer is None or self.pipeline.world_size == 1:
-            return
-        if self.pipeline.rank == 0 and hasattr(viewer, "get_model"):
-            # The viewer renders rank 0's full copy of the Gaussians (refreshed between steps), never
-            # the shard and never through a collective.
-            pipeline = self.pipeline
-            viewer.get_model = lambda: pipeline.full_model()  # type: ignore[method-assign]
-        elif self.pipeline.rank != 0:
-            # nerfstudio starts a viewer on every node's local rank 0 (multi-node runs).
-            CONSOLE.log(
-                f"bytesplat: the viewer of rank {self.pipeline.rank} shows this rank's shard only; "
-                "global rank 0's viewer shows the whole scene."
-            )
-
-    def setup_optimizers(self):
-        """nerfstudio's optimizers on this rank's shard, with learning rates scaled for the batch."""
-        from nerfstudio.engine.optimizers import Optimizers
-
-        B = self.pipeline.views_per_step
-        config = copy.deepcopy(self.config.optimizers)
-        for name in PARAM_NAMES:
-            if name not in config:
-                continue
-            opt_cfg = config[name]["optimizer"]
-            betas = getattr(opt_cfg, "betas", (0.9, 0.999))
-            lr, betas = scale_adam_for_batch(opt_cfg.lr, tuple(betas), B)
-            opt_cfg.lr = lr
-            opt_cfg.betas = betas  # AdamOptimizerConfig passes its attributes to torch.optim.Adam
-            sched = config[name].get("scheduler")
-            if sched is not None and getattr(sched, "lr_final", None) is not None:
-                sched.lr_final = sched.lr_final * math.sqrt(B)
-        return Optimizers(config, self.pipeline.get_param_groups())
-
-    @check_main_thread
-    def save_checkpoint(self, step: int) -> None:
-        """Rank 0 writes the gathered full state (write, then rename)."""
-        try:
-            gathered = self.pipeline.checkpoint_state(step)
-        except BytesplatError as error:
-            CONSOLE.print(f"[bold red]bytesplat: {error}")
-            return
-        state = self.checkpoint_contents(step)
-        state["pipeline"] = gathered["pipeline"]
-        state["optimizers"] = gathered["optimizers"] or state["optimizers"]
-        write_checkpoint(state, self.checkpoint_dir, step, self.config.save_only_latest_checkpoint)
-
-    def _load_checkpoint(self) -> None:
-        state, path = resume_pipeline(self)
-        if state is None:
-            return
-        params = self.pipeline.model.gauss_params
-        total = int(_strip_module(state["pipeline"])["_model.gauss_params.means"].shape[0])
-        start, end = ShardLayout.even(total, self.pipeline.world_size).range(self.pipeline.rank)
-        for name, sd in state["optimizers"].items():
-            opt = self.optimizers.optimizers.get(name)
-            if opt is None:
-                continue
-            if name in PARAM_NAMES:
-                # The model's load replaced the Parameter objects: point the optimizer at the new ones.
-                opt.param_groups[0]["params"] = [params[name]]
-                self.optimizers.parameters[name] = [params[name]]
-                sd = copy.copy(sd)
-                sd["state"] = {i: dict(s) for i, s in sd["state"].items()}
-                for s in sd["state"].values():
-                    for k in ADAM_ROW_KEYS:
-                        if isinstance(s.get(k), torch.Tensor) and s[k].dim() > 0 and s[k].shape[0] == total:
-                            s[k] = s[k][start:end].clone()
-            opt.load_state_dict(sd)
-        if "schedulers" in state and self.config.load_scheduler:
-            self.optimizers.load_schedulers(state["schedulers"])
-        self.grad_scaler.load_state_dict(state["scalers"])
-        if self.pipeline.comm_name == "pixel":
-            # Re-partition the loaded Gaussians (any rank count) into this run's kd cells, with their
-            # Adam state: the even slices above are only the starting point of the migration.
-            gaussian_opts = {n: self.optimizers.optimizers[n] for n in PARAM_NAMES if n in self.optimizers.optimizers}
-            self.pipeline.partition_cells(gaussian_opts, force=True)
-            for name in gaussian_opts:
-                self.optimizers.parameters[name] = [self.pipeline.model.gauss_params[name]]
-        CONSOLE.print(f"Done loading checkpoint from {path} (rank {self.pipeline.rank}: Gaussians {start}..{end} of {total})")

@@ -29,18 +29,18 @@ def multiview_sh_colors_torch(means: Tensor, coeffs: Tensor, viewmats: Tensor, r
 class _MultiViewSH(torch.autograd.Function):
     @staticmethod
     def forward(ctx, means, coeffs, viewmats, radii, degree):  # type: ignore[override]
-        from bytesplat_ns.raster.fused import _ops
+        from bytesplat_ns.raster._build import load_extension
 
         args = (means.contiguous(), coeffs.contiguous(), viewmats.contiguous(), radii.to(torch.int32).contiguous())
         ctx.save_for_backward(*args)
         ctx.degree = degree
-        return _ops().sh_views_fwd(*args, int(degree))
+        return load_extension().sh_views_fwd(*args, int(degree))
 
     @staticmethod
     def backward(ctx, v_colors):  # type: ignore[override]
-        from bytesplat_ns.raster.fused import _ops
+        from bytesplat_ns.raster._build import load_extension
 
-        v_coeffs, v_means = _ops().sh_views_bwd(*ctx.saved_tensors, ctx.degree, v_colors.contiguous())
+        v_coeffs, v_means = load_extension().sh_views_bwd(*ctx.saved_tensors, ctx.degree, v_colors.contiguous())
         return v_means, v_coeffs, None, None, None
 
 
