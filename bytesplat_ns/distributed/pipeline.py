@@ -1,28 +1,35 @@
-"""nerfstudio integration of the sharded step: a pipeline without DDP and a trainer that checkpoints it.
+"""nerfstudio integration of the sharded step: a pipeline without DDP.
 
 ``ShardedPipeline`` (a ``VanillaPipeline``) never wraps the model in DDP. After the model is built
-(the same initial Gaussians on every rank: rank 0's are broadcast), each rank keeps only its
-contiguous shard of the Gaussians; the trainer then builds the optimizers from the shard, so each
-rank also owns only its shard's optimizer state. A training step:
+(the same initial Gaussians on every rank: rank 0's are broadcast), each rank keeps only its share
+of the Gaussians; the trainer (``distributed/trainer.py``) then builds the optimizers from it, so
+each rank also owns only its share's optimizer state, and writes checkpoints from rank 0's gathered
+copy. How the ranks split a batch is the pipeline's ``exchange`` (``batch_exchange.py``), chosen by
+``--pipeline.communicator``: ``dense`` / ``sparse-grad`` (contiguous shards, 2D records travel),
+``pixel`` (one kd cell per rank, partial images travel; docs/pixel_exchange.md), or ``auto``, which
+picks ``sparse-grad`` or ``pixel`` at start (``auto.choose``; rank 0 prints the reason). A training
+step:
 
 - every rank draws the SAME batch of ``views_per_step`` training views (a per-epoch permutation
-  seeded by ``--machine.seed`` and the epoch: no communication), spread over the ranks
-  (``step.assign_views``);
-- ``get_train_loss_dict`` runs ``step.sharded_render_loss`` (projection of the shard into every
-  view, exchange of 2D records, compositing and splatfacto's loss on the rank's own views); the
-  returned ``main_loss`` is this rank's share plus the detached rest of the batch loss, so its
-  value is the batch loss and its gradient is this rank's share: nerfstudio's ``loss.backward()``
-  runs the gradient exchange and the shard's own backward;
-- callbacks after the iteration (after the model's densification, which runs per shard on the
-  statistics the owner received from every renderer): log the bytes every communicator sent this
-  step (summed over ranks) to nerfstudio's writer under ``communication/*``, rebalance the shards
-  when they drift more than ``rebalance_threshold`` (parameters, Adam state and densification
-  statistics move together), and before a checkpoint gather every rank's Gaussians and Adam state
+  seeded by ``--machine.seed`` and the epoch: no communication) and loads the images the exchange
+  asks for;
+- ``get_train_loss_dict`` runs the exchange's ``render_loss``; the returned ``main_loss`` is this
+  rank's share plus the detached rest of the batch loss, so its value is the batch loss and its
+  gradient is this rank's share: nerfstudio's ``loss.backward()`` runs the gradient exchange and
+  the rank's own backward;
+- callbacks after the iteration (after the model's densification, which runs per rank on the
+  statistics the owner received from every renderer): the exchange's ``after_step`` rebalances the
+  ownership (shards re-cut when they drift more than ``rebalance_threshold``; cells rebuilt and
+  Gaussians migrated), moving parameters, Adam state and densification statistics together; the
+  bytes every rank sent this step are logged (summed over ranks) to nerfstudio's writer under
+  ``communication/*``; and before a checkpoint every rank's Gaussians and Adam state are gathered
   on rank 0 (a collective in a callback: nerfstudio saves on rank 0 only, so ``state_dict`` never
-  runs a collective).
+  runs a collective). Checkpoints are gathered in rank order and loaded as even slices, which the
+  exchange re-partitions (``after_load``).
 
-The trainer (``distributed/trainer.py``) builds the optimizers on the shard and writes checkpoints from
-rank 0's gathered copy.
+The compositor (``--pipeline.compositor``, auto: fused on CUDA, reference elsewhere) composites the
+records of a rank's views, or renders a rank's cell with ``pixel``; both run on CPU with gloo and on
+GPUs with NCCL.
 
 The viewer and evaluation during training (DESIGN "Distributed": never a collective from the viewer
 thread or inside ``state_dict``): rank 0 keeps a FULL copy of the Gaussians (``full_model()``, a
@@ -36,15 +43,6 @@ step's first collective (the wait is bounded by the process-group timeout, not b
 watchdog: a barrier before the next step's watchdog is armed). With one process the model itself
 is the full copy.
 
-``--pipeline.communicator pixel`` (docs/pixel_exchange.md, "In the nerfstudio pipeline"): ownership
-by kd cell (one per rank) instead of a contiguous shard; the step exchanges partial images
-(``pixel.pixel_render_loss``); after every iteration the cells are rebalanced and Gaussians that left
-their rank's cell migrate with their Adam state and densification statistics; checkpoints are
-gathered as above (rank order) and re-partitioned on load. ``auto`` picks ``sparse-grad`` or
-``pixel`` at start (``auto.choose``; rank 0 prints the reason). With ``pixel`` the compositor
-(``--pipeline.compositor``, auto: fused on CUDA, reference elsewhere) picks the renderer of each
-rank's cell (``pixel.render_cell``); it runs on CPU with gloo and on GPUs with NCCL.
-
 Not supported yet in sharded mode (a clear error at start): camera pose optimisation, the
 bilateral grid, masks, training views of different resolutions in one batch.
 """
@@ -53,7 +51,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 import os
 import time
 from dataclasses import dataclass, field
@@ -66,24 +63,17 @@ from nerfstudio.engine.callbacks import TrainingCallback, TrainingCallbackAttrib
 from nerfstudio.pipelines.base_pipeline import VanillaPipeline, VanillaPipelineConfig
 from nerfstudio.utils import writer
 from nerfstudio.utils.misc import step_check
-from nerfstudio.utils.rich_utils import CONSOLE
 
-from bytesplat_ns.distributed.communicators import CommStats, make_communicator
-from bytesplat_ns.distributed.pixel import CellState, PixelConfig, pixel_render_loss, resolve_renderer
+from bytesplat_ns.distributed.batch_exchange import STRATEGY_ROW_KEYS, BatchExchange, make_batch_exchange
+from bytesplat_ns.distributed.communicators import CommStats
+from bytesplat_ns.distributed.pixel import resolve_renderer
 from bytesplat_ns.distributed.exchange import ExchangeStats, all_reduce_, comm_device, rank_and_world, wrap_failure
 from bytesplat_ns.distributed.runtime import StepWatchdog, share_cpu_threads
-from bytesplat_ns.distributed.sharding import ShardLayout, gather_layout, gather_to_rank0, rebalance
-from bytesplat_ns.distributed.step import (
-    PARAM_NAMES,
-    Views,
-    assign_views,
-    sharded_render_loss,
-    splatfacto_loss,
-)
+from bytesplat_ns.distributed.sharding import ShardLayout, gather_layout, gather_to_rank0
+from bytesplat_ns.distributed.step import PARAM_NAMES, Views
 from bytesplat_ns.errors import BytesplatError
 
 ADAM_ROW_KEYS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
-STRATEGY_ROW_KEYS = ("grad2d", "count", "radii")
 
 
 @dataclass
@@ -92,9 +82,9 @@ class ShardedPipelineConfig(VanillaPipelineConfig):
 
     _target: Type = field(default_factory=lambda: ShardedPipeline)
     communicator: Literal["dense", "sparse-grad", "pixel", "auto"] = "sparse-grad"
-    """How ranks share the work of a view: dense / sparse-grad move 2D Gaussian records (all gradients back /
-    non-zero only); pixel (Splaxel) gives each rank a kd cell of Gaussians and moves partial images; auto picks
-    sparse-grad or pixel at start from a cost model of bytes per step (auto.py; the reason is logged)."""
+    """How ranks share the work of a batch (batch_exchange.py): dense / sparse-grad move 2D Gaussian records (all
+    gradients back / non-zero only); pixel (Splaxel) gives each rank a kd cell of Gaussians and moves partial images;
+    auto picks sparse-grad or pixel at start from a cost model of bytes per step (auto.py; the reason is logged)."""
     pixel_geometric: bool = True
     """pixel: send each cell's partial only inside its projected bounding rectangle (exact)."""
     pixel_transmittance: bool = False
@@ -152,15 +142,10 @@ class ShardedPipeline(VanillaPipeline):
         self.world_size = world
         self.rank = rank
         self.views_per_step = config.views_per_step or world
-        self.comm_name = config.communicator
+        self.comm_name = config.communicator  # auto: resolved in _share_initial_gaussians
         self.auto_decision = None
-        self.cells: Optional[CellState] = None
-        self._pending_pixel_stats = None
-        self._cells_rebuilt = False
-        self._migration_bytes = 0
         self._check_supported()
         self.last_stats = CommStats()
-        self._pending_stats: Optional[CommStats] = None
         self._checkpoint: Optional[Dict[str, Any]] = None
         self._sampler_epoch = -1
         self._sampler_order: List[int] = []
@@ -171,11 +156,8 @@ class ShardedPipeline(VanillaPipeline):
         self.full_copy_step: Optional[int] = None
         self._eval_ran = False
         self._share_initial_gaussians()
-        self.communicator = make_communicator(self.comm_name) if self.comm_name != "pixel" else None
-        if self.comm_name == "pixel":
-            # The cells are rendered by the compositor's renderer (pixel.render_cell): fused on CUDA
-            # (the fused-on-CPU case was refused in _check_supported), reference elsewhere.
-            self.partition_cells(None, force=True)
+        self.exchange: BatchExchange = make_batch_exchange(self.comm_name, self.model, config, rank, world)
+        self.exchange.start()
 
     # ---- setup ----
     def _check_supported(self) -> None:
@@ -248,52 +230,6 @@ class ShardedPipeline(VanillaPipeline):
         if self.rank == 0:
             # One plain line (not wrapped by the console's width), so logs can be grepped.
             print(f"bytesplat: {decision.log_line()}", flush=True)
-
-    # ---- pixel: ownership by kd cells ----
-    def _my_cell(self) -> int:
-        return self.rank  # one cell per rank (cell_ranks(world, world))
-
-    def _strategy_rows(self) -> Dict[str, torch.Tensor]:
-        """Densification statistics with one row per local Gaussian, agreed on by every rank (the
-        migration's wire format needs the same entries everywhere); others are reset to None."""
-        state = self.model.strategy_state
-        n = int(self.model.gauss_params["means"].shape[0])
-        keys = [k for k in STRATEGY_ROW_KEYS if k in state]
-        have = [1.0 if isinstance(state.get(k), torch.Tensor) and state[k].dim() > 0 and state[k].shape[0] == n else 0.0 for k in keys]
-        if self.world_size > 1 and keys:
-            flags = torch.tensor(have, dtype=torch.float64, device=comm_device())
-            all_reduce_(flags, dist.ReduceOp.MIN, phase="agreeing on densification statistics")
-            have = flags.cpu().tolist()
-        rows = {}
-        for k, h in zip(keys, have):
-            if h > 0:
-                rows[k] = state[k]
-            elif isinstance(state.get(k), torch.Tensor):
-                state[k] = None  # the strategy re-creates it (zeros) at its next step
-        return rows
-
-    def partition_cells(self, optimizers, force: bool = False) -> int:
-        """pixel (collective): rebuild the kd cells when the ranks' counts drift more than
-        ``rebalance_threshold`` (or ``force``), and migrate every Gaussian that is not on its cell's
-        rank, with its Adam state (``optimizers``: name -> optimizer, or None before they exist) and
-        densification statistics. Returns the bytes this rank sent."""
-        from bytesplat_ns.distributed.cells import build_global, cell_ranks, rebalance_cells
-
-        params = self.model.gauss_params
-        ex = ExchangeStats()
-        ranks_of_cells = cell_ranks(self.world_size, self.world_size)
-        tree = self.cells.tree if self.cells is not None else None
-        if tree is None:
-            tree = build_global(params["means"], self.world_size, stats=ex)
-            force = False
-        rows = self._strategy_rows()
-        tree, cell_of, rebuilt, sent = rebalance_cells(
-            params, optimizers, tree, ranks_of_cells, self.config.rebalance_threshold, force=force, stats=ex, extra=rows
-        )
-        self.model.strategy_state.update(rows)
-        self.cells = CellState(tree, ranks_of_cells, cell_of)
-        self._cells_rebuilt = bool(rebuilt)
-        return int(ex.payload_bytes + ex.meta_bytes)
 
     # ---- rank 0's full copy (viewer, evaluation) ----
     def full_model(self):
@@ -423,9 +359,7 @@ class ShardedPipeline(VanillaPipeline):
         cached = self.datamanager.cached_train  # loads (and undistorts) images, sets train_cameras
         views = self._camera_views(indices, self.datamanager.train_cameras)
         B = len(indices)
-        # pixel: the view schedule is decided inside the step (from the cells' bounds), so every
-        # rank has every image of the batch at hand.
-        mine = list(range(B)) if self.comm_name == "pixel" else assign_views(B, self.world_size)[self.rank]
+        mine = self.exchange.views_to_load(B)
         images: List[Optional[torch.Tensor]] = list(views.images)
         backgrounds = views.backgrounds
         for v in mine:
@@ -450,30 +384,18 @@ class ShardedPipeline(VanillaPipeline):
         self._step_started = time.perf_counter()
         model = self.model
         views = self._batch(step)
-        lam = model.config.ssim_lambda
-        if self.comm_name == "pixel":
-            return self._pixel_loss_dict(step, views, lam)
-        fwd = sharded_render_loss(
-            model.gauss_params,
-            views,
-            self.communicator,
-            self._sh_degree(),
-            functools.partial(splatfacto_loss, ssim_lambda=lam),  # recognised by the fused compositor
-            absgrad=bool(getattr(model.strategy, "absgrad", False)),
-            compositor=self.compositor,
-        )
-        model.info = fwd.info
+        absgrad = bool(getattr(model.strategy, "absgrad", False))
+        out = self.exchange.render_loss(views, self._sh_degree(), model.config.ssim_lambda, absgrad, self.compositor)
+        model.info = out.info
         if getattr(model, "optimizers", None) is not None:
             model.strategy.step_pre_backward(model.gauss_params, model.optimizers, model.strategy_state, step, model.info)
-        meta = ExchangeStats()
-        loss_dict = self._batch_loss_dict(step, fwd.local_loss, fwd.layout.total, meta)
-        fwd.stats.meta_bytes += meta.meta_bytes
-        self._pending_stats = fwd.stats
-        metrics = {"gaussian_count": fwd.layout.total, "shard_gaussians": int(fwd.layout.counts[self.rank])}
+        loss_dict = self._batch_loss_dict(step, out.local_loss, out.total_gaussians, out.meta)
+        self.exchange.add_meta_bytes(int(out.meta.meta_bytes))
+        metrics = {"gaussian_count": out.total_gaussians, "shard_gaussians": out.local_gaussians}
         return {}, loss_dict, metrics
 
     def _batch_loss_dict(self, step: int, local_loss: torch.Tensor, total_gaussians: int, meta: ExchangeStats) -> Dict:
-        """Both communicator families' loss dict (collective): this rank's loss share and, every 10
+        """Every exchange's loss dict (collective): this rank's loss share and, every 10
         steps, its share of splatfacto's scale regulariser over the whole scene's Gaussians, summed over
         the ranks. Value: the whole batch's; gradient: this rank's share only."""
         model = self.model
@@ -493,65 +415,6 @@ class ShardedPipeline(VanillaPipeline):
             loss_dict["scale_reg"] = local_terms[1] + (totals[1] - local_terms[1]).detach()
         return loss_dict
 
-    def _pixel_loss_dict(self, step: int, views: Views, lam: float):
-        """pixel: render this rank's cell into every view, exchange partial images (pixel.py)."""
-        model = self.model
-        params = model.gauss_params
-        n = int(params["means"].shape[0])
-        absgrad = bool(getattr(model.strategy, "absgrad", False))
-        # Every local Gaussian belongs to this rank's cell until the next migration moves it (also
-        # one that wandered out of the cell: the composite's order is then approximate for it).
-        self.cells.cell_of = torch.full((n,), self._my_cell(), dtype=torch.int64, device=params["means"].device)
-        cfg = PixelConfig(geometric=self.config.pixel_geometric, transmittance=self.config.pixel_transmittance)
-        fwd = pixel_render_loss(
-            params, self.cells, views, self._sh_degree(), cfg, functools.partial(splatfacto_loss, ssim_lambda=lam), absgrad=absgrad,
-            renderer=self.compositor,
-        )
-        info = fwd.infos.get(self._my_cell())
-        if info is None or n == 0:
-            B = views.num_views
-            means2d = torch.zeros(B, n, 2, device=params["means"].device, requires_grad=True)
-            means2d.grad = torch.zeros_like(means2d)
-            means2d.absgrad = torch.zeros_like(means2d)  # type: ignore[attr-defined]
-            info = {"means2d": means2d, "radii": torch.zeros(B, n, dtype=torch.int32, device=means2d.device), "width": views.width,
-                    "height": views.height, "n_cameras": B, "camera_ids": None, "gaussian_ids": None}
-        model.info = info
-        if getattr(model, "optimizers", None) is not None:
-            model.strategy.step_pre_backward(model.gauss_params, model.optimizers, model.strategy_state, step, model.info)
-        meta = ExchangeStats()
-        layout = gather_layout(n, None, meta)
-        loss_dict = self._batch_loss_dict(step, fwd.local_loss, layout.total, meta)
-        st = fwd.stats
-        # Filled in by the backward (bytes sent back, bytes saved): read after the iteration.
-        self._pending_pixel_stats = (st, int(meta.meta_bytes))
-        metrics = {"gaussian_count": layout.total, "shard_gaussians": n}
-        return {}, loss_dict, metrics
-
-    def _pixel_comm_stats(self):
-        """(CommStats, extra scalars per rank) of the last pixel step, with this step's migration."""
-        got = getattr(self, "_pending_pixel_stats", None)
-        self._pending_pixel_stats = None
-        if got is None:
-            return CommStats(meta_bytes=self._migration_bytes), {}
-        st, meta = got
-        stats = CommStats(
-            forward_bytes=int(st.forward_bytes),
-            backward_bytes=int(st.backward_bytes),
-            forward_records=int(st.sent_pixels),  # pixel: remote (view, cell) pixels whose color was sent
-            backward_records=int(st.sent_pixels),
-            meta_bytes=int(st.meta_bytes) + meta,
-        )
-        extra = {
-            "unpruned_bytes": float(st.unpruned_bytes),
-            "saved_geometric_bytes": float(st.saved_geometric_bytes),
-            "saved_transmittance_bytes": float(st.saved_transmittance_bytes),
-            "migration_bytes": float(self._migration_bytes),
-            "leaked_pixels": float(st.leaked_pixels),
-        }
-        for r in range(self.world_size):
-            extra[f"idle_seconds_rank{r}"] = float(st.wait_s) if r == self.rank else 0.0
-        return stats, extra
-
     # ---- callbacks ----
     def get_training_callbacks(self, attrs: TrainingCallbackAttributes) -> List[TrainingCallback]:
         callbacks = super().get_training_callbacks(attrs)
@@ -570,27 +433,18 @@ class ShardedPipeline(VanillaPipeline):
         self._eval_ran = False
 
     def _after_iteration(self, step: int, trainer) -> None:
-        model = self.model
         opts = trainer.optimizers
         gaussian_opts = {name: opts.optimizers[name] for name in PARAM_NAMES if name in opts.optimizers}
-        if self.comm_name == "pixel":
-            self._migration_bytes = self.partition_cells(gaussian_opts)
-            for name in gaussian_opts:
-                opts.parameters[name] = [model.gauss_params[name]]
-            if self._cells_rebuilt:
-                CONSOLE.log(f"bytesplat: step {step}: kd cells rebuilt and Gaussians migrated")
-            self._log_communication(step)
-            self._gather_if_due(step, trainer)
-            return
+        if self.exchange.after_step(step, gaussian_opts):
+            self.follow_replaced_parameters(opts)
         self._log_communication(step)
-        strategy_rows = {k: model.strategy_state.get(k) for k in STRATEGY_ROW_KEYS if isinstance(model.strategy_state.get(k), torch.Tensor)}
-        moved, layout = rebalance(model.gauss_params, gaussian_opts, self.config.rebalance_threshold, extra=strategy_rows)
-        if moved:
-            model.strategy_state.update(strategy_rows)
-            for name in gaussian_opts:
-                opts.parameters[name] = [model.gauss_params[name]]
-            CONSOLE.log(f"bytesplat: step {step}: shards rebalanced to {layout.counts}")
         self._gather_if_due(step, trainer)
+
+    def follow_replaced_parameters(self, opts) -> None:
+        """nerfstudio's optimizer bookkeeping onto the Gaussian parameters the exchange replaced."""
+        for name in PARAM_NAMES:
+            if name in opts.optimizers:
+                opts.parameters[name] = [self.model.gauss_params[name]]
 
     def _gather_if_due(self, step: int, trainer) -> None:
         final = trainer._start_step + trainer.config.max_num_iterations - 1
@@ -605,12 +459,7 @@ class ShardedPipeline(VanillaPipeline):
             self._watchdog.disarm()
 
     def _log_communication(self, step: int) -> None:
-        extra: Dict[str, float] = {}
-        if self.comm_name == "pixel":
-            stats, extra = self._pixel_comm_stats()
-        else:
-            stats = self._pending_stats or CommStats()
-        self._pending_stats = None
+        stats, extra = self.exchange.step_stats()
         local = {**stats.as_dict(), **extra}
         keys = list(local)
         vec = torch.tensor([float(local[k]) for k in keys], dtype=torch.float64, device=comm_device())

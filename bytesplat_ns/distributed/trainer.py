@@ -184,11 +184,7 @@ class ShardedTrainer(ByteSplatTrainer):
         if "schedulers" in state and self.config.load_scheduler:
             self.optimizers.load_schedulers(state["schedulers"])
         self.grad_scaler.load_state_dict(state["scalers"])
-        if self.pipeline.comm_name == "pixel":
-            # Re-partition the loaded Gaussians (any rank count) into this run's kd cells, with their
-            # Adam state: the even slices above are only the starting point of the migration.
-            gaussian_opts = {n: self.optimizers.optimizers[n] for n in PARAM_NAMES if n in self.optimizers.optimizers}
-            self.pipeline.partition_cells(gaussian_opts, force=True)
-            for name in gaussian_opts:
-                self.optimizers.parameters[name] = [self.pipeline.model.gauss_params[name]]
+        gaussian_opts = {n: self.optimizers.optimizers[n] for n in PARAM_NAMES if n in self.optimizers.optimizers}
+        self.pipeline.exchange.after_load(gaussian_opts)
+        self.pipeline.follow_replaced_parameters(self.optimizers)
         CONSOLE.print(f"Done loading checkpoint from {path} (rank {self.pipeline.rank}: Gaussians {start}..{end} of {total})")
