@@ -3,11 +3,11 @@
 Meant to be started by torchrun (single- or multi-node)::
 
     torchrun --nproc-per-node N -m bytesplat_ns.train bytesplat [ns-train arguments] \\
-        [--pipeline.communicator {dense,sparse-grad}] [--pipeline.views-per-step B]
+        [--pipeline.communicator {dense,sparse-grad,pixel,auto}] [--pipeline.views-per-step B]
 
 It takes the same arguments as ``ns-train`` for the bytesplat methods, with their pipeline swapped for
-the sharded one (``bytesplat_ns.distributed.pipeline``: no DDP, Gaussians and optimizer state
-sharded over the ranks). The process group comes from torchrun's environment (RANK, WORLD_SIZE,
+the sharded one (``bytesplat_ns.distributed.trainer.sharded_variant``: no DDP, Gaussians and optimizer
+state sharded over the ranks). The process group comes from torchrun's environment (RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT, LOCAL_RANK): gloo with ``--machine.device-type cpu``, NCCL with cuda.
 Without torchrun it runs as one process. Every user error and every failed rank ends this process
 with one ``bytesplat: error: ...`` line and a non-zero exit.

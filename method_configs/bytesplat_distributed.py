@@ -1,8 +1,8 @@
 """The ``bytesplat-distributed`` method: ``bytesplat`` with its Gaussians sharded over the processes.
 
 Same schedule, model and hyper-parameters as ``bytesplat`` (method_configs/bytesplat.py); the pipeline
-is ``bytesplat_ns.distributed.pipeline.ShardedPipeline`` (no DDP; 2D records and their gradients move
-through ``--pipeline.communicator {dense,sparse-grad}``) and the trainer checkpoints every rank's
+is ``bytesplat_ns.distributed.pipeline.ShardedPipeline`` (no DDP; ``--pipeline.communicator
+{dense,sparse-grad,pixel,auto}`` picks how the ranks split a batch) and the trainer checkpoints every rank's
 Gaussians from rank 0. Run it with ``ns-train bytesplat-distributed --machine.num-devices N`` on one
 GPU host (nerfstudio's own launcher spawns the ranks and builds this config's sharded trainer and
 pipeline in each), or with ``torchrun --nproc-per-node N -m bytesplat_ns.train bytesplat ...``
