@@ -120,6 +120,8 @@ class RecordExchange(BatchExchange):
             self._pending.meta_bytes += meta
 
     def after_step(self, step, optimizers) -> bool:
+        if not self.model.strategy.refines_at(step):
+            return False  # no rank's shard changed size: no shard-size gather (host work only sharded runs pay)
         state = self.model.strategy_state
         rows = {k: state.get(k) for k in STRATEGY_ROW_KEYS if isinstance(state.get(k), torch.Tensor)}
         moved, layout = rebalance(self.model.gauss_params, dict(optimizers), self.config.rebalance_threshold, extra=rows)

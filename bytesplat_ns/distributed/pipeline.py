@@ -20,9 +20,12 @@ step:
 - callbacks after the iteration (after the model's densification, which runs per rank on the
   statistics the owner received from every renderer): the exchange's ``after_step`` rebalances the
   ownership (shards re-cut when they drift more than ``rebalance_threshold``; cells rebuilt and
-  Gaussians migrated), moving parameters, Adam state and densification statistics together; the
-  bytes every rank sent this step are logged (summed over ranks) to nerfstudio's writer under
-  ``communication/*``; and before a checkpoint every rank's Gaussians and Adam state are gathered
+  Gaussians migrated), moving parameters, Adam state and densification statistics together (the
+  record exchange looks only after the densification's refine steps, the only ones that change a
+  shard's size); on the steps nerfstudio logs (``--logging.steps-per-log``), the bytes every rank
+  sent this step are summed over the ranks and logged to nerfstudio's writer under
+  ``communication/*``, and the batch loss is summed too (in between, no step pays a collective or a
+  host read that only a log line needs); and before a checkpoint every rank's Gaussians and Adam state are gathered
   on rank 0 (a collective in a callback: nerfstudio saves on rank 0 only, so ``state_dict`` never
   runs a collective). Checkpoints are gathered in rank order and loaded as even slices, which the
   exchange re-partitions (``after_load``).
@@ -150,6 +153,7 @@ class ShardedPipeline(VanillaPipeline):
         self._sampler_epoch = -1
         self._sampler_order: List[int] = []
         self._watchdog = StepWatchdog(config.step_timeout) if config.step_timeout > 0 else None
+        self._steps_per_log = 1  # the trainer's --logging.steps-per-log, read when it asks for the callbacks
         # Rank 0's full copy of the Gaussians (viewer, evaluation). Kept out of the module tree
         # (plain __dict__ entry) so that state_dict(), .to() and .train()/.eval() ignore it.
         self.__dict__["_full_copy"] = None
@@ -395,9 +399,11 @@ class ShardedPipeline(VanillaPipeline):
         return {}, loss_dict, metrics
 
     def _batch_loss_dict(self, step: int, local_loss: torch.Tensor, total_gaussians: int, meta: ExchangeStats) -> Dict:
-        """Every exchange's loss dict (collective): this rank's loss share and, every 10
-        steps, its share of splatfacto's scale regulariser over the whole scene's Gaussians, summed over
-        the ranks. Value: the whole batch's; gradient: this rank's share only."""
+        """Every exchange's loss dict: this rank's loss share and, every 10 steps, its share of
+        splatfacto's scale regulariser over the whole scene's Gaussians. Gradient: this rank's share
+        only. Value: on the steps nerfstudio logs, the whole batch's (summed over the ranks, a
+        collective); in between, this rank's share (nothing reads it), so no step pays a host-side
+        all_reduce that only a log line needs."""
         model = self.model
         local_terms = [local_loss]
         use_reg = model.config.use_scale_regularization and step % 10 == 0
@@ -407,6 +413,9 @@ class ShardedPipeline(VanillaPipeline):
                 scale_exp.amax(dim=-1) / scale_exp.amin(dim=-1), torch.tensor(model.config.max_gauss_ratio, device=scale_exp.device)
             )
             local_terms.append(0.1 * (ratio - model.config.max_gauss_ratio).sum() / max(1, total_gaussians))
+        if self.world_size == 1 or not self.logs_at(step):
+            names = ["main_loss", "scale_reg"][: len(local_terms)]
+            return dict(zip(names, local_terms))
         totals = torch.stack([t.detach().to(torch.float64) for t in local_terms]).to(comm_device())
         all_reduce_(totals, stats=meta, phase="summing the batch loss")
         totals = totals.to(local_loss.device, local_loss.dtype)
@@ -415,10 +424,17 @@ class ShardedPipeline(VanillaPipeline):
             loss_dict["scale_reg"] = local_terms[1] + (totals[1] - local_terms[1]).detach()
         return loss_dict
 
+    def logs_at(self, step: int) -> bool:
+        """Whether nerfstudio's trainer logs ``step`` (its rule: every ``--logging.steps-per-log``
+        steps, step 0 included); the batch loss and the communication statistics are summed over
+        the ranks on these steps only."""
+        return step_check(step, self._steps_per_log, run_at_zero=True)
+
     # ---- callbacks ----
     def get_training_callbacks(self, attrs: TrainingCallbackAttributes) -> List[TrainingCallback]:
         callbacks = super().get_training_callbacks(attrs)
         trainer = attrs.trainer
+        self._steps_per_log = int(trainer.config.logging.steps_per_log)
         callbacks.append(
             TrainingCallback([TrainingCallbackLocation.AFTER_TRAIN_ITERATION], self._after_iteration, kwargs={"trainer": trainer})
         )
@@ -459,7 +475,10 @@ class ShardedPipeline(VanillaPipeline):
             self._watchdog.disarm()
 
     def _log_communication(self, step: int) -> None:
-        stats, extra = self.exchange.step_stats()
+        stats, extra = self.exchange.step_stats()  # consumed every step
+        if not self.logs_at(step):
+            self._step_started = None
+            return  # summed over the ranks (a collective and a host read) on logged steps only
         local = {**stats.as_dict(), **extra}
         keys = list(local)
         vec = torch.tensor([float(local[k]) for k in keys], dtype=torch.float64, device=comm_device())
