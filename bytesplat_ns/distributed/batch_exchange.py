@@ -8,7 +8,7 @@ it holds:
   the loss share, the ``info`` the densification strategy reads, the scene's Gaussian count);
 - ``after_step``: between steps (collective): keep the ownership of the Gaussians balanced, moving
   their Adam state and densification statistics with them; ``after_load`` after a checkpoint load;
-- ``step_stats``: what this rank sent in the last step (``CommStats``, plus exchange-specific
+- ``add_meta_bytes`` / ``step_stats``: what this rank sent in the last step (``CommStats``, plus exchange-specific
   scalars), for the pipeline's ``communication/*`` log.
 
 ``RecordExchange`` (``dense``, ``sparse-grad``): contiguous shards; each rank projects its shard
@@ -84,6 +84,10 @@ class BatchExchange(ABC):
 
     def after_load(self, optimizers: Mapping[str, torch.optim.Optimizer]) -> None:
         """After a checkpoint's even slices were loaded (collective)."""
+
+    @abstractmethod
+    def add_meta_bytes(self, meta: int) -> None:
+        """Count ``meta`` bytes of control messages this step sent outside the exchange (the loss sum)."""
 
     @abstractmethod
     def step_stats(self) -> Tuple[CommStats, Dict[str, float]]:
