@@ -26,9 +26,11 @@ from bytesplat_ns.compat import offline_safe_lpips
 from bytesplat_ns.data.datamanager import host_image_size
 from bytesplat_ns.errors import BytesplatError
 from bytesplat_ns.raster import rasterize, resolve_backend
+from bytesplat_ns.pruning import HardwarePruner
 from bytesplat_ns.raster.loss import SSIM_WIN_SIZE
 from bytesplat_ns.raster.options import FusedRasterConfig
 from bytesplat_ns.strategy import SyncFreeDefaultStrategy
+from bytesplat_ns.tile_occupancy import TileOccupancyMonitor
 
 GAUSSIAN_PARAM_NAMES = ("means", "scales", "quats", "features_dc", "features_rest", "opacities")
 
@@ -64,7 +66,7 @@ class ByteSplatModelConfig(SplatfactoModelConfig):
     """No pruning from this step on (-1: when gsplat stops refining, stop_split_at)."""
     tile_stats_every: int = 0
     """Every this many steps, log how many tiles hold more Gaussians than the fused kernel keeps on chip
-    (tensorboard tiles/*, model.tile_occupancy_log; 0: off). Any backend; capacity as for hw-prune."""
+    (tensorboard tiles/*, model.tile_occupancy.log; 0: off). Any backend; capacity as for hw-prune."""
     min_train_resolution: int = 100
     """splatfacto's coarse start (num_downscales) never trains on images whose longer side is below this
     many pixels. Its quarter resolution is meant for photos; on small images (the built-in 128x96 scene:
@@ -156,6 +158,16 @@ class ByteSplatModel(SplatfactoModel):
             assert seed_points is not None
             self.gauss_params = torch.nn.ParameterDict(self._gaussians_from_seed(*seed_points))
         self._backend: Optional[str] = None
+        self.tile_occupancy = TileOccupancyMonitor(self.config.tile_stats_every, self.config.hw_prune_capacity)
+        self._pruning: Optional[HardwarePruner] = None
+
+    @property
+    def pruning(self) -> HardwarePruner:
+        """The hardware-aware pruning strategy (pruning.py), built on first use: its tile capacity
+        depends on the device the model was moved to after it was built."""
+        if self._pruning is None:
+            self._pruning = HardwarePruner.from_model(self)
+        return self._pruning
 
     def _gaussians_from_seed(self, points: torch.Tensor, colors: torch.Tensor) -> Dict[str, torch.nn.Parameter]:
         """Initial Gaussians at the seed points: isotropic, sized by the mean distance to 3 neighbours."""
@@ -309,9 +321,11 @@ class ByteSplatModel(SplatfactoModel):
 
     def step_post_backward(self, step):
         """splatfacto's densification step with hardware-aware pruning around it (pruning.py)."""
-        from bytesplat_ns.pruning import model_step_post_backward
-
-        model_step_post_backward(self, step, super().step_post_backward)
+        info = getattr(self, "info", None)
+        self.tile_occupancy.record(info, step, self.num_points)  # this step's render, before gsplat changes it
+        self.pruning.step_post_backward(
+            self.gauss_params, self.optimizers, self.strategy_state, step, info, super().step_post_backward
+        )
 
     def _colors_and_sh_degree(self, gaussians: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Optional[int]]:
         coefficients = torch.cat((gaussians["features_dc"][:, None, :], gaussians["features_rest"]), dim=1)
@@ -321,7 +335,6 @@ class ByteSplatModel(SplatfactoModel):
 
     def _run_fused_step(self, outputs: Dict, batch: Dict) -> None:
         """Render, compute splatfacto's loss and its 2D gradients in the fused kernel (training only)."""
-        from bytesplat_ns.pruning import wants_contribution
         from bytesplat_ns.raster.fused import fused_render_loss
 
         raster_args, sh_degree, _ = outputs.pop("fused_pending")
@@ -351,7 +364,7 @@ class ByteSplatModel(SplatfactoModel):
             sh_degree=sh_degree,
             ssim_lambda=self.config.ssim_lambda,
             absgrad=self.strategy.absgrad,
-            contribution=wants_contribution(self, self.step),  # the pruning score, from the backward kernel
+            contribution=self.pruning.wants_contribution(self.step),  # the pruning score, from the backward kernel
             options=options,
         )
         self.strategy.step_pre_backward(self.gauss_params, self.optimizers, self.strategy_state, self.step, self.info)

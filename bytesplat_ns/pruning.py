@@ -3,13 +3,12 @@ block of the fused kernel holds on chip, removing the Gaussians that matter leas
 
 Four parts, each usable on its own (``docs/pruning.md`` has the overview and the knobs):
 
-(a) **Per-tile capacity** from the device: :func:`tile_capacity` is the fused kernel's own arithmetic
-    (``capacity_for`` in ``cuda/fused_loss.cu``) as a pure function of the shared-memory sizes; the
-    kernel's layout constants (bytes per staged Gaussian, fixed per-block scratch, chunk) are read
-    from the bundled CUDA sources by :func:`fused_smem_layout`, not copied here.
-    :func:`device_tile_capacity` asks the built extension (``fused_capacity``), which is authoritative,
-    and falls back to the pure function on ``torch.cuda.get_device_properties`` when the extension
-    cannot be built.
+(a) **Per-tile capacity** from the device: the built extension says it (``fused_capacity``, the
+    number the kernel itself uses), read by :func:`device_tile_capacity`. :func:`tile_capacity` is
+    the same arithmetic as a pure function of the shared-memory sizes, on the kernel's layout
+    :data:`FUSED_SMEM_LAYOUT` (bytes per staged Gaussian, fixed per-block scratch, chunk): the
+    extension reports its own (``fused_smem_layout``) and a GPU test checks that they agree. It serves
+    where the extension is not built (a CUDA device whose build failed, or planning on a CPU).
 (b) **Contribution score** of a Gaussian in a view: the largest compositing weight ``alpha * T`` it
     gets at any pixel, with gsplat's rules (alpha < 1/255 and sigma < 0 skipped; the Gaussian that
     stops a pixel counts with the weight it would have had, since it hides everything behind it).
@@ -28,20 +27,19 @@ Four parts, each usable on its own (``docs/pruning.md`` has the overview and the
     the optimizers' per-parameter state and every per-Gaussian tensor of the strategy state (the
     running score included, since it lives there).
 
-:class:`HardwarePruner` wires these into the model's densification schedule (``ByteSplatModel.
-step_post_backward``): it accumulates scores before gsplat's step and prunes right after gsplat's
-refine steps, on the refined Gaussians.
+:class:`HardwarePruner` is the strategy object that wires these into the model's densification
+schedule (``ByteSplatModel.step_post_backward`` calls its ``step_post_backward``): it accumulates
+scores before gsplat's step and prunes right after gsplat's refine steps, on the refined Gaussians,
+keeping its state on itself and in the strategy state it shares with gsplat.
 """
 
 from __future__ import annotations
 
 import inspect
 import math
-import re
 import weakref
 from dataclasses import dataclass
-from functools import lru_cache
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -68,41 +66,9 @@ class SmemLayout:
     granularity: int  # kChunk: the capacity is rounded down to a multiple of this
 
 
-_CONSTEXPR = re.compile(r"constexpr\s+int\s+(k\w+)\s*=\s*([^;]+);")
-
-
-def _eval_constexprs(text: str, env: Dict[str, int]) -> Dict[str, int]:
-    text = re.sub(r"//[^\n]*", "", text)
-    for name, expr in _CONSTEXPR.findall(text):
-        expr = expr.strip()
-        if not re.fullmatch(r"[\w\s+\-*/()]+", expr):
-            continue
-        py = re.sub(r"\bk\w+\b", lambda m: str(env[m.group(0)]) if m.group(0) in env else m.group(0), expr)
-        if re.search(r"[A-Za-z_]", py):
-            continue  # refers to something we do not know; not needed here
-        env[name] = int(eval(py.replace("/", "//"), {"__builtins__": {}}))  # integer constexpr arithmetic
-    return env
-
-
-@lru_cache(maxsize=1)
-def fused_smem_layout() -> SmemLayout:
-    """The fused kernel's shared-memory layout, evaluated from the bundled CUDA sources
-    (``common.cuh``: ``SmemGaussians::kBytes``, ``kChunk``; ``ssim_tile.cuh``: the SSIM scratch
-    ``kSsimFloats``; ``fused_loss.cu``: ``kFixedBytes``)."""
-    from bytesplat_ns.raster._build import cuda_source_dir
-
-    src = cuda_source_dir()
-    common = (src / "common.cuh").read_text()
-    env = _eval_constexprs(common, {})
-    ssim = src / "ssim_tile.cuh"  # shared with the split schedule's loss_grad kernel
-    if ssim.exists():
-        env = _eval_constexprs(ssim.read_text(), env)
-    env = _eval_constexprs((src / "fused_loss.cu").read_text(), env)
-    m = re.search(r"static\s+constexpr\s+int\s+kBytes\s*=\s*([^;]+);", re.sub(r"//[^\n]*", "", common))
-    if m is None or "kFixedBytes" not in env or "kChunk" not in env:
-        raise RuntimeError(f"bytesplat: cannot read the fused kernel's shared-memory layout from {src}")
-    per = int(eval(m.group(1), {"__builtins__": {}}))
-    return SmemLayout(bytes_per_gaussian=per, fixed_bytes=env["kFixedBytes"], granularity=env["kChunk"])
+# The fused kernel's layout (cuda/common.cuh SmemGaussians::kBytes, cuda/fused_loss.cu kFixedBytes,
+# kChunk); the extension's fused_smem_layout() returns the same three numbers (tests/test_pruning.py).
+FUSED_SMEM_LAYOUT = SmemLayout(bytes_per_gaussian=44, fixed_bytes=38832, granularity=32)
 
 
 def fused_blocks_per_sm() -> int:
@@ -125,11 +91,11 @@ def tile_capacity(
 
     The budget of a block is ``min(opt-in max per block, per SM / blocks_per_sm - reserved)``; the
     kernel's fixed scratch comes off it, the rest holds ``bytes_per_gaussian`` records, rounded down
-    to a multiple of ``granularity``. Layout arguments left None come from :func:`fused_smem_layout`.
+    to a multiple of ``granularity``. Layout arguments left None come from :data:`FUSED_SMEM_LAYOUT`.
     Raises ValueError when not even one chunk fits (the kernel refuses that device too).
     """
     if bytes_per_gaussian is None or fixed_bytes is None or granularity is None:
-        layout = fused_smem_layout()
+        layout = FUSED_SMEM_LAYOUT
         bytes_per_gaussian = bytes_per_gaussian or layout.bytes_per_gaussian
         fixed_bytes = layout.fixed_bytes if fixed_bytes is None else fixed_bytes
         granularity = granularity or layout.granularity
@@ -465,13 +431,12 @@ def _log(msg: str) -> None:
         print(msg)
 
 
-def model_tile_capacity(model: Any) -> Optional[int]:
-    """A model's tile capacity: ``--pipeline.model.hw-prune-capacity`` when set, else the fused
-    kernel's on the model's CUDA device, else None (CPU)."""
-    configured = int(getattr(model.config, "hw_prune_capacity", 0) or 0)
+def configured_tile_capacity(configured: int, device: torch.device) -> Optional[int]:
+    """The tile capacity to prune or measure against: ``configured`` (``--pipeline.model.hw-prune-capacity``)
+    when set, else the fused kernel's on a CUDA ``device``, else None (CPU: no capacity)."""
     if configured > 0:
-        return configured
-    return device_tile_capacity(model.device) if model.device.type == "cuda" else None
+        return int(configured)
+    return device_tile_capacity(device) if device.type == "cuda" else None
 
 
 @torch.no_grad()
@@ -496,7 +461,9 @@ def follow_origin(keys: Tensor, gids: Tensor, origin: Tensor, n_before: int) -> 
 
 
 class HardwarePruner:
-    """Runs (b)-(d) right after gsplat ``DefaultStrategy``'s densification.
+    """The pruning strategy: runs (b)-(d) around gsplat ``DefaultStrategy``'s densification and holds
+    their state (score columns, recorded tile lists, history). ``ByteSplatModel`` owns one
+    (``model.pruning``) and calls :meth:`step_post_backward` from its own.
 
     **Prune steps**: the gsplat refine steps ``s`` (``s > refine_start``, ``s % refine_every == 0``,
     outside gsplat's pause after an opacity reset, ``s < refine_stop``) with
@@ -559,7 +526,7 @@ class HardwarePruner:
         if enabled and dist:
             _log("bytesplat: hardware-aware pruning is not supported with sharded training yet; off")
             enabled = False
-        capacity = model_tile_capacity(model) if enabled else (settings.capacity if settings.capacity > 0 else None)
+        capacity = configured_tile_capacity(settings.capacity, model.device) if enabled else (settings.capacity if settings.capacity > 0 else None)
         if enabled and capacity is None:
             _log("bytesplat: hw-prune on a CPU model without --pipeline.model.hw-prune-capacity: "
                  "only low-contribution pruning runs (no device capacity)")
@@ -611,7 +578,24 @@ class HardwarePruner:
             self._column_views = [0] * self.columns
         return score
 
-    # -- hooks --
+    # -- the model's hooks --
+    def wants_contribution(self, step: int) -> bool:
+        """Whether the render of ``step`` should carry ``info["contribution"]`` (the fused kernel
+        gathers it in its backward only when asked)."""
+        return self.scores_step(step)
+
+    def step_post_backward(self, params, optimizers, state: Dict[str, Any], step: int, info: Optional[Dict[str, Any]],
+                           refine: Callable[[int], None]) -> Optional[Dict[str, Any]]:
+        """The densification step with pruning right after it: ``refine(step)`` is splatfacto's
+        ``step_post_backward`` (gsplat's refine) on the same ``params``/``optimizers``/``state``.
+        Returns the pruning stats of this step, or None."""
+        if not self.enabled:
+            refine(step)
+            return None
+        self.before_strategy(params, state, info or {}, step)
+        refine(step)
+        return self.after_strategy(params, optimizers, state, step)
+
     def before_strategy(self, params, state: Dict[str, Any], info: Dict[str, Any], step: int) -> None:
         """Score the step's views (and record tile lists); ``info`` is the render of ``params``."""
         if not self.scores_step(step) or not info:
@@ -706,33 +690,3 @@ class HardwarePruner:
         except Exception:  # pragma: no cover - logging must never break training
             pass
         return stats
-
-
-def model_pruner(model: Any) -> HardwarePruner:
-    """The model's pruner, built from its config on first use."""
-    pruner = getattr(model, "hw_pruner", None)
-    if pruner is None:
-        pruner = HardwarePruner.from_model(model)
-        model.hw_pruner = pruner
-    return pruner
-
-
-def wants_contribution(model: Any, step: int) -> bool:
-    """Whether the model's render of ``step`` should carry ``info["contribution"]`` (the fused
-    kernel gathers it in its backward only when asked)."""
-    return model_pruner(model).scores_step(step)
-
-
-def model_step_post_backward(model: Any, step: int, strategy_step) -> None:
-    """The model's densification step with hardware-aware pruning right after gsplat's own step.
-
-    ``strategy_step(step)`` is splatfacto's ``step_post_backward`` (gsplat's refine)."""
-    from bytesplat_ns.tile_occupancy import record_tile_occupancy
-
-    record_tile_occupancy(model, step)  # this step's render, before gsplat changes the Gaussians
-    pruner = model_pruner(model)
-    if pruner.enabled:
-        pruner.before_strategy(model.gauss_params, model.strategy_state, getattr(model, "info", None) or {}, step)
-    strategy_step(step)
-    if pruner.enabled:
-        pruner.after_strategy(model.gauss_params, model.optimizers, model.strategy_state, step)

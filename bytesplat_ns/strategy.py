@@ -26,6 +26,15 @@ class SyncFreeDefaultStrategy(DefaultStrategy):
         """The same settings as ``strategy`` (a gsplat DefaultStrategy)."""
         return cls(**{f.name: getattr(strategy, f.name) for f in fields(strategy) if f.init})
 
+    def refines_at(self, step: int) -> bool:
+        """Whether ``step_post_backward(step)`` may change the number of Gaussians: gsplat's rule for
+        its grow-and-prune steps (the same on every rank, so sharded runs need no message to know)."""
+        return (
+            self.refine_start_iter < step < self.refine_stop_iter
+            and step % self.refine_every == 0
+            and step % self.reset_every >= self.pause_refine_after_reset
+        )
+
     def _update_state(self, params, state: Dict[str, Any], info: Dict[str, Any], packed: bool = False):
         if packed:  # records already lists of visible Gaussians: gsplat's update has nothing to gather
             return super()._update_state(params, state, info, packed=packed)

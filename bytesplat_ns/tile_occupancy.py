@@ -3,17 +3,17 @@
 Every ``--pipeline.model.tile-stats-every`` steps the model's render of that step is binned the way
 the fused backend bins it (``pruning.tile_entries``, any backend) and the share of tiles whose list
 is longer than the fused kernel's on-chip capacity is logged (tensorboard ``tiles/*``) and kept in
-``model.tile_occupancy_log`` (the training benchmark writes it to its JSON). Off by default: it
+``model.tile_occupancy.log`` (the training benchmark writes it to its JSON). Off by default: it
 costs one binning pass per logged step.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 
-from bytesplat_ns.pruning import model_tile_capacity, tile_entries
+from bytesplat_ns.pruning import configured_tile_capacity, tile_entries
 
 
 @torch.no_grad()
@@ -33,26 +33,35 @@ def tile_occupancy(info: Dict[str, Any], capacity: int) -> Dict[str, float]:
     )
 
 
-def record_tile_occupancy(model: Any, step: int) -> Optional[Dict[str, float]]:
-    """Called from the model's post-backward hook; logs every ``tile_stats_every`` steps."""
-    every = int(getattr(model.config, "tile_stats_every", 0) or 0)
-    info = getattr(model, "info", None)
-    if every <= 0 or step % every != 0 or not info or "radii" not in info or "means2d" not in info:
-        return None
-    if not hasattr(model, "_tile_capacity"):
-        model._tile_capacity = model_tile_capacity(model)
-    if model._tile_capacity is None:
-        return None  # CPU without a configured capacity: nothing to compare against
-    stats = tile_occupancy(info, model._tile_capacity)
-    stats.update(step=float(step), gaussians=float(model.num_points))
-    if not hasattr(model, "tile_occupancy_log"):
-        model.tile_occupancy_log = []
-    model.tile_occupancy_log.append(stats)
-    try:
-        from nerfstudio.utils import writer
+class TileOccupancyMonitor:
+    """The model's tile statistics: every ``every`` steps (0: never) the render's ``info`` against the
+    tile capacity (``configured`` or the fused kernel's on the render's CUDA device, resolved on the
+    first logged step); each logged step appends to :attr:`log`."""
 
-        for k in ("over_capacity_share", "p99", "max"):
-            writer.put_scalar(f"tiles/{k}", stats[k], step)
-    except Exception:  # pragma: no cover - logging must never break training
-        pass
-    return stats
+    def __init__(self, every: int, configured_capacity: int = 0):
+        self.every = int(every or 0)
+        self.configured_capacity = int(configured_capacity or 0)
+        self.capacity: Optional[int] = None
+        self._resolved = False
+        self.log: List[Dict[str, float]] = []
+
+    def record(self, info: Optional[Dict[str, Any]], step: int, gaussians: int) -> Optional[Dict[str, float]]:
+        """Called before the densification of ``step`` (``info`` is that step's render)."""
+        if self.every <= 0 or step % self.every != 0 or not info or "radii" not in info or "means2d" not in info:
+            return None
+        if not self._resolved:
+            self.capacity = configured_tile_capacity(self.configured_capacity, info["means2d"].device)
+            self._resolved = True
+        if self.capacity is None:
+            return None  # CPU without a configured capacity: nothing to compare against
+        stats = tile_occupancy(info, self.capacity)
+        stats.update(step=float(step), gaussians=float(gaussians))
+        self.log.append(stats)
+        try:
+            from nerfstudio.utils import writer
+
+            for k in ("over_capacity_share", "p99", "max"):
+                writer.put_scalar(f"tiles/{k}", stats[k], step)
+        except Exception:  # pragma: no cover - logging must never break training
+            pass
+        return stats

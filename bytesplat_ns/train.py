@@ -3,11 +3,11 @@
 Meant to be started by torchrun (single- or multi-node)::
 
     torchrun --nproc-per-node N -m bytesplat_ns.train bytesplat [ns-train arguments] \\
-        [--pipeline.communicator {dense,sparse-grad}] [--pipeline.views-per-step B]
+        [--pipeline.communicator {dense,sparse-grad,pixel,auto}] [--pipeline.views-per-step B]
 
 It takes the same arguments as ``ns-train`` for the bytesplat methods, with their pipeline swapped for
-the sharded one (``bytesplat_ns.distributed.pipeline``: no DDP, Gaussians and optimizer state
-sharded over the ranks). The process group comes from torchrun's environment (RANK, WORLD_SIZE,
+the sharded one (``bytesplat_ns.distributed.trainer.sharded_variant``: no DDP, Gaussians and optimizer
+state sharded over the ranks). The process group comes from torchrun's environment (RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT, LOCAL_RANK): gloo with ``--machine.device-type cpu``, NCCL with cuda.
 Without torchrun it runs as one process. Every user error and every failed rank ends this process
 with one ``bytesplat: error: ...`` line and a non-zero exit.
@@ -15,7 +15,6 @@ with one ``bytesplat: error: ...`` line and a non-zero exit.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import random
 import sys
@@ -27,27 +26,10 @@ import torch
 from bytesplat_ns.errors import BytesplatError
 
 
-def sharded_variant(config, method_name: str | None = None):
-    """The same trainer config with the sharded pipeline and trainer (a new object)."""
-    from nerfstudio.pipelines.base_pipeline import VanillaPipelineConfig
-
-    from bytesplat_ns.distributed.pipeline import ShardedPipelineConfig, ShardedTrainerConfig
-
-    pipeline = config.pipeline
-    if not isinstance(pipeline, ShardedPipelineConfig):
-        if not isinstance(pipeline, VanillaPipelineConfig):
-            raise BytesplatError(f"{type(pipeline).__name__} cannot be sharded (needs a VanillaPipelineConfig).")
-        pipeline = ShardedPipelineConfig(datamanager=pipeline.datamanager, model=pipeline.model)
-    values = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.init and f.name != "_target"}
-    values["pipeline"] = pipeline
-    if method_name is not None:
-        values["method_name"] = method_name
-    return ShardedTrainerConfig(**values)
-
-
 def _bytesplat_methods() -> Tuple[Dict, Dict]:
     from nerfstudio.configs.method_configs import all_descriptions, all_methods
 
+    from bytesplat_ns.distributed.trainer import sharded_variant
     from bytesplat_ns.model import ByteSplatModelConfig
 
     methods, descriptions = {}, {}

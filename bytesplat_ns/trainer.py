@@ -1,4 +1,8 @@
-"""nerfstudio's Trainer with crash-safe checkpoints and clear errors when loading one."""
+"""nerfstudio's Trainer with crash-safe checkpoints and clear errors when loading one.
+
+The single-process base of both bytesplat trainers: ``ns-train bytesplat``'s config
+(``distributed.trainer.AutoShardedTrainerConfig``) and the sharded one derive from it.
+"""
 
 from __future__ import annotations
 
@@ -28,24 +32,6 @@ class ByteSplatTrainerConfig(TrainerConfig):
         if self.experiment_name is None and no_data:
             self.experiment_name = "bytesplat-scene"
         super().set_experiment_name()
-
-    def set_timestamp(self) -> None:
-        # ns-train's main() calls this before it spawns processes: the earliest point where a
-        # multi-process launch that cannot work is reported in one line instead of N tracebacks.
-        if int(self.machine.num_devices) * int(self.machine.num_machines) > 1:
-            from bytesplat_ns.distributed.pipeline import check_nerfstudio_launch
-
-            check_nerfstudio_launch(self.machine)
-        super().set_timestamp()
-
-    def setup(self, **kwargs):
-        # Several processes (ns-train --machine.num-devices N): shard the Gaussians instead of
-        # nerfstudio's DDP, which would replicate every Gaussian and all-reduce all their gradients.
-        if kwargs.get("world_size", 1) > 1 and type(self) is ByteSplatTrainerConfig:
-            from bytesplat_ns.train import sharded_variant
-
-            return sharded_variant(self).setup(**kwargs)
-        return super().setup(**kwargs)
 
 
 def latest_checkpoint(load_dir: Path) -> Path:

@@ -19,6 +19,7 @@ std::vector<at::Tensor> render_bwd(const at::Tensor &means2d, const at::Tensor &
                                    bool butterfly, bool contribution,
                                    const c10::optional<at::Tensor> &stop, bool warp_cull);
 int64_t fused_capacity(int64_t blocks_per_sm);
+std::vector<int64_t> fused_smem_layout();
 std::vector<at::Tensor> fused_loss(const at::Tensor &means2d, const at::Tensor &conics,
                                    const at::Tensor &colors, const at::Tensor &opacities,
                                    const at::Tensor &backgrounds, const at::Tensor &gt,
@@ -48,6 +49,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("render_bwd", &bytesplat::render_bwd, "tile rasterizer backward");
     m.def("fused_capacity", &bytesplat::fused_capacity,
           "Gaussians per tile kept on chip by the fused kernel");
+    m.def("fused_smem_layout", &bytesplat::fused_smem_layout,
+          "the fused kernel's shared memory: [bytes per Gaussian, fixed bytes per block, granularity]");
     m.def("fused_loss", &bytesplat::fused_loss,
           "one-launch render + splatfacto loss gradient + backward");
     m.def("loss_grad", &bytesplat::loss_grad,

@@ -185,6 +185,12 @@ int capacity_for(int blocks_per_sm, int device, int *smem_bytes) {
 
 }  // namespace
 
+// The kernel's shared-memory layout {bytes per staged Gaussian, fixed bytes per block, capacity
+// granularity}: what bytesplat_ns.pruning.FUSED_SMEM_LAYOUT states for machines without the extension.
+std::vector<int64_t> fused_smem_layout() {
+    return {SmemGaussians::kBytes, kFixedBytes, kChunk};
+}
+
 // Number of Gaussians per tile the fused kernel keeps on chip for `blocks_per_sm` blocks per SM.
 int64_t fused_capacity(int64_t blocks_per_sm) {
     int dev = 0, smem = 0;

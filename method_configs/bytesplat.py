@@ -16,7 +16,7 @@ from bytesplat_ns.data.datamanager import BytesplatDatamanagerConfig
 from bytesplat_ns.data.dataparser import BytesplatSceneDataParserConfig
 from bytesplat_ns.model import ByteSplatModelConfig
 from bytesplat_ns.optim import DeviceAdamOptimizerConfig
-from bytesplat_ns.trainer import ByteSplatTrainerConfig
+from bytesplat_ns.distributed.trainer import AutoShardedTrainerConfig
 
 
 def adam(lr: float, final_lr: float | None = None, max_steps: int = 30000, warmup_steps: int = 0) -> dict:
@@ -49,7 +49,7 @@ def default_device_type() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-bytesplat_config = ByteSplatTrainerConfig(
+bytesplat_config = AutoShardedTrainerConfig(
     method_name="bytesplat",
     steps_per_eval_image=100,
     steps_per_eval_batch=0,

@@ -1,8 +1,8 @@
 """The ``bytesplat-distributed`` method: ``bytesplat`` with its Gaussians sharded over the processes.
 
 Same schedule, model and hyper-parameters as ``bytesplat`` (method_configs/bytesplat.py); the pipeline
-is ``bytesplat_ns.distributed.pipeline.ShardedPipeline`` (no DDP; 2D records and their gradients move
-through ``--pipeline.communicator {dense,sparse-grad}``) and the trainer checkpoints every rank's
+is ``bytesplat_ns.distributed.pipeline.ShardedPipeline`` (no DDP; ``--pipeline.communicator
+{dense,sparse-grad,pixel,auto}`` picks how the ranks split a batch) and the trainer checkpoints every rank's
 Gaussians from rank 0. Run it with ``ns-train bytesplat-distributed --machine.num-devices N`` on one
 GPU host (nerfstudio's own launcher spawns the ranks and builds this config's sharded trainer and
 pipeline in each), or with ``torchrun --nproc-per-node N -m bytesplat_ns.train bytesplat ...``
@@ -16,7 +16,7 @@ from __future__ import annotations
 from nerfstudio.plugins.types import MethodSpecification
 
 from bytesplat_ns.method_configs.bytesplat import bytesplat_config
-from bytesplat_ns.train import sharded_variant
+from bytesplat_ns.distributed.trainer import sharded_variant
 
 bytesplat_distributed_config = sharded_variant(bytesplat_config, method_name="bytesplat-distributed")
 

@@ -17,7 +17,7 @@ from nerfstudio.plugins.types import MethodSpecification
 
 from bytesplat_ns.data.lazy_images import LazyImageDatamanagerConfig
 from bytesplat_ns.method_configs.bytesplat import bytesplat_config
-from bytesplat_ns.train import sharded_variant
+from bytesplat_ns.distributed.trainer import sharded_variant
 
 
 def with_lazy_images(config, method_name: str):

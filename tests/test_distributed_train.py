@@ -85,7 +85,9 @@ def runs(tmp_path_factory):
     # step 2 from the full copy; B (one process) evaluates the same image.
     viewer = ["--vis", "viewer+tensorboard", "--viewer.websocket-port", str(free_port()),
               "--viewer.quit-on-train-completion", "True", "--pipeline.full-copy-steps", "1"]
-    a_dir, a = train(tmp, "a", 2, 3, ["--pipeline.communicator", "sparse-grad", "--steps-per-eval-image", "2", *viewer], runner="dump")
+    # A logs every step (the communication statistics are summed on logged steps only).
+    a_dir, a = train(tmp, "a", 2, 3, ["--pipeline.communicator", "sparse-grad", "--steps-per-eval-image", "2",
+                                      "--logging.steps-per-log", "1", *viewer], runner="dump")
     b_dir, b = train(tmp, "b", 1, 3, ["--steps-per-eval-image", "2"], runner="dump")
     return tmp, a_dir, a, b_dir, b
 

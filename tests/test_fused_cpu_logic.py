@@ -747,7 +747,7 @@ def test_model_fused_step_gathers_the_pruning_score(torch_ops, monkeypatch, mode
     for step in range(0, 12):  # step 0 is before the score window of the first prune step (1-10)
         torch_ops.contribution.clear()
         model_train_step(model, views[step % 4], images[step % 4], step, bg, optimizers)
-        pruner = model.hw_pruner
+        pruner = model.pruning
         assert torch_ops.contribution == [(entry, pruner.scores_step(step))], step
         if pruner.scores_step(step) and step % pruner.period != 0:
             info = model.info

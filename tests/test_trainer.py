@@ -1,4 +1,4 @@
-"""ByteSplatTrainer(Config): multi-process launches shard instead of DDP; checkpoints are atomic."""
+"""The bytesplat trainers: multi-process launches shard instead of DDP; checkpoints are atomic."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import copy
 
 import torch
 
-from bytesplat_ns.distributed.pipeline import ShardedPipelineConfig, ShardedTrainerConfig
+from bytesplat_ns.distributed.pipeline import ShardedPipelineConfig
+from bytesplat_ns.distributed.trainer import ShardedTrainerConfig
 from bytesplat_ns.method_configs.bytesplat import bytesplat_config
 from bytesplat_ns.trainer import write_checkpoint
 

@@ -158,8 +158,8 @@ def train_and_evaluate(label: str, config, data: Path, iterations: int, out_dir:
         "num_gaussians": int(pipeline.model.num_points),
         "eval": {k: float(v) for k, v in metrics.items()},
         "peak_gpu_memory_mb": torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else None,
-        "tile_occupancy": getattr(pipeline.model, "tile_occupancy_log", []),
-        "hw_prune_steps": [dict(s) for s in getattr(getattr(pipeline.model, "hw_pruner", None), "history", [])],
+        "tile_occupancy": list(pipeline.model.tile_occupancy.log),
+        "hw_prune_steps": [dict(s) for s in pipeline.model.pruning.history],
     }
     CONSOLE.print(result)
     print(f"bytesplat-bench train: {label}: run directory {run_dir}", flush=True)

@@ -1,12 +1,15 @@
-"""Multi-process training with sharded Gaussians (DESIGN "Distributed", ByteSplat 3).
+"""Multi-process training with sharded Gaussians (ByteSplat 3; docs/distributed.md).
 
-Each rank owns a contiguous shard of the Gaussians and their optimizer state (``sharding``);
-a batch of views is spread over the ranks; 2D records travel owner -> renderer and their gradients
-back through a communicator (``communicators``: ``dense``, ``sparse-grad``) built on a
-point-to-point exchange that also works over gloo (``exchange``); ``step`` runs one training step;
-``sparse_kernels`` holds the sparse-grad GPU encoder/decoder (``cuda/sparse_grad.cu``); ``pipeline``
-plugs all of it into nerfstudio (rank 0's full copy for the viewer and evaluation included).
-No DDP anywhere. User guide: docs/distributed.md.
+How the ranks split a batch is an exchange (``batch_exchange``), picked by
+``--pipeline.communicator``: the record exchange (``dense``, ``sparse-grad``: each rank owns a
+contiguous shard of the Gaussians and their optimizer state, ``sharding``; 2D records travel owner
+-> renderer and their gradients back through a communicator, ``communicators``), the pixel exchange
+(``pixel``: each rank owns a kd cell, ``cells``; partial images travel, ``pixel``), or ``auto``,
+which picks ``sparse-grad`` or ``pixel`` from a cost model (``auto``). All of them run on a
+point-to-point exchange that also works over gloo (``exchange``); ``step`` runs one record-exchange
+step; ``sparse_kernels`` holds the sparse-grad GPU encoder/decoder (``cuda/sparse_grad.cu``);
+``pipeline`` plugs it into nerfstudio (rank 0's full copy for the viewer and evaluation included)
+and ``trainer`` is its nerfstudio trainer. No DDP anywhere.
 """
 
 from bytesplat_ns.distributed.communicators import (

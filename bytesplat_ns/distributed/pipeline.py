@@ -1,31 +1,38 @@
-"""nerfstudio integration of the sharded step: a pipeline without DDP and a trainer that checkpoints it.
+"""nerfstudio integration of the sharded step: a pipeline without DDP.
 
 ``ShardedPipeline`` (a ``VanillaPipeline``) never wraps the model in DDP. After the model is built
-(the same initial Gaussians on every rank: rank 0's are broadcast), each rank keeps only its
-contiguous shard of the Gaussians; the trainer then builds the optimizers from the shard, so each
-rank also owns only its shard's optimizer state. A training step:
+(the same initial Gaussians on every rank: rank 0's are broadcast), each rank keeps only its share
+of the Gaussians; the trainer (``distributed/trainer.py``) then builds the optimizers from it, so
+each rank also owns only its share's optimizer state, and writes checkpoints from rank 0's gathered
+copy. How the ranks split a batch is the pipeline's ``exchange`` (``batch_exchange.py``), chosen by
+``--pipeline.communicator``: ``dense`` / ``sparse-grad`` (contiguous shards, 2D records travel),
+``pixel`` (one kd cell per rank, partial images travel; docs/pixel_exchange.md), or ``auto``, which
+picks ``sparse-grad`` or ``pixel`` at start (``auto.choose``; rank 0 prints the reason). A training
+step:
 
 - every rank draws the SAME batch of ``views_per_step`` training views (a per-epoch permutation
-  seeded by ``--machine.seed`` and the epoch: no communication), spread over the ranks
-  (``step.assign_views``);
-- ``get_train_loss_dict`` runs ``step.sharded_render_loss`` (projection of the shard into every
-  view, exchange of 2D records, compositing and splatfacto's loss on the rank's own views); the
-  returned ``main_loss`` is this rank's share plus the detached rest of the batch loss, so its
-  value is the batch loss and its gradient is this rank's share: nerfstudio's ``loss.backward()``
-  runs the gradient exchange and the shard's own backward;
-- callbacks after the iteration (after the model's densification, which runs per shard on the
-  statistics the owner received from every renderer): log the bytes every communicator sent this
-  step (summed over ranks) to nerfstudio's writer under ``communication/*``, rebalance the shards
-  when they drift more than ``rebalance_threshold`` (parameters, Adam state and densification
-  statistics move together), and before a checkpoint gather every rank's Gaussians and Adam state
+  seeded by ``--machine.seed`` and the epoch: no communication) and loads the images the exchange
+  asks for;
+- ``get_train_loss_dict`` runs the exchange's ``render_loss``; the returned ``main_loss`` is this
+  rank's share plus the detached rest of the batch loss, so its value is the batch loss and its
+  gradient is this rank's share: nerfstudio's ``loss.backward()`` runs the gradient exchange and
+  the rank's own backward;
+- callbacks after the iteration (after the model's densification, which runs per rank on the
+  statistics the owner received from every renderer): the exchange's ``after_step`` rebalances the
+  ownership (shards re-cut when they drift more than ``rebalance_threshold``; cells rebuilt and
+  Gaussians migrated), moving parameters, Adam state and densification statistics together (the
+  record exchange looks only after the densification's refine steps, the only ones that change a
+  shard's size); on the steps nerfstudio logs (``--logging.steps-per-log``), the bytes every rank
+  sent this step are summed over the ranks and logged to nerfstudio's writer under
+  ``communication/*``, and the batch loss is summed too (in between, no step pays a collective or a
+  host read that only a log line needs); and before a checkpoint every rank's Gaussians and Adam state are gathered
   on rank 0 (a collective in a callback: nerfstudio saves on rank 0 only, so ``state_dict`` never
-  runs a collective).
+  runs a collective). Checkpoints are gathered in rank order and loaded as even slices, which the
+  exchange re-partitions (``after_load``).
 
-``ShardedTrainer`` scales the Gaussian learning rates for the batch (``step.scale_adam_for_batch``:
-lr and the scheduler's final lr times sqrt(B), Adam betas to the power B), writes checkpoints on
-rank 0 only from the gathered copy (the same format as ``ns-train bytesplat``, so ``ns-viewer``,
-``ns-export gaussian-splat`` and ``ns-eval`` load them in one process), and loads a checkpoint of
-any rank count by slicing the full Gaussians and their Adam state into this run's shards.
+The compositor (``--pipeline.compositor``, auto: fused on CUDA, reference elsewhere) composites the
+records of a rank's views, or renders a rank's cell with ``pixel``; both run on CPU with gloo and on
+GPUs with NCCL.
 
 The viewer and evaluation during training (DESIGN "Distributed": never a collective from the viewer
 thread or inside ``state_dict``): rank 0 keeps a FULL copy of the Gaussians (``full_model()``, a
@@ -39,15 +46,6 @@ step's first collective (the wait is bounded by the process-group timeout, not b
 watchdog: a barrier before the next step's watchdog is armed). With one process the model itself
 is the full copy.
 
-``--pipeline.communicator pixel`` (docs/pixel_exchange.md, "In the nerfstudio pipeline"): ownership
-by kd cell (one per rank) instead of a contiguous shard; the step exchanges partial images
-(``pixel.pixel_render_loss``); after every iteration the cells are rebalanced and Gaussians that left
-their rank's cell migrate with their Adam state and densification statistics; checkpoints are
-gathered as above (rank order) and re-partitioned on load. ``auto`` picks ``sparse-grad`` or
-``pixel`` at start (``auto.choose``; rank 0 prints the reason). With ``pixel`` the compositor
-(``--pipeline.compositor``, auto: fused on CUDA, reference elsewhere) picks the renderer of each
-rank's cell (``pixel.render_cell``); it runs on CPU with gloo and on GPUs with NCCL.
-
 Not supported yet in sharded mode (a clear error at start): camera pose optimisation, the
 bilateral grid, masks, training views of different resolutions in one batch.
 """
@@ -56,8 +54,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
-import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -69,33 +65,18 @@ import torch.distributed as dist
 from nerfstudio.engine.callbacks import TrainingCallback, TrainingCallbackAttributes, TrainingCallbackLocation
 from nerfstudio.pipelines.base_pipeline import VanillaPipeline, VanillaPipelineConfig
 from nerfstudio.utils import writer
-from nerfstudio.utils.decorators import check_main_thread
 from nerfstudio.utils.misc import step_check
-from nerfstudio.utils.rich_utils import CONSOLE
 
-from bytesplat_ns.distributed.communicators import CommStats, make_communicator
-from bytesplat_ns.distributed.pixel import CellState, PixelConfig, pixel_render_loss, resolve_renderer
+from bytesplat_ns.distributed.batch_exchange import STRATEGY_ROW_KEYS, BatchExchange, make_batch_exchange
+from bytesplat_ns.distributed.communicators import CommStats
+from bytesplat_ns.distributed.pixel import resolve_renderer
 from bytesplat_ns.distributed.exchange import ExchangeStats, all_reduce_, comm_device, rank_and_world, wrap_failure
 from bytesplat_ns.distributed.runtime import StepWatchdog, share_cpu_threads
-from bytesplat_ns.distributed.sharding import ShardLayout, gather_layout, gather_to_rank0, rebalance
-from bytesplat_ns.distributed.step import (
-    PARAM_NAMES,
-    Views,
-    assign_views,
-    scale_adam_for_batch,
-    sharded_render_loss,
-    splatfacto_loss,
-)
+from bytesplat_ns.distributed.sharding import ShardLayout, gather_layout, gather_to_rank0
+from bytesplat_ns.distributed.step import PARAM_NAMES, Views
 from bytesplat_ns.errors import BytesplatError
-from bytesplat_ns.trainer import (
-    ByteSplatTrainer,
-    ByteSplatTrainerConfig,
-    resume_pipeline,
-    write_checkpoint,
-)
 
 ADAM_ROW_KEYS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
-STRATEGY_ROW_KEYS = ("grad2d", "count", "radii")
 
 
 @dataclass
@@ -104,9 +85,9 @@ class ShardedPipelineConfig(VanillaPipelineConfig):
 
     _target: Type = field(default_factory=lambda: ShardedPipeline)
     communicator: Literal["dense", "sparse-grad", "pixel", "auto"] = "sparse-grad"
-    """How ranks share the work of a view: dense / sparse-grad move 2D Gaussian records (all gradients back /
-    non-zero only); pixel (Splaxel) gives each rank a kd cell of Gaussians and moves partial images; auto picks
-    sparse-grad or pixel at start from a cost model of bytes per step (auto.py; the reason is logged)."""
+    """How ranks share the work of a batch (batch_exchange.py): dense / sparse-grad move 2D Gaussian records (all
+    gradients back / non-zero only); pixel (Splaxel) gives each rank a kd cell of Gaussians and moves partial images;
+    auto picks sparse-grad or pixel at start from a cost model of bytes per step (auto.py; the reason is logged)."""
     pixel_geometric: bool = True
     """pixel: send each cell's partial only inside its projected bounding rectangle (exact)."""
     pixel_transmittance: bool = False
@@ -135,7 +116,8 @@ class ShardedPipelineConfig(VanillaPipelineConfig):
     step and at checkpoints."""
 
 
-def _strip_module(state: Mapping[str, Any]) -> Dict[str, Any]:
+def strip_module(state: Mapping[str, Any]) -> Dict[str, Any]:
+    """A pipeline state dict without DDP's ``module.`` prefixes (checkpoints of any launcher)."""
     return {(k[len("module.") :] if k.startswith("module.") else k): v for k, v in state.items()}
 
 
@@ -169,31 +151,23 @@ class ShardedPipeline(VanillaPipeline):
         self.world_size = world
         self.rank = rank
         self.views_per_step = config.views_per_step or world
-        self.comm_name = config.communicator
+        self.comm_name = config.communicator  # auto: resolved in _share_initial_gaussians
         self.auto_decision = None
-        self.cells: Optional[CellState] = None
-        self._pending_pixel_stats = None
-        self._cells_rebuilt = False
-        self._migration_bytes = 0
         self._check_supported()
         self.last_stats = CommStats()
-        self._pending_stats: Optional[CommStats] = None
         self._checkpoint: Optional[Dict[str, Any]] = None
         self._sampler_epoch = -1
         self._sampler_order: List[int] = []
         self._watchdog = StepWatchdog(config.step_timeout) if config.step_timeout > 0 else None
+        self._steps_per_log = 1  # the trainer's --logging.steps-per-log, read when it asks for the callbacks
         # Rank 0's full copy of the Gaussians (viewer, evaluation). Kept out of the module tree
         # (plain __dict__ entry) so that state_dict(), .to() and .train()/.eval() ignore it.
         self.__dict__["_full_copy"] = None
         self.full_copy_step: Optional[int] = None
         self._eval_ran = False
         self._share_initial_gaussians()
-        self.communicator = (make_communicator(self.comm_name, sparse_kernels=config.sparse_kernels)
-                             if self.comm_name != "pixel" else None)
-        if self.comm_name == "pixel":
-            # The cells are rendered by the compositor's renderer (pixel.render_cell): fused on CUDA
-            # (the fused-on-CPU case was refused in _check_supported), reference elsewhere.
-            self.partition_cells(None, force=True)
+        self.exchange: BatchExchange = make_batch_exchange(self.comm_name, self.model, config, rank, world)
+        self.exchange.start()
 
     # ---- setup ----
     def _check_supported(self) -> None:
@@ -266,52 +240,6 @@ class ShardedPipeline(VanillaPipeline):
         if self.rank == 0:
             # One plain line (not wrapped by the console's width), so logs can be grepped.
             print(f"bytesplat: {decision.log_line()}", flush=True)
-
-    # ---- pixel: ownership by kd cells ----
-    def _my_cell(self) -> int:
-        return self.rank  # one cell per rank (cell_ranks(world, world))
-
-    def _strategy_rows(self) -> Dict[str, torch.Tensor]:
-        """Densification statistics with one row per local Gaussian, agreed on by every rank (the
-        migration's wire format needs the same entries everywhere); others are reset to None."""
-        state = self.model.strategy_state
-        n = int(self.model.gauss_params["means"].shape[0])
-        keys = [k for k in STRATEGY_ROW_KEYS if k in state]
-        have = [1.0 if isinstance(state.get(k), torch.Tensor) and state[k].dim() > 0 and state[k].shape[0] == n else 0.0 for k in keys]
-        if self.world_size > 1 and keys:
-            flags = torch.tensor(have, dtype=torch.float64, device=comm_device())
-            all_reduce_(flags, dist.ReduceOp.MIN, phase="agreeing on densification statistics")
-            have = flags.cpu().tolist()
-        rows = {}
-        for k, h in zip(keys, have):
-            if h > 0:
-                rows[k] = state[k]
-            elif isinstance(state.get(k), torch.Tensor):
-                state[k] = None  # the strategy re-creates it (zeros) at its next step
-        return rows
-
-    def partition_cells(self, optimizers, force: bool = False) -> int:
-        """pixel (collective): rebuild the kd cells when the ranks' counts drift more than
-        ``rebalance_threshold`` (or ``force``), and migrate every Gaussian that is not on its cell's
-        rank, with its Adam state (``optimizers``: name -> optimizer, or None before they exist) and
-        densification statistics. Returns the bytes this rank sent."""
-        from bytesplat_ns.distributed.cells import build_global, cell_ranks, rebalance_cells
-
-        params = self.model.gauss_params
-        ex = ExchangeStats()
-        ranks_of_cells = cell_ranks(self.world_size, self.world_size)
-        tree = self.cells.tree if self.cells is not None else None
-        if tree is None:
-            tree = build_global(params["means"], self.world_size, stats=ex)
-            force = False
-        rows = self._strategy_rows()
-        tree, cell_of, rebuilt, sent = rebalance_cells(
-            params, optimizers, tree, ranks_of_cells, self.config.rebalance_threshold, force=force, stats=ex, extra=rows
-        )
-        self.model.strategy_state.update(rows)
-        self.cells = CellState(tree, ranks_of_cells, cell_of)
-        self._cells_rebuilt = bool(rebuilt)
-        return int(ex.payload_bytes + ex.meta_bytes)
 
     # ---- rank 0's full copy (viewer, evaluation) ----
     def full_model(self):
@@ -441,9 +369,7 @@ class ShardedPipeline(VanillaPipeline):
         cached = self.datamanager.cached_train  # loads (and undistorts) images, sets train_cameras
         views = self._camera_views(indices, self.datamanager.train_cameras)
         B = len(indices)
-        # pixel: the view schedule is decided inside the step (from the cells' bounds), so every
-        # rank has every image of the batch at hand.
-        mine = list(range(B)) if self.comm_name == "pixel" else assign_views(B, self.world_size)[self.rank]
+        mine = self.exchange.views_to_load(B)
         images: List[Optional[torch.Tensor]] = list(views.images)
         backgrounds = views.backgrounds
         for v in mine:
@@ -468,33 +394,22 @@ class ShardedPipeline(VanillaPipeline):
         self._step_started = time.perf_counter()
         model = self.model
         views = self._batch(step)
-        lam = model.config.ssim_lambda
-        if self.comm_name == "pixel":
-            return self._pixel_loss_dict(step, views, lam)
-        fwd = sharded_render_loss(
-            model.gauss_params,
-            views,
-            self.communicator,
-            self._sh_degree(),
-            functools.partial(splatfacto_loss, ssim_lambda=lam),  # recognised by the fused compositor
-            absgrad=bool(getattr(model.strategy, "absgrad", False)),
-            compositor=self.compositor,
-            options=model.config.fused.options(),
-        )
-        model.info = fwd.info
+        absgrad = bool(getattr(model.strategy, "absgrad", False))
+        out = self.exchange.render_loss(views, self._sh_degree(), model.config.ssim_lambda, absgrad, self.compositor)
+        model.info = out.info
         if getattr(model, "optimizers", None) is not None:
             model.strategy.step_pre_backward(model.gauss_params, model.optimizers, model.strategy_state, step, model.info)
-        meta = ExchangeStats()
-        loss_dict = self._batch_loss_dict(step, fwd.local_loss, fwd.layout.total, meta)
-        fwd.stats.meta_bytes += meta.meta_bytes
-        self._pending_stats = fwd.stats
-        metrics = {"gaussian_count": fwd.layout.total, "shard_gaussians": int(fwd.layout.counts[self.rank])}
+        loss_dict = self._batch_loss_dict(step, out.local_loss, out.total_gaussians, out.meta)
+        self.exchange.add_meta_bytes(int(out.meta.meta_bytes))
+        metrics = {"gaussian_count": out.total_gaussians, "shard_gaussians": out.local_gaussians}
         return {}, loss_dict, metrics
 
     def _batch_loss_dict(self, step: int, local_loss: torch.Tensor, total_gaussians: int, meta: ExchangeStats) -> Dict:
-        """Both communicator families' loss dict (collective): this rank's loss share and, every 10
-        steps, its share of splatfacto's scale regulariser over the whole scene's Gaussians, summed over
-        the ranks. Value: the whole batch's; gradient: this rank's share only."""
+        """Every exchange's loss dict: this rank's loss share and, every 10 steps, its share of
+        splatfacto's scale regulariser over the whole scene's Gaussians. Gradient: this rank's share
+        only. Value: on the steps nerfstudio logs, the whole batch's (summed over the ranks, a
+        collective); in between, this rank's share (nothing reads it), so no step pays a host-side
+        all_reduce that only a log line needs."""
         model = self.model
         local_terms = [local_loss]
         use_reg = model.config.use_scale_regularization and step % 10 == 0
@@ -504,6 +419,9 @@ class ShardedPipeline(VanillaPipeline):
                 scale_exp.amax(dim=-1) / scale_exp.amin(dim=-1), torch.tensor(model.config.max_gauss_ratio, device=scale_exp.device)
             )
             local_terms.append(0.1 * (ratio - model.config.max_gauss_ratio).sum() / max(1, total_gaussians))
+        if self.world_size == 1 or not self.logs_at(step):
+            names = ["main_loss", "scale_reg"][: len(local_terms)]
+            return dict(zip(names, local_terms))
         totals = torch.stack([t.detach().to(torch.float64) for t in local_terms]).to(comm_device())
         all_reduce_(totals, stats=meta, phase="summing the batch loss")
         totals = totals.to(local_loss.device, local_loss.dtype)
@@ -512,70 +430,17 @@ class ShardedPipeline(VanillaPipeline):
             loss_dict["scale_reg"] = local_terms[1] + (totals[1] - local_terms[1]).detach()
         return loss_dict
 
-    def _pixel_loss_dict(self, step: int, views: Views, lam: float):
-        """pixel: render this rank's cell into every view, exchange partial images (pixel.py)."""
-        model = self.model
-        params = model.gauss_params
-        n = int(params["means"].shape[0])
-        absgrad = bool(getattr(model.strategy, "absgrad", False))
-        # Every local Gaussian belongs to this rank's cell until the next migration moves it (also
-        # one that wandered out of the cell: the composite's order is then approximate for it).
-        self.cells.cell_of = torch.full((n,), self._my_cell(), dtype=torch.int64, device=params["means"].device)
-        cfg = PixelConfig(geometric=self.config.pixel_geometric, transmittance=self.config.pixel_transmittance,
-                          fused=model.config.fused.options())
-        fwd = pixel_render_loss(
-            params, self.cells, views, self._sh_degree(), cfg, functools.partial(splatfacto_loss, ssim_lambda=lam), absgrad=absgrad,
-            renderer=self.compositor,
-        )
-        info = fwd.infos.get(self._my_cell())
-        if info is None or n == 0:
-            B = views.num_views
-            means2d = torch.zeros(B, n, 2, device=params["means"].device, requires_grad=True)
-            means2d.grad = torch.zeros_like(means2d)
-            means2d.absgrad = torch.zeros_like(means2d)  # type: ignore[attr-defined]
-            info = {"means2d": means2d, "radii": torch.zeros(B, n, dtype=torch.int32, device=means2d.device), "width": views.width,
-                    "height": views.height, "n_cameras": B, "camera_ids": None, "gaussian_ids": None}
-        model.info = info
-        if getattr(model, "optimizers", None) is not None:
-            model.strategy.step_pre_backward(model.gauss_params, model.optimizers, model.strategy_state, step, model.info)
-        meta = ExchangeStats()
-        layout = gather_layout(n, None, meta)
-        loss_dict = self._batch_loss_dict(step, fwd.local_loss, layout.total, meta)
-        st = fwd.stats
-        # Filled in by the backward (bytes sent back, bytes saved): read after the iteration.
-        self._pending_pixel_stats = (st, int(meta.meta_bytes))
-        metrics = {"gaussian_count": layout.total, "shard_gaussians": n}
-        return {}, loss_dict, metrics
-
-    def _pixel_comm_stats(self):
-        """(CommStats, extra scalars per rank) of the last pixel step, with this step's migration."""
-        got = getattr(self, "_pending_pixel_stats", None)
-        self._pending_pixel_stats = None
-        if got is None:
-            return CommStats(meta_bytes=self._migration_bytes), {}
-        st, meta = got
-        stats = CommStats(
-            forward_bytes=int(st.forward_bytes),
-            backward_bytes=int(st.backward_bytes),
-            forward_records=int(st.sent_pixels),  # pixel: remote (view, cell) pixels whose color was sent
-            backward_records=int(st.sent_pixels),
-            meta_bytes=int(st.meta_bytes) + meta,
-        )
-        extra = {
-            "unpruned_bytes": float(st.unpruned_bytes),
-            "saved_geometric_bytes": float(st.saved_geometric_bytes),
-            "saved_transmittance_bytes": float(st.saved_transmittance_bytes),
-            "migration_bytes": float(self._migration_bytes),
-            "leaked_pixels": float(st.leaked_pixels),
-        }
-        for r in range(self.world_size):
-            extra[f"idle_seconds_rank{r}"] = float(st.wait_s) if r == self.rank else 0.0
-        return stats, extra
+    def logs_at(self, step: int) -> bool:
+        """Whether nerfstudio's trainer logs ``step`` (its rule: every ``--logging.steps-per-log``
+        steps, step 0 included); the batch loss and the communication statistics are summed over
+        the ranks on these steps only."""
+        return step_check(step, self._steps_per_log, run_at_zero=True)
 
     # ---- callbacks ----
     def get_training_callbacks(self, attrs: TrainingCallbackAttributes) -> List[TrainingCallback]:
         callbacks = super().get_training_callbacks(attrs)
         trainer = attrs.trainer
+        self._steps_per_log = int(trainer.config.logging.steps_per_log)
         callbacks.append(
             TrainingCallback([TrainingCallbackLocation.AFTER_TRAIN_ITERATION], self._after_iteration, kwargs={"trainer": trainer})
         )
@@ -590,27 +455,18 @@ class ShardedPipeline(VanillaPipeline):
         self._eval_ran = False
 
     def _after_iteration(self, step: int, trainer) -> None:
-        model = self.model
         opts = trainer.optimizers
         gaussian_opts = {name: opts.optimizers[name] for name in PARAM_NAMES if name in opts.optimizers}
-        if self.comm_name == "pixel":
-            self._migration_bytes = self.partition_cells(gaussian_opts)
-            for name in gaussian_opts:
-                opts.parameters[name] = [model.gauss_params[name]]
-            if self._cells_rebuilt:
-                CONSOLE.log(f"bytesplat: step {step}: kd cells rebuilt and Gaussians migrated")
-            self._log_communication(step)
-            self._gather_if_due(step, trainer)
-            return
+        if self.exchange.after_step(step, gaussian_opts):
+            self.follow_replaced_parameters(opts)
         self._log_communication(step)
-        strategy_rows = {k: model.strategy_state.get(k) for k in STRATEGY_ROW_KEYS if isinstance(model.strategy_state.get(k), torch.Tensor)}
-        moved, layout = rebalance(model.gauss_params, gaussian_opts, self.config.rebalance_threshold, extra=strategy_rows)
-        if moved:
-            model.strategy_state.update(strategy_rows)
-            for name in gaussian_opts:
-                opts.parameters[name] = [model.gauss_params[name]]
-            CONSOLE.log(f"bytesplat: step {step}: shards rebalanced to {layout.counts}")
         self._gather_if_due(step, trainer)
+
+    def follow_replaced_parameters(self, opts) -> None:
+        """nerfstudio's optimizer bookkeeping onto the Gaussian parameters the exchange replaced."""
+        for name in PARAM_NAMES:
+            if name in opts.optimizers:
+                opts.parameters[name] = [self.model.gauss_params[name]]
 
     def _gather_if_due(self, step: int, trainer) -> None:
         final = trainer._start_step + trainer.config.max_num_iterations - 1
@@ -625,12 +481,10 @@ class ShardedPipeline(VanillaPipeline):
             self._watchdog.disarm()
 
     def _log_communication(self, step: int) -> None:
-        extra: Dict[str, float] = {}
-        if self.comm_name == "pixel":
-            stats, extra = self._pixel_comm_stats()
-        else:
-            stats = self._pending_stats or CommStats()
-        self._pending_stats = None
+        stats, extra = self.exchange.step_stats()  # consumed every step
+        if not self.logs_at(step):
+            self._step_started = None
+            return  # summed over the ranks (a collective and a host read) on logged steps only
         local = {**stats.as_dict(), **extra}
         keys = list(local)
         vec = torch.tensor([float(local[k]) for k in keys], dtype=torch.float64, device=comm_device())
@@ -699,7 +553,7 @@ class ShardedPipeline(VanillaPipeline):
 
     def load_pipeline(self, loaded_state: Dict[str, Any], step: int) -> None:
         """Load a full checkpoint (any rank count) and keep this rank's shard."""
-        state = _strip_module(loaded_state)
+        state = strip_module(loaded_state)
         total = int(state["_model.gauss_params.means"].shape[0])
         start, end = ShardLayout.even(total, self.world_size).range(self.rank)
         self.model.update_to_step(step)
@@ -722,130 +576,3 @@ def _barrier(what: str) -> None:
             dist.barrier()
         except Exception as error:  # noqa: BLE001
             raise wrap_failure(what, None, error) from error
-
-
-# ---------------------------------------------------------------------------------------------
-
-
-TORCHRUN_HINT = (
-    "On CPU (gloo), launch the ranks with torchrun instead: `torchrun --nproc-per-node N -m bytesplat_ns.train "
-    "bytesplat --machine.device-type cpu [ns-train arguments]` (same arguments as ns-train; see docs/distributed.md)."
-)
-
-
-def check_nerfstudio_launch(machine) -> None:
-    """Fail early and clearly where nerfstudio 1.1.5's own launcher (``ns-train ... --machine.num-devices
-    N``, N > 1) cannot work: its spawned worker asserts CUDA and one GPU per process, so it never runs
-    on CPU. Not called under torchrun / ``bytesplat_ns.train`` (the process group already exists)."""
-    processes = int(machine.num_devices) * int(machine.num_machines)
-    if processes <= 1 or (dist.is_available() and dist.is_initialized()):
-        return
-    if machine.device_type != "cuda":
-        raise BytesplatError(
-            f"ns-train cannot start {processes} processes with --machine.device-type {machine.device_type}: "
-            "nerfstudio 1.1.5's multi-process launcher only runs on CUDA GPUs (one per process).",
-            hint=TORCHRUN_HINT,
-        )
-    if not torch.cuda.is_available():
-        raise BytesplatError(
-            f"--machine.num-devices {machine.num_devices} needs {machine.num_devices} CUDA GPUs, but torch sees none.",
-            hint=TORCHRUN_HINT,
-        )
-    if torch.cuda.device_count() < int(machine.num_devices):
-        raise BytesplatError(
-            f"--machine.num-devices {machine.num_devices} needs {machine.num_devices} CUDA GPUs on this host, "
-            f"but torch sees {torch.cuda.device_count()}.",
-            hint="Lower --machine.num-devices or make more GPUs visible (CUDA_VISIBLE_DEVICES).",
-        )
-
-
-@dataclass
-class ShardedTrainerConfig(ByteSplatTrainerConfig):
-    _target: Type = field(default_factory=lambda: ShardedTrainer)
-
-
-class ShardedTrainer(ByteSplatTrainer):
-    pipeline: ShardedPipeline
-
-    def setup(self, test_mode: Literal["test", "val", "inference"] = "val") -> None:
-        super().setup(test_mode=test_mode)
-        viewer = self.viewer_state
-        if viewer is None or self.pipeline.world_size == 1:
-            return
-        if self.pipeline.rank == 0 and hasattr(viewer, "get_model"):
-            # The viewer renders rank 0's full copy of the Gaussians (refreshed between steps), never
-            # the shard and never through a collective.
-            pipeline = self.pipeline
-            viewer.get_model = lambda: pipeline.full_model()  # type: ignore[method-assign]
-        elif self.pipeline.rank != 0:
-            # nerfstudio starts a viewer on every node's local rank 0 (multi-node runs).
-            CONSOLE.log(
-                f"bytesplat: the viewer of rank {self.pipeline.rank} shows this rank's shard only; "
-                "global rank 0's viewer shows the whole scene."
-            )
-
-    def setup_optimizers(self):
-        """nerfstudio's optimizers on this rank's shard, with learning rates scaled for the batch."""
-        from nerfstudio.engine.optimizers import Optimizers
-
-        B = self.pipeline.views_per_step
-        config = copy.deepcopy(self.config.optimizers)
-        for name in PARAM_NAMES:
-            if name not in config:
-                continue
-            opt_cfg = config[name]["optimizer"]
-            betas = getattr(opt_cfg, "betas", (0.9, 0.999))
-            lr, betas = scale_adam_for_batch(opt_cfg.lr, tuple(betas), B)
-            opt_cfg.lr = lr
-            opt_cfg.betas = betas  # AdamOptimizerConfig passes its attributes to torch.optim.Adam
-            sched = config[name].get("scheduler")
-            if sched is not None and getattr(sched, "lr_final", None) is not None:
-                sched.lr_final = sched.lr_final * math.sqrt(B)
-        return Optimizers(config, self.pipeline.get_param_groups())
-
-    @check_main_thread
-    def save_checkpoint(self, step: int) -> None:
-        """Rank 0 writes the gathered full state (write, then rename)."""
-        try:
-            gathered = self.pipeline.checkpoint_state(step)
-        except BytesplatError as error:
-            CONSOLE.print(f"[bold red]bytesplat: {error}")
-            return
-        state = self.checkpoint_contents(step)
-        state["pipeline"] = gathered["pipeline"]
-        state["optimizers"] = gathered["optimizers"] or state["optimizers"]
-        write_checkpoint(state, self.checkpoint_dir, step, self.config.save_only_latest_checkpoint)
-
-    def _load_checkpoint(self) -> None:
-        state, path = resume_pipeline(self)
-        if state is None:
-            return
-        params = self.pipeline.model.gauss_params
-        total = int(_strip_module(state["pipeline"])["_model.gauss_params.means"].shape[0])
-        start, end = ShardLayout.even(total, self.pipeline.world_size).range(self.pipeline.rank)
-        for name, sd in state["optimizers"].items():
-            opt = self.optimizers.optimizers.get(name)
-            if opt is None:
-                continue
-            if name in PARAM_NAMES:
-                # The model's load replaced the Parameter objects: point the optimizer at the new ones.
-                opt.param_groups[0]["params"] = [params[name]]
-                self.optimizers.parameters[name] = [params[name]]
-                sd = copy.copy(sd)
-                sd["state"] = {i: dict(s) for i, s in sd["state"].items()}
-                for s in sd["state"].values():
-                    for k in ADAM_ROW_KEYS:
-                        if isinstance(s.get(k), torch.Tensor) and s[k].dim() > 0 and s[k].shape[0] == total:
-                            s[k] = s[k][start:end].clone()
-            opt.load_state_dict(sd)
-        if "schedulers" in state and self.config.load_scheduler:
-            self.optimizers.load_schedulers(state["schedulers"])
-        self.grad_scaler.load_state_dict(state["scalers"])
-        if self.pipeline.comm_name == "pixel":
-            # Re-partition the loaded Gaussians (any rank count) into this run's kd cells, with their
-            # Adam state: the even slices above are only the starting point of the migration.
-            gaussian_opts = {n: self.optimizers.optimizers[n] for n in PARAM_NAMES if n in self.optimizers.optimizers}
-            self.pipeline.partition_cells(gaussian_opts, force=True)
-            for name in gaussian_opts:
-                self.optimizers.parameters[name] = [self.pipeline.model.gauss_params[name]]
-        CONSOLE.print(f"Done loading checkpoint from {path} (rank {self.pipeline.rank}: Gaussians {start}..{end} of {total})")
