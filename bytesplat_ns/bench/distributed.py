@@ -623,8 +623,9 @@ def print_table(report: Dict) -> None:
 # Entry points
 
 
-def parse_args(argv: Optional[List[str]] = None):
-    from bytesplat_ns.bench.trained import add_scene_options, reject_random_scene_options
+def parser() -> argparse.ArgumentParser:
+    """``bytesplat-bench distributed``'s options (also how a suite's distributed steps are checked)."""
+    from bytesplat_ns.bench.trained import add_scene_options
 
     p = argparse.ArgumentParser(prog="bytesplat-bench distributed", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -651,6 +652,13 @@ def parse_args(argv: Optional[List[str]] = None):
     p.add_argument("--spawn", type=int, default=0,
                    help="run this many ranks here with torch.multiprocessing (gloo on the CPU, NCCL on GPUs) instead of torchrun")
     p.add_argument("--out", type=Path, default=None, help="JSON output path (written by rank 0)")
+    return p
+
+
+def parse_args(argv: Optional[List[str]] = None):
+    from bytesplat_ns.bench.trained import reject_random_scene_options
+
+    p = parser()
     args = p.parse_args(argv)
     if args.trained is not None:
         reject_random_scene_options(p, args)

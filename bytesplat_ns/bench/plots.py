@@ -521,12 +521,17 @@ def plot_inputs(inputs: Sequence, out_dir: Path, log=print) -> List[Path]:
     return written
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """``bytesplat-bench plots``'s options."""
     p = argparse.ArgumentParser(prog="bytesplat-bench plots", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--inputs", nargs="+", required=True, help="benchmark JSON files and/or folders (searched for *.json)")
     p.add_argument("--out-dir", type=Path, required=True, help="where the PNG files go")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    a = parser().parse_args(argv)
     try:
         written = plot_inputs(a.inputs, a.out_dir)
     except PlotInputError as e:
