@@ -92,7 +92,7 @@ def train_table(steps: List[Dict]) -> List[str]:
             return "-"
         if len(values) == 1:
             return fmt.format(values[0])
-        return f"{fmt.format(statistics.fmean(values))} +- {fmt.format(statistics.stdev(values))}"
+        return f"{fmt.format(statistics.fmean(values))} +- {fmt.replace('+', '').format(statistics.stdev(values))}"
 
     rows = []
     for m in methods:
@@ -144,13 +144,41 @@ def wallclock_table(steps: List[Dict]) -> List[str]:
                   [[m, str(n), *(_f(s[k]["mean"]) if k in s else "-" for k in keys)] for m, n, s in rows])
 
 
-TABLES = {"raster": raster_table, "train": train_table, "distributed": distributed_table}
+def quality_table(steps: List[Dict]) -> List[str]:
+    """Runs paired by seed with a baseline configuration: eval PSNR per seed and the paired differences."""
+    rows = []
+    for step in steps:
+        r = step["result"]
+        for config, row in r["summary"].items():
+            per_seed = r["runs"].get(config, {})
+            psnr = ", ".join(f"{per_seed[str(s)]['psnr']:.3f}" for s in row["seeds"] if str(s) in per_seed)
+            diff = "baseline" if config == r["baseline"] else \
+                f"{row['psnr_diff_mean']:+.3f} +- {row['psnr_diff_std']:.3f}"
+            rows.append([step["name"], config, " ".join(map(str, row["seeds"])), psnr, diff,
+                         f"{row['ssim_diff_mean']:+.4f}" if config != r["baseline"] else "-",
+                         _f(row.get("median_ms_per_step"))])
+    return _table(["views", "run", "seeds", "PSNR dB per seed", "PSNR diff vs baseline, by seed",
+                   "SSIM diff", "median ms/step"], rows)
+
+
+TABLES = {"raster": raster_table, "train": train_table, "distributed": distributed_table,
+          "wallclock": wallclock_table, "quality": quality_table}
 
 
 def _kind(result) -> Optional[str]:
     if isinstance(result, dict) and result.get("benchmark") == "bytesplat-bench wallclock":
         return "wallclock"
+    if isinstance(result, dict) and {"baseline", "runs", "summary"} <= set(result) \
+            and all("psnr_diff_mean" in row for row in result["summary"].values()):
+        return "quality"
     return detect_kind(result)
+
+
+def _date(step: Dict) -> Optional[str]:
+    result = step.get("result")
+    if not isinstance(result, dict):
+        return None
+    return result.get("date") or (result.get("environment") or {}).get("date")
 
 
 def suite_section(doc: Dict, results_dir: Path, page_dir: Path) -> List[str]:
@@ -161,15 +189,14 @@ def suite_section(doc: Dict, results_dir: Path, page_dir: Path) -> List[str]:
              f"- GPU: {doc.get('gpu', '-')}; versions: {versions or '-'}; date: {doc.get('date', '-')}"]
     if doc.get("measured_with"):
         lines.append(f"- Measured with: {doc['measured_with']}")
-    lines += [f"- Step `{s['name']}`: `{s['command']}` ({s['status']}"
-              + (f", {s['result']['date'] if 'date' in s['result'] else s['result'].get('environment', {}).get('date')}"
-                 if s.get("result") else "") + ")" for s in doc["steps"]]
+    lines += [f"- Step `{s['name']}`: `{s['command']}` ({', '.join(x for x in (s['status'], _date(s)) if x)})"
+              for s in doc["steps"]]
     by_kind: Dict[str, List[Dict]] = {}
     for step in doc["steps"]:
         if step.get("status") == "ok" and step.get("result") is not None:
             by_kind.setdefault(_kind(step["result"]) or "other", []).append(step)
     for kind, steps in by_kind.items():
-        table = TABLES.get(kind, wallclock_table if kind == "wallclock" else None)
+        table = TABLES.get(kind)
         if table is not None:
             lines += ["", *table(steps)]
     for note in doc.get("notes", []):
