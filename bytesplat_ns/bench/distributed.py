@@ -28,7 +28,7 @@ Launch:
 
     NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 2 -m bytesplat_ns.bench.cli distributed \
         --num-gaussians 1000000 4000000 --views 8 --width 1920 --height 1080 --out distributed.json
-        # NCCL, one GPU per process (scripts/gpu_distributed.sh runs this)
+        # NCCL, one GPU per process (the distributed suites run this)
     bytesplat-bench distributed --spawn 2 --device cpu --num-gaussians 2000 --width 64 --height 48
         # runs the ranks itself (torch.multiprocessing, gloo): CPU smoke test
 

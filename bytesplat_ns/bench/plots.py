@@ -1,4 +1,4 @@
-"""``bytesplat-bench plots``: the figures docs/benchmarks.md and the README show, drawn from the
+"""``bytesplat-bench plots``: the figures of the results page (docs/results.md), drawn from the
 benchmarks' JSON files (issue 7, item 3).
 
 The kind of each file is read from its content, not its name, so renamed or hand-collected results
@@ -16,7 +16,7 @@ are merged into one figure; each figure's footer names the device(s) and date(s)
 (``ns-eval`` output, ...) are skipped with a message; a file that is not JSON, or one of these kinds
 with its fields missing, is an error naming the file.
 
-    bytesplat-bench plots --inputs docs/benchmarks --out-dir docs/benchmarks/plots
+    bytesplat-bench plots --inputs outputs/suites/raster-1080p/steps --out-dir plots
     bytesplat-bench plots --inputs raster.json distributed.json --out-dir plots
 """
 

@@ -7,7 +7,7 @@ count, GPU, versions and the exact command. Each method's nerfstudio run directo
 dataparser_transforms.json, the final checkpoint) stays under ``--work-dir``; the JSON names it
 (``run_dir``) for ``bytesplat-bench raster/distributed --trained RUN_DIR``.
 
-    python -m bytesplat_ns.bench.train --scene small --iterations 7000 --out docs/benchmarks/train_builtin.json
+    python -m bytesplat_ns.bench.train --scene small --iterations 7000 --out outputs/bench/train.json
 """
 
 from __future__ import annotations
@@ -197,7 +197,7 @@ def parser() -> argparse.ArgumentParser:
         "--hw-prune", choices=["auto", "on", "off"], default=None,
         help="bytesplat methods' hardware-aware pruning (off: compare the rasterizers alone)",
     )
-    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/train_builtin.json"))
+    parser.add_argument("--out", type=Path, default=Path("outputs/bench/train.json"))
     parser.add_argument("--work-dir", type=Path, default=Path("outputs/bench"),
                         help="where each method's nerfstudio run directory goes: WORK_DIR/<label>/<method>/bench "
                         "(config.yml, dataparser_transforms.json, nerfstudio_models/step-*.ckpt; the JSON's "
