@@ -25,12 +25,19 @@ def _fixture_doc():
              "eval": {"psnr": psnr, "ssim": 0.9}}
             for m, ms, psnr in (("bytesplat:fused", 8.0, 32.5), ("splatfacto", 12.0, 32.0)) for s in (1, 2)]
     train = {"environment": {"date": "2026-11-30 08:12 UTC", "device": "NVIDIA H200"}, "runs": runs}
+    wallclock = {"benchmark": "bytesplat-bench wallclock", "date": "2026-12-01 10:00 UTC",
+                 "runs": [{"method": m, "seed": s, "psnr": psnr + s, "wall_s": wall}
+                          for m, psnr, wall in (("gpu1", 28.0, 60.0), ("sparse2", 28.25, 40.0)) for s in (1, 2)],
+                 "summary": {"gpu1": {"seeds": 2, "wall_s": {"mean": 60.0}, "psnr": {"mean": 29.5}},
+                             "sparse2": {"seeds": 2, "wall_s": {"mean": 40.0}, "psnr": {"mean": 29.75}}}}
     return {"suite": "fixture", "purpose": "a fixture suite", "gpus_needed": 1, "command": "bytesplat-bench suite fixture",
             "date": "2026-11-30 08:05 UTC", "gpu": "NVIDIA H200",
             "versions": {"torch": "2.11.0+cu130", "nerfstudio": "1.1.5", "gsplat": "1.4.0"},
             "steps": [{"name": "r", "command": "bytesplat-bench raster --num-gaussians 1000000", "status": "ok",
                        "result": raster},
                       {"name": "t", "command": "bytesplat-bench train --seeds 1 2", "status": "ok", "result": train},
+                      {"name": "w", "command": "bytesplat-bench wallclock --seeds 1 2", "status": "ok",
+                       "result": wallclock},
                       {"name": "x", "command": "bytesplat-bench raster --oops", "status": "failed", "result": None}],
             "plots": ["plots/fixture/raster.png"], "complete": False}
 
@@ -47,6 +54,7 @@ def test_report_renders_tables_with_their_command_gpu_versions_and_date(tmp_path
     assert "| r | 1920x1080 | 1M | 3.00 | 12.00 | 4.00x | - | - | - |" in text
     # paired by seed: 12/8 = 1.5x faster and +0.5 dB in both seeds
     assert "| bytesplat:fused | 2 | 8.00 +- 0.00 | 32.50 +- 0.00 |" in text and "| 1.50x +- 0.00x | +0.50 +- 0.00 |" in text
+    assert "| gpu1 | 2 | 60.00 | 29.50 | baseline |" in text and "| sparse2 | 2 | 40.00 | 29.75 | +0.250 +- 0.000 |" in text
     assert "- Step `x`: `bytesplat-bench raster --oops` (failed)" in text
     assert "![raster](results/plots/fixture/raster.png)" in text
     assert report.render(report.load_suites(results), results, page) == text  # stable

@@ -133,15 +133,23 @@ def distributed_table(steps: List[Dict]) -> List[str]:
 
 
 def wallclock_table(steps: List[Dict]) -> List[str]:
-    """Per method: the mean of every summarized number over its seeds."""
+    """Per method: the mean of every summarized number over its seeds, and its eval PSNR paired by seed
+    with the step's first method."""
     rows, keys = [], []
     for step in steps:
+        runs = step["result"].get("runs", [])
+        first = runs[0]["method"] if runs else None
+        psnr = {(r["method"], r["seed"]): r["psnr"] for r in runs if r.get("psnr") is not None}
         for method, row in step["result"].get("summary", {}).items():
             stats = {k: v for k, v in row.items() if isinstance(v, dict) and "mean" in v}
             keys += [k for k in stats if k not in keys]
-            rows.append((method, row.get("seeds"), stats))
-    return _table(["method", "seeds", *keys],
-                  [[m, str(n), *(_f(s[k]["mean"]) if k in s else "-" for k in keys)] for m, n, s in rows])
+            diffs = [v - psnr[(first, seed)] for (m, seed), v in psnr.items() if m == method and (first, seed) in psnr]
+            paired = "baseline" if method == first else (
+                f"{statistics.fmean(diffs):+.3f} +- {statistics.stdev(diffs) if len(diffs) > 1 else 0.0:.3f}"
+                if diffs else "-")
+            rows.append((method, row.get("seeds"), stats, paired))
+    return _table(["method", "seeds", *keys, "PSNR diff vs the first method, by seed"],
+                  [[m, str(n), *(_f(s[k]["mean"]) if k in s else "-" for k in keys), d] for m, n, s, d in rows])
 
 
 def quality_table(steps: List[Dict]) -> List[str]:

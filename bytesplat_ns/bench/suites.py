@@ -49,6 +49,8 @@ def _dist(args: str, ranks: int = 2, name: str = "") -> Step:
 
 _COUNTS = "--views 4 --warmup 1 --repeats 3 --communicators pixel sparse-grad dense"
 _SEEDS = "--scene large --iterations 3000 --num-downscales 0 --seeds 1 2 3 4 5"
+# gpu1b repeats the one-GPU baseline: how far two runs of one configuration land apart
+_QUALITY = "--pipeline.model.num-downscales 0 --pipeline.views-per-step 2"
 
 SUITES: Dict[str, Suite] = {s.name: s for s in (
     Suite("raster-1080p",
@@ -106,6 +108,17 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           1,
           (Step("raster", _args("--num-gaussians 1000000 2000000 4000000 8000000 --width 1920 --height 1080 "
                                 "--warmup 2 --repeats 5 --skip-gsplat"), name="raster_cliff"),)),
+    Suite("distributed-quality",
+          "training quality on two GPUs against one with the same batch: medium scene at full resolution, "
+          "1000 steps, ns-train + ns-eval, paired by seed",
+          2,
+          (Step("wallclock", (
+              "--methods", f"gpu1=bytesplat-distributed --machine.num-devices 1 {_QUALITY}",
+              f"gpu1b=bytesplat-distributed --machine.num-devices 1 {_QUALITY}",
+              f"sparse2=bytesplat-distributed --machine.num-devices 2 --pipeline.communicator sparse-grad {_QUALITY}",
+              f"pixel2=bytesplat-distributed --machine.num-devices 2 --pipeline.communicator pixel {_QUALITY}",
+              "--seeds", "1", "2", "3", "--iterations", "1000", "--dataparser", "bytesplat-scene --scene-size medium",
+              "--work-dir", "{work}/quality"), name="quality"),)),
     Suite("wallclock-fox",
           "wall-clock time to a trained model with ns-train + ns-eval, splatfacto vs bytesplat, on a real capture "
           "(--data)",
