@@ -32,8 +32,16 @@ def test_every_step_parses_with_its_subcommands_parser(name, tmp_path):
         args = piece.argv[piece.argv.index("bytesplat_ns.bench.cli") + 2:]
         ns = step_parser(step.command).parse_args(args)  # argparse exits (SystemExit) on a bad option
         assert "{" not in " ".join(args)  # every placeholder filled in
-        out = getattr(ns, "out", None) or getattr(ns, "out_dir", None)
-        assert Path(out) == (tmp_path / piece.output).resolve()
+        out = (tmp_path / piece.output).resolve()
+        assert Path(ns.out_dir) == out.parent if step.command == "matrix" else Path(ns.out) == out
+
+
+def test_a_matrix_step_writes_a_folder_indexed_by_its_matrix_json(tmp_path):
+    suite = Suite("m", "a matrix step", 0, (Step("matrix", ("--benchmarks", "raster", "--dry-run"), name="mx"),))
+    (piece,) = suite_runner.plan(suite, tmp_path, None)
+    args = piece.argv[piece.argv.index("bytesplat_ns.bench.cli") + 2:]
+    assert step_parser("matrix").parse_args(args).out_dir == (tmp_path / "steps" / "mx").resolve()
+    assert piece.output == "steps/mx/matrix.json"
 
 
 def test_a_suite_that_needs_data_says_so(tmp_path):

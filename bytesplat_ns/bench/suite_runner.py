@@ -59,12 +59,14 @@ def plan(suite: Suite, out_dir: Path, data: Optional[Path]) -> List[Piece]:
     pieces = []
     for i, step in enumerate(suite.steps, 1):
         name = step_name(i, step)
-        output = f"steps/{name}.json" if step.command != "matrix" else f"steps/{name}"
+        output, target = f"steps/{name}.json", out_dir / f"steps/{name}.json"
+        if step.command == "matrix":  # it writes a folder, indexed by its matrix.json
+            output, target = f"steps/{name}/matrix.json", out_dir / f"steps/{name}"
         launch = CLI if step.ranks == 1 else [
             sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(step.ranks),
             "-m", "bytesplat_ns.bench.cli"]
         argv = launch + [step.command, *step_args(step, work, data), OUTPUT_OPTION[step.command],
-                         str((out_dir / output).resolve())]
+                         str(target.resolve())]
         env = dict(step.env)
         if step.devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = step.devices
@@ -103,10 +105,10 @@ def _gpu() -> str:
     if not torch.cuda.is_available():
         return "cpu"
     names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    return names[0] if len(set(names)) == 1 and len(names) == 1 else f"{len(names)}x {names[0]}"
+    return names[0] if len(names) == 1 else f"{len(names)}x {names[0]}"
 
 
-def _batches(suite: Suite, pieces: List[Piece]) -> List[List[int]]:
+def _batches(suite: Suite) -> List[List[int]]:
     """Indices of steps to run together: consecutive steps of one group, else one at a time."""
     batches: List[List[int]] = []
     for i, step in enumerate(suite.steps):
@@ -126,7 +128,7 @@ def run_suite(suite: Suite, out_dir: Path, results_dir: Path, data: Optional[Pat
            "command": command or f"bytesplat-bench suite {suite.name}",
            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "gpu": _gpu(), "versions": versions(),
            "steps": [], "complete": False}
-    for batch in _batches(suite, pieces):
+    for batch in _batches(suite):
         threads = []
         for i in batch:
             timeout = suite.steps[i].timeout_s or step_timeout
@@ -149,7 +151,9 @@ def run_suite(suite: Suite, out_dir: Path, results_dir: Path, data: Optional[Pat
             entry["reason"], entry["stderr_tail"] = p.reason, p.stderr_tail
         doc["steps"].append(entry)
     results_dir.mkdir(parents=True, exist_ok=True)
-    outputs = [out_dir / p.output for p in pieces if p.status == "ok" and p.output]
+    # a matrix step's figures come from its pieces' files, in its folder
+    outputs = [(out_dir / p.output).parent if p.kind == "matrix" else out_dir / p.output
+               for p in pieces if p.status == "ok" and p.output]
     doc["plots"] = []
     if plots and outputs:
         from bytesplat_ns.bench.plots import PlotInputError, plot_inputs
