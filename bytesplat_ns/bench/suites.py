@@ -119,6 +119,12 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
               f"pixel2=bytesplat-distributed --machine.num-devices 2 --pipeline.communicator pixel {_QUALITY}",
               "--seeds", "1", "2", "3", "--iterations", "1000", "--dataparser", "bytesplat-scene --scene-size medium",
               "--work-dir", "{work}/quality"), name="quality"),)),
+    Suite("quickstart",
+          "the README's quick start as a user runs it: ns-train bytesplat on the built-in scene, 3000 iterations, "
+          "then ns-eval, 3 seeds",
+          1,
+          (Step("wallclock", ("--methods", "bytesplat", "--iterations", "3000", "--seeds", "0", "1", "2",
+                              "--dataparser", "", "--work-dir", "{work}/quickstart"), name="quickstart"),)),
     Suite("wallclock-fox",
           "wall-clock time to a trained model with ns-train + ns-eval, splatfacto vs bytesplat, on a real capture "
           "(--data)",
