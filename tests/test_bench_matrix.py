@@ -1,6 +1,6 @@
 """``bytesplat-bench plots`` and ``bytesplat-bench matrix`` on the CPU.
 
-plots: the committed GPU results in docs/benchmarks/ (one file of each kind) give non-empty PNG
+plots: the committed GPU results in docs/results/ (one step of each kind) give non-empty PNG
 figures, each kind's own, and a file that is not JSON (or lacks its kind's fields) is an error
 naming it. matrix: a tiny matrix (small scene, 3 iterations, 1200 Gaussians at 40x28, 1 and 2 gloo
 ranks) runs its pieces as subprocesses, records raster (no CUDA) and the gsplat-backed method as
@@ -17,8 +17,8 @@ import pytest
 
 from bytesplat_ns.bench.cli import main as cli_main
 from bytesplat_ns.bench.plots import PlotInputError, detect_kind, load, plot_inputs
+from tests.results_data import NS_EVAL_OUTPUT, step_file
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "benchmarks"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -30,16 +30,24 @@ def _pngs(paths):
     return sorted(Path(p).name for p in paths)
 
 
-def test_detects_each_kind_from_content():
-    assert load(DOCS / "raster.json")[0] == "raster"
-    assert load(DOCS / "distributed_h200.json")[0] == "distributed"
-    assert load(DOCS / "train_fused_quality_h200.json")[0] == "train"
-    assert load(DOCS / "distributed_eval_1gpu_h200.json")[0] is None  # ns-eval output: not ours
+def _committed(folder: Path):
+    """One committed result of each kind: raster, distributed (1M and 4M), train."""
+    return [step_file(folder, "raster-1080p", "raster_1"), step_file(folder, "distributed-scaling", "scaling_v8"),
+            step_file(folder, "train-quality", "train_medium")]
+
+
+def test_detects_each_kind_from_content(tmp_path):
+    raster, distributed, train = _committed(tmp_path)
+    assert load(raster)[0] == "raster"
+    assert load(distributed)[0] == "distributed"
+    assert load(train)[0] == "train"
+    assert detect_kind(NS_EVAL_OUTPUT) is None  # ns-eval output: not ours
     assert detect_kind([1, 2]) is None
 
 
 def test_plots_from_the_committed_gpu_results(tmp_path, capsys):
-    inputs = [DOCS / "raster.json", DOCS / "distributed_h200.json", DOCS / "train_fused_quality_h200.json"]
+    inputs = _committed(tmp_path / "in")
+    tmp_path = tmp_path / "out"
     assert cli_main(["plots", "--inputs", *map(str, inputs), "--out-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     names = _pngs(tmp_path.glob("*.png"))
@@ -51,21 +59,22 @@ def test_plots_from_the_committed_gpu_results(tmp_path, capsys):
     assert "no tile occupancy logged" in out  # that training run did not log it: a message, no figure
 
 
-CAPACITY = ["capacity_1gpu_50m_h200.json", "capacity_1gpu_62m_h200.json", "capacity_1gpu_75m_h200.json",
-            "capacity_100m_h200.json", "capacity_125m_h200.json", "capacity_pixel_140m_h200.json"]
+CAPACITY = ["capacity_1gpu_62m", "capacity_1gpu_75m", "capacity_2gpu_125m", "capacity_pixel_140m"]
 
 
 def test_a_capacity_sweep_gets_a_figure_against_the_gaussian_count(tmp_path):
     """Three or more counts at one setting: views/s and peak memory against the count (the 75M
     file's two out-of-memory rows become crosses); two counts (the matrix's 1M and 4M) do not."""
-    written = plot_inputs([DOCS / f for f in CAPACITY], tmp_path / "sweep", log=lambda _: None)
+    inputs = [step_file(tmp_path / "in", "capacity", s) for s in CAPACITY]
+    written = plot_inputs(inputs, tmp_path / "sweep", log=lambda _: None)
     assert "distributed_counts_nvidia-h200_1920x1080_4views.png" in _pngs(written)
-    written = plot_inputs([DOCS / "distributed_h200.json"], tmp_path / "two", log=lambda _: None)
+    two = step_file(tmp_path / "in", "distributed-scaling", "scaling_v8")
+    written = plot_inputs([two], tmp_path / "two", log=lambda _: None)
     assert not [p for p in written if p.name.startswith("distributed_counts")]
 
 
 def test_growing_counts_figures_keep_every_count_on_log_axes(tmp_path, monkeypatch):
-    """The one-job sweep of 1M-140M (docs/benchmarks/growing_counts_h200/): views/s on log axes whose
+    """The one-job sweep of 1M-140M (docs/results/distributed-counts.json): views/s on log axes whose
     range holds every count, the 140M out-of-memory rows included; bytes per step on a log axis, so
     the pixel exchange's ~80 MB bars stay visible next to 10 GB ones."""
     from bytesplat_ns.bench import plots
@@ -78,7 +87,9 @@ def test_growing_counts_figures_keep_every_count_on_log_axes(tmp_path, monkeypat
         real_save(fig, out_dir, name, written)
 
     monkeypatch.setattr(plots, "_save", save)
-    plot_inputs(sorted((DOCS / "growing_counts_h200").glob("counts_*.json")), tmp_path, log=lambda _: None)
+    counts = [1_000_000, 4_000_000, 16_000_000, 50_000_000, 100_000_000, 125_000_000, 140_000_000]
+    inputs = [step_file(tmp_path / "in", "distributed-counts", f"counts_{n}") for n in counts]
+    plot_inputs(inputs, tmp_path / "out", log=lambda _: None)
     (xs, ys, xlim, ylim), (xs_mem, _, xlim_mem, _) = axes_of["distributed_counts"]
     assert (xs, ys, xs_mem) == ("log", "log", "log")
     for lo, hi in (xlim, xlim_mem):
@@ -89,8 +100,8 @@ def test_growing_counts_figures_keep_every_count_on_log_axes(tmp_path, monkeypat
 
 def test_a_folder_skips_other_json_and_absent_kinds(tmp_path):
     (tmp_path / "in").mkdir()
-    (tmp_path / "in" / "eval.json").write_text((DOCS / "distributed_eval_1gpu_h200.json").read_text())
-    (tmp_path / "in" / "r.json").write_text((DOCS / "raster.json").read_text())
+    (tmp_path / "in" / "eval.json").write_text(json.dumps(NS_EVAL_OUTPUT))
+    step_file(tmp_path / "in", "raster-1080p", "raster_1")
     messages = []
     written = plot_inputs([tmp_path / "in"], tmp_path / "out", log=messages.append)
     assert [p.name for p in written] == ["raster_time_per_stage_nvidia-h200_1920x1080.png"]

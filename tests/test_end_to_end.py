@@ -72,37 +72,6 @@ def test_trained_model_clears_psnr_bar_and_untrained_does_not(trained, workdir):
     assert results["psnr"] > untrained["psnr"] + 5.0
 
 
-def test_eval_split_script_scores_eval_views_as_ns_eval_and_the_training_views(trained, workdir):
-    """scripts/eval_split.py: on the held-out views it gives ns-eval's numbers; on the training
-    views (56 of the small scene's 64) the same metrics of what the run fitted."""
-    import sys
-
-    repo = Path(__file__).resolve().parents[1]
-    got = {}
-    for split in ("eval", "train"):
-        out = workdir / f"split-{split}.json"
-        result = run_cli([sys.executable, str(repo / "scripts" / "eval_split.py"), "--load-config", str(trained),
-                          "--split", split, "--out", str(out)], cli_env(workdir / "cache"), 600)
-        assert result.returncode == 0, describe(result)
-        got[split] = json.loads(out.read_text())
-    ns_eval = evaluate(trained, workdir)
-    assert got["eval"]["num_views"] == 8 and got["train"]["num_views"] == 56
-    assert got["eval"]["results"]["psnr"] == pytest.approx(ns_eval["psnr"], abs=1e-4)
-    assert got["eval"]["results"]["ssim"] == pytest.approx(ns_eval["ssim"], abs=1e-5)
-    assert got["train"]["results"]["psnr"] > PSNR_BAR
-    assert got["train"]["results"]["psnr"] != got["eval"]["results"]["psnr"]
-
-
-def test_eval_split_script_rejects_a_missing_config(tmp_path):
-    import subprocess
-    import sys
-
-    script = Path(__file__).resolve().parents[1] / "scripts" / "eval_split.py"
-    out = subprocess.run([sys.executable, str(script), "--load-config", str(tmp_path / "none.yml"), "--out",
-                          str(tmp_path / "o.json")], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2 and "no such file" in out.stderr and not (tmp_path / "o.json").exists()
-
-
 def test_resume_continues_training_the_loaded_gaussians(trained, workdir):
     from bytesplat_ns.trainer import read_checkpoint
 

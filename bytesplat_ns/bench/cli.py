@@ -1,7 +1,7 @@
 r"""``bytesplat-bench``: the project's benchmarks, each writing one JSON file.
 
     bytesplat-bench raster --num-gaussians 1000000 4000000 --width 1920 --height 1080 \
-        --out docs/benchmarks/raster.json
+        --out raster.json
     bytesplat-bench raster --trained RUN_DIR --trained-scale 2.4 --out raster_trained.json
         (a trained scene instead of random Gaussians: RUN_DIR is a finished ns-train / bytesplat-bench
         train run; raster and distributed both take --trained)
@@ -12,8 +12,14 @@ r"""``bytesplat-bench``: the project's benchmarks, each writing one JSON file.
     bytesplat-bench matrix --out-dir outputs/bench_matrix ...
         (all of the above over backends x strategies x GPU counts x scene sizes, each piece in its
         own process, then the plots: ``bytesplat_ns.bench.matrix``)
-    bytesplat-bench plots --inputs docs/benchmarks --out-dir plots
+    bytesplat-bench plots --inputs outputs/suites --out-dir plots
         (PNG figures from any of the JSON files above: ``bytesplat_ns.bench.plots``)
+
+    bytesplat-bench suite NAME [--data PATH] [--results-dir docs/results]
+        (a declared suite of the runs above, one JSON document plus plots: ``bytesplat_ns.bench.suites``;
+        ``--list`` names them, ``--dry-run`` prints their commands)
+    bytesplat-bench report
+        (docs/results.md from the committed suite documents docs/results/*.json)
 
 Each subcommand's ``--help`` lists its options.
 """
@@ -27,8 +33,9 @@ from pathlib import Path
 from typing import List, Optional
 
 
-def _raster(argv: List[str]) -> int:
-    from bytesplat_ns.bench.trained import add_scene_options, reject_random_scene_options, run_paths
+def raster_parser() -> argparse.ArgumentParser:
+    """``bytesplat-bench raster``'s options (also how a suite's raster steps are checked)."""
+    from bytesplat_ns.bench.trained import add_scene_options
 
     p = argparse.ArgumentParser(prog="bytesplat-bench raster",
                                 description="gsplat 1.4.0 vs fused: rasterization + loss, forward + backward, "
@@ -45,6 +52,13 @@ def _raster(argv: List[str]) -> int:
                    help="projection for the fused paths and the shared 2D inputs (gsplat's CUDA one by default)")
     p.add_argument("--raster-only", action="store_true", help="skip the full (projection included) timings")
     p.add_argument("--out", type=str, default=None, help="JSON output path")
+    return p
+
+
+def _raster(argv: List[str]) -> int:
+    from bytesplat_ns.bench.trained import reject_random_scene_options, run_paths
+
+    p = raster_parser()
     a = p.parse_args(argv)
     if a.trained is not None:
         reject_random_scene_options(p, a)
@@ -89,11 +103,19 @@ def main(argv: Optional[List[str]] = None) -> int:
         from bytesplat_ns.bench.matrix import main as matrix_main
 
         return matrix_main(rest)
+    if cmd == "suite":
+        from bytesplat_ns.bench.suite_runner import main as suite_main
+
+        return suite_main(rest)
+    if cmd == "report":
+        from bytesplat_ns.bench.report import main as report_main
+
+        return report_main(rest)
     if cmd == "plots":
         from bytesplat_ns.bench.plots import main as plots_main
 
         return plots_main(rest)
-    print(f"bytesplat-bench: unknown benchmark '{cmd}' (choose raster, train, profile, distributed, matrix or plots)",
+    print(f"bytesplat-bench: unknown benchmark '{cmd}' (choose raster, train, profile, distributed, matrix, plots, suite or report)",
           file=sys.stderr)
     return 2
 

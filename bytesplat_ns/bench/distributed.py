@@ -28,7 +28,7 @@ Launch:
 
     NCCL_NVLS_ENABLE=0 torchrun --nproc-per-node 2 -m bytesplat_ns.bench.cli distributed \
         --num-gaussians 1000000 4000000 --views 8 --width 1920 --height 1080 --out distributed.json
-        # NCCL, one GPU per process (scripts/gpu_distributed.sh runs this)
+        # NCCL, one GPU per process (the distributed suites run this)
     bytesplat-bench distributed --spawn 2 --device cpu --num-gaussians 2000 --width 64 --height 48
         # runs the ranks itself (torch.multiprocessing, gloo): CPU smoke test
 
@@ -623,8 +623,9 @@ def print_table(report: Dict) -> None:
 # Entry points
 
 
-def parse_args(argv: Optional[List[str]] = None):
-    from bytesplat_ns.bench.trained import add_scene_options, reject_random_scene_options
+def parser() -> argparse.ArgumentParser:
+    """``bytesplat-bench distributed``'s options (also how a suite's distributed steps are checked)."""
+    from bytesplat_ns.bench.trained import add_scene_options
 
     p = argparse.ArgumentParser(prog="bytesplat-bench distributed", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -651,6 +652,13 @@ def parse_args(argv: Optional[List[str]] = None):
     p.add_argument("--spawn", type=int, default=0,
                    help="run this many ranks here with torch.multiprocessing (gloo on the CPU, NCCL on GPUs) instead of torchrun")
     p.add_argument("--out", type=Path, default=None, help="JSON output path (written by rank 0)")
+    return p
+
+
+def parse_args(argv: Optional[List[str]] = None):
+    from bytesplat_ns.bench.trained import reject_random_scene_options
+
+    p = parser()
     args = p.parse_args(argv)
     if args.trained is not None:
         reject_random_scene_options(p, args)

@@ -55,10 +55,12 @@ class Piece:
     returncode: Optional[int] = None
     stderr_tail: Optional[str] = None
     logs: Optional[Dict[str, str]] = None
+    env: Dict[str, str] = field(default_factory=dict)  # set for this piece's process only
 
     def record(self) -> Dict:
         d = asdict(self)
         d["command"] = shlex.join(d.pop("argv")) if self.argv else None
+        d["env"] = self.env or None
         return {k: v for k, v in d.items() if v is not None}
 
 
@@ -197,7 +199,8 @@ def run_piece(p: Piece, out_dir: Path, timeout: Optional[float]) -> None:
     # The children import the bytesplat_ns this process runs (a worktree may shadow the installed one).
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join([root] + [x for x in env.get("PYTHONPATH", "").split(os.pathsep) if x])
-    env.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off (see scripts/gpu_distributed.sh)
+    env.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off (scripts/gpu_setup.sh says why)
+    env.update(p.env)
     start = time.perf_counter()
     with open(out_log, "w") as so, open(err_log, "w") as se:
         try:
@@ -228,7 +231,8 @@ def _write_index(out_dir: Path, report: Dict) -> Path:
     return path
 
 
-def parse_args(argv: Optional[List[str]] = None):
+def parser() -> argparse.ArgumentParser:
+    """``bytesplat-bench matrix``'s options (also how a suite's matrix steps are checked)."""
     p = argparse.ArgumentParser(prog="bytesplat-bench matrix", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out-dir", type=Path, default=Path("outputs/bench_matrix"))
@@ -256,7 +260,11 @@ def parse_args(argv: Optional[List[str]] = None):
     p.add_argument("--piece-timeout", type=float, default=None, help="seconds before a piece is stopped and marked failed")
     p.add_argument("--dry-run", action="store_true", help="write matrix.json with the planned commands, run nothing")
     p.add_argument("--no-plots", action="store_true")
-    return p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: Optional[List[str]] = None):
+    return parser().parse_args(argv)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -1,4 +1,4 @@
-"""``bytesplat-bench plots``: the figures docs/benchmarks.md and the README show, drawn from the
+"""``bytesplat-bench plots``: the figures of the results page (docs/results.md), drawn from the
 benchmarks' JSON files (issue 7, item 3).
 
 The kind of each file is read from its content, not its name, so renamed or hand-collected results
@@ -16,7 +16,7 @@ are merged into one figure; each figure's footer names the device(s) and date(s)
 (``ns-eval`` output, ...) are skipped with a message; a file that is not JSON, or one of these kinds
 with its fields missing, is an error naming the file.
 
-    bytesplat-bench plots --inputs docs/benchmarks --out-dir docs/benchmarks/plots
+    bytesplat-bench plots --inputs outputs/suites/raster-1080p/steps --out-dir plots
     bytesplat-bench plots --inputs raster.json distributed.json --out-dir plots
 """
 
@@ -521,12 +521,17 @@ def plot_inputs(inputs: Sequence, out_dir: Path, log=print) -> List[Path]:
     return written
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """``bytesplat-bench plots``'s options."""
     p = argparse.ArgumentParser(prog="bytesplat-bench plots", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--inputs", nargs="+", required=True, help="benchmark JSON files and/or folders (searched for *.json)")
     p.add_argument("--out-dir", type=Path, required=True, help="where the PNG files go")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    a = parser().parse_args(argv)
     try:
         written = plot_inputs(a.inputs, a.out_dir)
     except PlotInputError as e:

@@ -125,8 +125,10 @@ def profile_method(label: str, config, data: Path, warmup: int, iters: int, work
     return result
 
 
-def main(argv: Optional[List[str]] = None) -> Dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser() -> argparse.ArgumentParser:
+    """``bytesplat-bench profile``'s options (also how a suite's profile steps are checked)."""
+    p = argparse.ArgumentParser(prog="bytesplat-bench profile", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scene", default="large", choices=["small", "medium", "large"])
     p.add_argument("--methods", nargs="+", default=["splatfacto", "bytesplat:fused"])
     p.add_argument("--warmup-iters", type=int, default=1000)
@@ -136,7 +138,11 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--work-dir", type=Path, default=Path("outputs/bench_profile"))
     p.add_argument("--out", type=Path, default=None)
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> Dict:
+    a = parser().parse_args(argv)
 
     import bytesplat_ns  # noqa: F401  (registers the torch.load allow-list)
     from bytesplat_ns.bench.train import environment, method_from_entry

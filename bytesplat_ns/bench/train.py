@@ -7,7 +7,7 @@ count, GPU, versions and the exact command. Each method's nerfstudio run directo
 dataparser_transforms.json, the final checkpoint) stays under ``--work-dir``; the JSON names it
 (``run_dir``) for ``bytesplat-bench raster/distributed --trained RUN_DIR``.
 
-    python -m bytesplat_ns.bench.train --scene small --iterations 7000 --out docs/benchmarks/train_builtin.json
+    python -m bytesplat_ns.bench.train --scene small --iterations 7000 --out outputs/bench/train.json
 """
 
 from __future__ import annotations
@@ -170,8 +170,10 @@ def train_and_evaluate(label: str, config, data: Path, iterations: int, out_dir:
     return result
 
 
-def main(argv: Optional[List[str]] = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parser() -> argparse.ArgumentParser:
+    """``bytesplat-bench train``'s options (also how a suite's train steps are checked)."""
+    parser = argparse.ArgumentParser(prog="bytesplat-bench train", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scene", default="small", choices=["small", "medium", "large"], help="built-in scene size")
     parser.add_argument("--data", type=Path, default=None, help="a nerfstudio-format scene instead of the built-in one")
     parser.add_argument("--iterations", type=int, default=7000)
@@ -195,12 +197,16 @@ def main(argv: Optional[List[str]] = None) -> dict:
         "--hw-prune", choices=["auto", "on", "off"], default=None,
         help="bytesplat methods' hardware-aware pruning (off: compare the rasterizers alone)",
     )
-    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/train_builtin.json"))
+    parser.add_argument("--out", type=Path, default=Path("outputs/bench/train.json"))
     parser.add_argument("--work-dir", type=Path, default=Path("outputs/bench"),
                         help="where each method's nerfstudio run directory goes: WORK_DIR/<label>/<method>/bench "
                         "(config.yml, dataparser_transforms.json, nerfstudio_models/step-*.ckpt; the JSON's "
                         "run_dir), for `bytesplat-bench raster/distributed --trained RUN_DIR`")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> dict:
+    args = parser().parse_args(argv)
 
     import bytesplat_ns  # noqa: F401  (registers the torch.load allow-list and error hook)
     from bytesplat_ns.data.scene import SceneSpec, ensure_scene

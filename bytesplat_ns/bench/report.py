@@ -1,0 +1,261 @@
+r"""``bytesplat-bench report``: regenerate the results page (docs/results.md) from the committed suite
+documents (``docs/results/<suite>.json``, written by ``bytesplat-bench suite``) and their figures
+(``docs/results/plots/<suite>/``).
+
+Every table names the suite command that reproduces it, and the GPU, versions and date of the run
+behind it. The page is a pure function of the JSON files (sorted by suite name, no time of
+generation), so regenerating unchanged results gives the same bytes.
+
+    bytesplat-bench report                     # docs/results/*.json -> docs/results.md
+    bytesplat-bench report --results-dir R --out R.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from bytesplat_ns.bench.plots import detect_kind
+from bytesplat_ns.errors import BytesplatError
+
+HOWTO = """\
+## Running a suite on a GPU machine
+
+Each table below comes from one suite: a declared list of `bytesplat-bench` runs
+(`bytesplat_ns/bench/suites.py`; `bytesplat-bench suite --list` names them with their purpose and
+GPUs, `--dry-run` prints their commands). On the GPU machine, from a checkout:
+
+```bash
+source scripts/gpu_setup.sh          # carried wheels (.whl/), gsplat's extension (.ext/), our kernels
+bytesplat-bench suite raster-1080p --results-dir docs/results
+bytesplat-bench suite wallclock-fox --data /path/to/capture --results-dir docs/results
+bytesplat-bench report               # rewrites this page from docs/results/*.json
+```
+
+A suite writes `docs/results/<suite>.json` (every step's command, status and JSON output, with the
+GPU, versions and date) and its figures in `docs/results/plots/<suite>/`; step logs and run
+directories stay in `outputs/suites/<suite>/`. Commit the JSON and the figures, then the page.
+"""
+
+RASTER_COLUMNS = (("fused", "raster_loss_fused_split"), ("gsplat", "raster_loss_gsplat"))
+FULL_COLUMNS = (("fused", "full_fused_split"), ("gsplat", "full_gsplat"))
+
+
+def _ms(stage) -> Optional[float]:
+    return stage.get("median_ms") if isinstance(stage, dict) else None
+
+
+def _f(value, fmt: str = "{:.2f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _count(n: float) -> str:
+    return f"{n / 1e6:g}M" if n >= 1e6 else f"{n / 1e3:g}k" if n >= 1e3 else f"{n:g}"
+
+
+def _table(header: Sequence[str], rows: List[Sequence[str]]) -> List[str]:
+    return (["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+            + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def raster_table(steps: List[Dict]) -> List[str]:
+    """Raster + loss (and the whole step from 3D Gaussians when measured), fused vs gsplat, per count."""
+    rows = []
+    for step in steps:
+        r = step["result"]
+        for run in r["runs"]:
+            cells = [step["name"], f"{r.get('width')}x{r.get('height')}", _count(run["num_gaussians"])]
+            for columns in (RASTER_COLUMNS, FULL_COLUMNS):
+                fused, gsplat = (_ms(run.get(key)) for _, key in columns)
+                speedup = gsplat / fused if fused and gsplat else None
+                cells += [_f(fused), _f(gsplat), _f(speedup, "{:.2f}x")]
+            rows.append(cells)
+    return _table(["step", "size", "Gaussians", "raster+loss fused ms", "gsplat ms", "speed-up",
+                   "whole step fused ms", "gsplat ms", "speed-up"], rows)
+
+
+def train_table(steps: List[Dict]) -> List[str]:
+    """Per method over all the suite's train runs: ms/iteration and eval quality (mean +- std over seeds),
+    with the seed-paired differences against splatfacto when it ran."""
+    runs = [run for step in steps for run in step["result"]["runs"]]
+    methods = list(dict.fromkeys(run.get("method", run["label"]) for run in runs))
+    by_seed = {(run.get("method", run["label"]), run.get("seed")): run for run in runs}
+    baseline = "splatfacto" if "splatfacto" in methods else None
+
+    def spread(values: List[float], fmt: str) -> str:
+        if not values:
+            return "-"
+        if len(values) == 1:
+            return fmt.format(values[0])
+        return f"{fmt.format(statistics.fmean(values))} +- {fmt.replace('+', '').format(statistics.stdev(values))}"
+
+    rows = []
+    for m in methods:
+        mine = [run for run in runs if run.get("method", run["label"]) == m]
+        psnr = [run["eval"]["psnr"] for run in mine if run.get("eval", {}).get("psnr") is not None]
+        ssim = [run["eval"]["ssim"] for run in mine if run.get("eval", {}).get("ssim") is not None]
+        pairs = [(run, by_seed.get((baseline, run.get("seed")))) for run in mine] if baseline and m != baseline else []
+        pairs = [(a, b) for a, b in pairs if b is not None]
+        speedup = [b["ms_per_iteration"] / a["ms_per_iteration"] for a, b in pairs]
+        dpsnr = [a["eval"]["psnr"] - b["eval"]["psnr"] for a, b in pairs]
+        rows.append([m, str(len(mine)), spread([run["ms_per_iteration"] for run in mine], "{:.2f}"),
+                     spread(psnr, "{:.2f}"), spread(ssim, "{:.4f}"),
+                     spread([float(run["num_gaussians"]) for run in mine if run.get("num_gaussians")], "{:,.0f}"),
+                     spread(speedup, "{:.2f}x"), spread(dpsnr, "{:+.2f}")])
+    vs = f"vs {baseline}, by seed" if baseline else "vs baseline"
+    return _table(["method", "runs", "ms/iteration", "eval PSNR dB", "SSIM", "Gaussians",
+                   f"speed-up {vs}", f"PSNR diff {vs}"], rows)
+
+
+def distributed_table(steps: List[Dict]) -> List[str]:
+    rows = []
+    for step in steps:
+        for res in step["result"]["results"]:
+            ok = res.get("status") == "ok"
+            sent = res.get("bytes_per_step") or {}
+            memory = res.get("peak_memory_mb")
+            peak = max(memory) / 1024 if isinstance(memory, list) and memory else (memory / 1024 if memory else None)
+            rows.append([_count(res["num_gaussians"]), res["impl"], res["communicator"], str(res["ranks"]),
+                         res.get("status", "-"), _f(res.get("views_per_second") if ok else None),
+                         _f(res.get("median_step_ms") if ok else None, "{:.1f}"),
+                         _f(peak if ok else None, "{:.1f}"),
+                         _f(sent.get("forward_bytes") / 1e6 if ok and sent.get("forward_bytes") is not None else None,
+                            "{:,.0f}"),
+                         _f(sent.get("backward_bytes") / 1e6 if ok and sent.get("backward_bytes") is not None else None,
+                            "{:,.0f}")])
+    return _table(["Gaussians", "impl", "communicator", "ranks", "status", "views/s", "step ms",
+                   "peak GiB/GPU", "forward MB/step", "backward MB/step"], rows)
+
+
+def wallclock_table(steps: List[Dict]) -> List[str]:
+    """Per method: the mean of every summarized number over its seeds, and its eval PSNR paired by seed
+    with the step's first method."""
+    rows, keys = [], []
+    for step in steps:
+        runs = step["result"].get("runs", [])
+        first = runs[0]["method"] if runs else None
+        psnr = {(r["method"], r["seed"]): r["psnr"] for r in runs if r.get("psnr") is not None}
+        for method, row in step["result"].get("summary", {}).items():
+            stats = {k: v for k, v in row.items() if isinstance(v, dict) and "mean" in v}
+            keys += [k for k in stats if k not in keys]
+            diffs = [v - psnr[(first, seed)] for (m, seed), v in psnr.items() if m == method and (first, seed) in psnr]
+            paired = "baseline" if method == first else (
+                f"{statistics.fmean(diffs):+.3f} +- {statistics.stdev(diffs) if len(diffs) > 1 else 0.0:.3f}"
+                if diffs else "-")
+            rows.append((method, row.get("seeds"), stats, paired))
+    return _table(["method", "seeds", *keys, "PSNR diff vs the first method, by seed"],
+                  [[m, str(n), *(_f(s[k]["mean"]) if k in s else "-" for k in keys), d] for m, n, s, d in rows])
+
+
+def quality_table(steps: List[Dict]) -> List[str]:
+    """Runs paired by seed with a baseline configuration: eval PSNR per seed and the paired differences."""
+    rows = []
+    for step in steps:
+        r = step["result"]
+        for config, row in r["summary"].items():
+            per_seed = r["runs"].get(config, {})
+            psnr = ", ".join(f"{per_seed[str(s)]['psnr']:.3f}" for s in row["seeds"] if str(s) in per_seed)
+            diff = "baseline" if config == r["baseline"] else \
+                f"{row['psnr_diff_mean']:+.3f} +- {row['psnr_diff_std']:.3f}"
+            rows.append([step["name"], config, " ".join(map(str, row["seeds"])), psnr, diff,
+                         f"{row['ssim_diff_mean']:+.4f}" if config != r["baseline"] else "-",
+                         _f(row.get("median_ms_per_step"))])
+    return _table(["views", "run", "seeds", "PSNR dB per seed", "PSNR diff vs baseline, by seed",
+                   "SSIM diff", "median ms/step"], rows)
+
+
+TABLES = {"raster": raster_table, "train": train_table, "distributed": distributed_table,
+          "wallclock": wallclock_table, "quality": quality_table}
+
+
+def _kind(result) -> Optional[str]:
+    if isinstance(result, dict) and result.get("benchmark") == "bytesplat-bench wallclock":
+        return "wallclock"
+    if isinstance(result, dict) and {"baseline", "runs", "summary"} <= set(result) \
+            and all("psnr_diff_mean" in row for row in result["summary"].values()):
+        return "quality"
+    return detect_kind(result)
+
+
+def _date(step: Dict) -> Optional[str]:
+    result = step.get("result")
+    if not isinstance(result, dict):
+        return None
+    return result.get("date") or (result.get("environment") or {}).get("date")
+
+
+def suite_section(doc: Dict, results_dir: Path, page_dir: Path) -> List[str]:
+    v = doc.get("versions", {})
+    versions = ", ".join(f"{k} {v[k]}" for k in ("torch", "cuda", "nccl", "nerfstudio", "gsplat") if v.get(k))
+    lines = [f"## {doc['suite']}", "", doc.get("purpose", ""), "",
+             f"- Suite command: `{doc['command']}`",
+             f"- GPU: {doc.get('gpu', '-')}; versions: {versions or '-'}; date: {doc.get('date', '-')}"]
+    if doc.get("measured_with"):
+        lines.append(f"- Measured with: {doc['measured_with']}")
+    lines += [f"- Step `{s['name']}`: `{s['command']}` ({', '.join(x for x in (s['status'], _date(s)) if x)})"
+              for s in doc["steps"]]
+    by_kind: Dict[str, List[Dict]] = {}
+    for step in doc["steps"]:
+        if step.get("status") == "ok" and step.get("result") is not None:
+            by_kind.setdefault(_kind(step["result"]) or "other", []).append(step)
+    for kind, steps in by_kind.items():
+        table = TABLES.get(kind)
+        if table is not None:
+            lines += ["", *table(steps)]
+    for note in doc.get("notes", []):
+        lines += ["", note]
+    for plot in doc.get("plots", []):
+        rel = os.path.relpath(results_dir / plot, page_dir)
+        lines += ["", f"![{Path(plot).stem}]({Path(rel).as_posix()})"]
+    return lines + [""]
+
+
+def load_suites(results_dir: Path) -> List[Dict]:
+    docs = []
+    for path in sorted(results_dir.glob("*.json")):
+        try:
+            doc = json.loads(path.read_text())
+        except ValueError as e:
+            raise BytesplatError(f"{path} is not JSON ({e})") from e
+        if not isinstance(doc, dict) or "suite" not in doc or not isinstance(doc.get("steps"), list):
+            raise BytesplatError(f"{path} is not a suite document (no 'suite' and 'steps')",
+                                 hint="bytesplat-bench suite NAME --results-dir writes them")
+        docs.append(doc)
+    return docs
+
+
+def render(docs: Sequence[Dict], results_dir: Path, page: Path) -> str:
+    lines = ["# Results", "",
+             "Generated by `bytesplat-bench report` from `docs/results/*.json`; do not edit by hand.", "", HOWTO]
+    lines += ["## Suites", ""] + [f"- [{d['suite']}](#{d['suite']}): {d.get('purpose', '')}" for d in docs] + [""]
+    for doc in docs:
+        lines += suite_section(doc, results_dir, page.parent)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bytesplat-bench report", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--results-dir", type=Path, default=Path("docs/results"), help="the suite JSON documents")
+    p.add_argument("--out", type=Path, default=Path("docs/results.md"), help="the page to write")
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    a = parser().parse_args(argv)
+    docs = load_suites(a.results_dir)
+    if not docs:
+        raise BytesplatError(f"no suite documents in {a.results_dir}", hint="bytesplat-bench suite NAME --results-dir "
+                             f"{a.results_dir} writes one")
+    a.out.write_text(render(docs, a.results_dir, a.out))
+    print(f"wrote {a.out} ({len(docs)} suites)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

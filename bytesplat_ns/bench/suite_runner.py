@@ -1,0 +1,217 @@
+r"""``bytesplat-bench suite NAME``: run a declared suite (``bytesplat_ns.bench.suites``) and write one
+JSON document plus its plots.
+
+Each step runs in its own process (``bench.matrix.run_piece``: a step that crashes or runs out of
+memory does not take the others with it); steps of one ``group`` run at the same time. The
+document, ``RESULTS_DIR/NAME.json``::
+
+    {suite, purpose, gpus_needed, command, date, gpu, versions: {python, torch, cuda, nerfstudio,
+     gsplat, nccl, bytesplat_ns}, steps: [{name, command, status, seconds, result}], plots, complete}
+
+and the figures of its results in ``RESULTS_DIR/plots/NAME/`` (``bench.plots``). Step outputs, logs
+and run directories stay under ``--out-dir``.
+
+    bytesplat-bench suite --list
+    bytesplat-bench suite raster-1080p --dry-run
+    bytesplat-bench suite wallclock-fox --data /path/to/fox --results-dir docs/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import threading
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from bytesplat_ns.bench.commands import OUTPUT_OPTION
+from bytesplat_ns.bench.matrix import Piece, run_piece
+from bytesplat_ns.bench.suites import SUITES, Step, Suite
+from bytesplat_ns.errors import BytesplatError
+
+CLI = [sys.executable, "-m", "bytesplat_ns.bench.cli"]
+
+
+def step_args(step: Step, work: Path, data: Optional[Path]) -> List[str]:
+    """The step's arguments with ``{work}`` and ``{data}`` filled in."""
+    out = []
+    for a in step.args:
+        if "{data}" in a and data is None:
+            raise BytesplatError(f"suite step '{step.command}' needs a data path",
+                                 hint="give it on the suite's command line: --data PATH")
+        out.append(a.replace("{work}", str(work)).replace("{data}", str(data)))
+    return out
+
+
+def step_name(index: int, step: Step) -> str:
+    return step.name or f"{index:02d}_{step.command}"
+
+
+def plan(suite: Suite, out_dir: Path, data: Optional[Path]) -> List[Piece]:
+    """One matrix piece per step: the process to run, its output file and its environment."""
+    if suite.needs_data and data is None:
+        raise BytesplatError(f"suite '{suite.name}' needs a dataset", hint="add --data PATH")
+    work = (out_dir / "work").resolve()
+    pieces = []
+    for i, step in enumerate(suite.steps, 1):
+        name = step_name(i, step)
+        output, target = f"steps/{name}.json", out_dir / f"steps/{name}.json"
+        if step.command == "matrix":  # it writes a folder, indexed by its matrix.json
+            output, target = f"steps/{name}/matrix.json", out_dir / f"steps/{name}"
+        launch = CLI if step.ranks == 1 else [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(step.ranks),
+            "-m", "bytesplat_ns.bench.cli"]
+        argv = launch + [step.command, *step_args(step, work, data), OUTPUT_OPTION[step.command],
+                         str(target.resolve())]
+        env = dict(step.env)
+        if step.devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = step.devices
+        pieces.append(Piece(name, step.command, {"group": step.group}, argv=argv, output=output, env=env))
+    return pieces
+
+
+def user_command(piece: Piece, ranks: int) -> str:
+    """How a person would type the step: ``bytesplat-bench ...`` (under torchrun for several ranks)."""
+    args = piece.argv[piece.argv.index("bytesplat_ns.bench.cli") + 1:]
+    head = "bytesplat-bench" if ranks == 1 else f"torchrun --standalone --nproc-per-node {ranks} -m bytesplat_ns.bench.cli"
+    env = " ".join(f"{k}={shlex.quote(v)}" for k, v in piece.env.items())
+    return " ".join(x for x in (env, head, shlex.join(args)) if x)
+
+
+def versions() -> Dict[str, Optional[str]]:
+    import torch
+
+    def version(package: str) -> Optional[str]:
+        try:
+            return metadata.version(package)
+        except metadata.PackageNotFoundError:
+            return None
+
+    nccl = None
+    if torch.cuda.is_available():
+        nccl = ".".join(map(str, torch.cuda.nccl.version()))
+    return {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
+            "nccl": nccl, "nerfstudio": version("nerfstudio"), "gsplat": version("gsplat"),
+            "bytesplat_ns": version("bytesplat_ns") or version("bytesplat-ns")}
+
+
+def _gpu() -> str:
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return names[0] if len(names) == 1 else f"{len(names)}x {names[0]}"
+
+
+def _batches(suite: Suite) -> List[List[int]]:
+    """Indices of steps to run together: consecutive steps of one group, else one at a time."""
+    batches: List[List[int]] = []
+    for i, step in enumerate(suite.steps):
+        if batches and step.group is not None and suite.steps[batches[-1][0]].group == step.group:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def run_suite(suite: Suite, out_dir: Path, results_dir: Path, data: Optional[Path] = None,
+              command: str = "", step_timeout: Optional[float] = None, plots: bool = True, log=print) -> Dict:
+    """Run every step of ``suite``, then write ``results_dir/<name>.json`` and its plots."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pieces = plan(suite, out_dir, data)
+    doc = {"suite": suite.name, "purpose": suite.purpose, "gpus_needed": suite.gpus,
+           "command": command or f"bytesplat-bench suite {suite.name}",
+           "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "gpu": _gpu(), "versions": versions(),
+           "steps": [], "complete": False}
+    for batch in _batches(suite):
+        threads = []
+        for i in batch:
+            timeout = suite.steps[i].timeout_s or step_timeout
+            log(f"[{suite.name}] step {i + 1}/{len(pieces)} {pieces[i].name}: {user_command(pieces[i], suite.steps[i].ranks)}")
+            threads.append(threading.Thread(target=run_piece, args=(pieces[i], out_dir, timeout)))
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for i in batch:
+            p = pieces[i]
+            log(f"[{suite.name}] {p.name}: {p.status} in {p.seconds:.1f} s" + (f" ({p.reason})" if p.reason else ""))
+    for i, p in enumerate(pieces):
+        entry = {"name": p.name, "command": user_command(p, suite.steps[i].ranks), "status": p.status,
+                 "seconds": p.seconds, "result": None}
+        output = out_dir / p.output if p.output else None
+        if p.status == "ok" and output is not None and output.is_file():
+            entry["result"] = json.loads(output.read_text())
+        if p.status != "ok":
+            entry["reason"], entry["stderr_tail"] = p.reason, p.stderr_tail
+        doc["steps"].append(entry)
+    results_dir.mkdir(parents=True, exist_ok=True)
+    # a matrix step's figures come from its pieces' files, in its folder
+    outputs = [(out_dir / p.output).parent if p.kind == "matrix" else out_dir / p.output
+               for p in pieces if p.status == "ok" and p.output]
+    doc["plots"] = []
+    if plots and outputs:
+        from bytesplat_ns.bench.plots import PlotInputError, plot_inputs
+
+        plot_dir = results_dir / "plots" / suite.name
+        try:
+            doc["plots"] = [str(w.relative_to(results_dir)) for w in plot_inputs(outputs, plot_dir, log=log)]
+        except PlotInputError as e:
+            doc["plots_error"] = str(e)
+    doc["complete"] = all(p.status == "ok" for p in pieces)
+    path = results_dir / f"{suite.name}.json"
+    path.write_text(json.dumps(doc, indent=1))
+    log(f"wrote {path}")
+    return doc
+
+
+def describe(suites: Sequence[Suite]) -> str:
+    width = max(len(s.name) for s in suites)
+    return "\n".join(f"{s.name:<{width}}  {s.gpus} GPU{'s' if s.gpus != 1 else ''}  {s.purpose}"
+                     + ("  [needs --data]" if s.needs_data else "") for s in suites)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bytesplat-bench suite", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("name", nargs="?", help="the suite to run (--list names them)")
+    p.add_argument("--list", action="store_true", help="list the suites with their purpose and GPUs")
+    p.add_argument("--dry-run", action="store_true", help="print the steps' commands, run nothing")
+    p.add_argument("--data", type=Path, default=None, help="the dataset path of suites that need one")
+    p.add_argument("--out-dir", type=Path, default=None,
+                   help="step outputs, logs and run directories (default outputs/suites/NAME)")
+    p.add_argument("--results-dir", type=Path, default=None,
+                   help="where NAME.json and plots/NAME/ go (default: --out-dir); docs/results for the results page")
+    p.add_argument("--step-timeout", type=float, default=None, help="seconds before a step is stopped and marked failed")
+    p.add_argument("--no-plots", action="store_true")
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = parser().parse_args(argv)
+    if a.list:
+        print(describe(list(SUITES.values())))
+        return 0
+    if a.name is None:
+        raise BytesplatError("bytesplat-bench suite needs a suite name", hint="bytesplat-bench suite --list names them")
+    if a.name not in SUITES:
+        raise BytesplatError(f"unknown suite '{a.name}'", hint=f"choose one of {', '.join(SUITES)}")
+    suite = SUITES[a.name]
+    out_dir = a.out_dir or Path("outputs/suites") / suite.name
+    data = a.data.resolve() if a.data is not None else None
+    if data is not None and not data.exists():
+        raise BytesplatError(f"--data {a.data} does not exist")
+    if a.dry_run:
+        for p, step in zip(plan(suite, out_dir, data), suite.steps):
+            together = f"  (with the other '{step.group}' steps)" if step.group else ""
+            print(user_command(p, step.ranks) + together)
+        return 0
+    doc = run_suite(suite, out_dir, a.results_dir or out_dir, data, "bytesplat-bench suite " + shlex.join(argv),
+                    a.step_timeout, plots=not a.no_plots)
+    return 0 if doc["complete"] else 1

@@ -1,0 +1,135 @@
+"""The declared benchmark suites: each one is data (name, purpose, GPUs, steps), run by
+``bytesplat-bench suite NAME`` (``bytesplat_ns.bench.suite_runner``).
+
+A step is one existing ``bytesplat-bench`` subcommand with its arguments; the runner adds the
+output option (``--out``). Arguments may hold ``{work}`` (the suite's scratch folder for run
+directories) and ``{data}`` (the ``--data`` path given on the suite's command line). Each suite
+reproduces how a figure on the results page (docs/results.md) was measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+# the record-exchange step wants large contiguous blocks at high Gaussian counts
+_EXPANDABLE = (("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One ``bytesplat-bench COMMAND ARGS...`` run in its own process."""
+
+    command: str
+    args: Tuple[str, ...] = ()
+    name: str = ""  # the step's output file stem; defaults to its index and command
+    ranks: int = 1  # > 1: launched under torch.distributed.run with this many processes
+    devices: Optional[str] = None  # CUDA_VISIBLE_DEVICES for this step (steps run side by side on GPUs)
+    group: Optional[str] = None  # consecutive steps with the same group run at the same time
+    env: Tuple[Tuple[str, str], ...] = ()
+    timeout_s: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    purpose: str  # one line
+    gpus: int  # GPUs the steps need (0: runs on the CPU)
+    steps: Tuple[Step, ...]
+    needs_data: bool = False  # the suite's command line must give --data
+
+
+def _args(text: str) -> Tuple[str, ...]:
+    return tuple(text.split())
+
+
+def _dist(args: str, ranks: int = 2, name: str = "") -> Step:
+    return Step("distributed", _args("--width 1920 --height 1080 " + args), name=name, ranks=ranks, env=_EXPANDABLE)
+
+
+_COUNTS = "--views 4 --warmup 1 --repeats 3 --communicators pixel sparse-grad dense"
+_SEEDS = "--scene large --iterations 3000 --num-downscales 0 --seeds 1 2 3 4 5"
+# gpu1b repeats the one-GPU baseline: how far two runs of one configuration land apart
+_QUALITY = "--pipeline.model.num-downscales 0 --pipeline.views-per-step 2"
+
+SUITES: Dict[str, Suite] = {s.name: s for s in (
+    Suite("raster-1080p",
+          "raster + splatfacto's loss, forward + backward, fused vs gsplat at 1920x1080, 1M and 4M random Gaussians",
+          1,
+          tuple(Step("raster", _args("--num-gaussians 1000000 4000000 --width 1920 --height 1080 --warmup 3 "
+                                     "--repeats 10 --raster-only"), name=f"raster_{i}") for i in (1, 2))),
+    Suite("raster-trained",
+          "raster + loss on a trained scene: the built-in large scene after 3000 iterations, rendered at 1920x1440",
+          1,
+          (Step("train", _args("--scene large --iterations 3000 --num-downscales 0 --methods bytesplat:fused "
+                               "--seed 1 --work-dir {work}/train"), name="train_large"),
+           Step("raster", _args("--trained {work}/train/bytesplat-fused/bytesplat/bench --trained-scale 2.4 "
+                                "--warmup 3 --repeats 10"), name="raster_trained"))),
+    Suite("train-seeds",
+          "a whole training iteration at equal quality: bytesplat (fused) and splatfacto, large scene, 5 seeds, "
+          "one GPU each at the same time",
+          2,
+          (Step("train", _args(f"{_SEEDS} --methods bytesplat:fused --work-dir {{work}}/fused"),
+                name="train_fused", devices="0", group="pair"),
+           Step("train", _args(f"{_SEEDS} --methods splatfacto --work-dir {{work}}/splatfacto"),
+                name="train_splatfacto", devices="1", group="pair"))),
+    Suite("train-quality",
+          "training quality of the fused backend against gsplat's rasterizer: medium scene, 3000 iterations",
+          1,
+          (Step("train", _args("--scene medium --iterations 3000 --methods bytesplat:gsplat bytesplat:fused "
+                               "--num-downscales 0 --hw-prune off --work-dir {work}/train"), name="train_medium"),)),
+    Suite("distributed-scaling",
+          "two GPUs against one and against gsplat's distributed mode: 1M, 4M and 16M Gaussians, 8 views of 1080p",
+          2,
+          (_dist("--num-gaussians 16000000 --views 8 --warmup 2 --repeats 5 --communicators sparse-grad dense",
+                 name="scaling_16m_v8"),
+           _dist("--num-gaussians 1000000 4000000 --views 8 --warmup 3 --repeats 10 --communicators sparse-grad dense",
+                 name="scaling_v8"))),
+    Suite("distributed-counts",
+          "every strategy (pixel, sparse-grad, dense, gsplat distributed) at growing counts, 1M to 140M Gaussians, "
+          "4 views of 1080p",
+          2,
+          tuple(_dist(f"--num-gaussians {n} {_COUNTS}", name=f"counts_{n}")
+                for n in (1_000_000, 4_000_000, 16_000_000, 50_000_000))
+          + (_dist(f"--num-gaussians 100000000 {_COUNTS} --skip-one-rank", name="counts_100000000"),)
+          + tuple(_dist(f"--num-gaussians {n} {_COUNTS} --skip-one-rank --skip-gsplat", name=f"counts_{n}")
+                  for n in (140_000_000, 125_000_000))),
+    Suite("capacity",
+          "the most Gaussians that train: 62.5M on one H200, 125M on two (record exchange), 140M on two (pixel)",
+          2,
+          (_dist("--num-gaussians 62500000 --views 4 --warmup 1 --repeats 2 --skip-gsplat", ranks=1,
+                 name="capacity_1gpu_62m"),
+           _dist("--num-gaussians 125000000 --views 4 --warmup 1 --repeats 2 --communicators dense sparse-grad "
+                 "--skip-one-rank --skip-gsplat", name="capacity_2gpu_125m"),
+           _dist("--num-gaussians 140000000 --views 4 --warmup 1 --repeats 2 --communicators pixel --skip-one-rank "
+                 "--skip-gsplat", name="capacity_pixel_140m"))),
+    Suite("raster-capacity",
+          "the fused split schedule around its per-tile list capacity: 1M to 8M random Gaussians at 1080p",
+          1,
+          (Step("raster", _args("--num-gaussians 1000000 2000000 4000000 8000000 --width 1920 --height 1080 "
+                                "--warmup 2 --repeats 5 --skip-gsplat"), name="raster_cliff"),)),
+    Suite("distributed-quality",
+          "training quality on two GPUs against one with the same batch: medium scene at full resolution, "
+          "1000 steps, ns-train + ns-eval, paired by seed",
+          2,
+          (Step("wallclock", (
+              "--methods", f"gpu1=bytesplat-distributed --machine.num-devices 1 {_QUALITY}",
+              f"gpu1b=bytesplat-distributed --machine.num-devices 1 {_QUALITY}",
+              f"sparse2=bytesplat-distributed --machine.num-devices 2 --pipeline.communicator sparse-grad {_QUALITY}",
+              f"pixel2=bytesplat-distributed --machine.num-devices 2 --pipeline.communicator pixel {_QUALITY}",
+              "--seeds", "1", "2", "3", "--iterations", "1000", "--dataparser", "bytesplat-scene --scene-size medium",
+              "--work-dir", "{work}/quality"), name="quality"),)),
+    Suite("quickstart",
+          "the README's quick start as a user runs it: ns-train bytesplat on the built-in scene, 3000 iterations, "
+          "then ns-eval, 3 seeds",
+          1,
+          (Step("wallclock", ("--methods", "bytesplat", "--iterations", "3000", "--seeds", "0", "1", "2",
+                              "--dataparser", "", "--work-dir", "{work}/quickstart"), name="quickstart"),)),
+    Suite("wallclock-fox",
+          "wall-clock time to a trained model with ns-train + ns-eval, splatfacto vs bytesplat, on a real capture "
+          "(--data)",
+          1,
+          (Step("wallclock", _args("--data {data} --methods splatfacto bytesplat --iterations 5000 --seeds 0 1 2 "
+                                   "--work-dir {work}/wallclock"), name="wallclock"),),
+          needs_data=True),
+)}

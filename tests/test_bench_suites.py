@@ -1,0 +1,92 @@
+"""bytesplat-bench suite: the declared suites match their subcommands, and a tiny suite runs end to end on
+the CPU into one merged JSON document with its plots."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bytesplat_ns.bench import suite_runner
+from bytesplat_ns.bench.commands import STEP_COMMANDS, step_parser
+from bytesplat_ns.bench.suites import SUITES, Step, Suite
+from bytesplat_ns.errors import BytesplatError
+
+README_SUITES = {"raster-1080p", "raster-trained", "train-seeds", "train-quality", "distributed-counts", "capacity",
+                 "wallclock-fox"}
+
+
+def test_the_readme_figures_have_suites():
+    assert README_SUITES <= set(SUITES)
+    for suite in SUITES.values():
+        assert suite.steps and suite.purpose and "\n" not in suite.purpose
+
+
+@pytest.mark.parametrize("name", sorted(SUITES))
+def test_every_step_parses_with_its_subcommands_parser(name, tmp_path):
+    suite = SUITES[name]
+    data = tmp_path / "data" if suite.needs_data else None
+    for piece, step in zip(suite_runner.plan(suite, tmp_path, data), suite.steps):
+        assert step.command in STEP_COMMANDS
+        args = piece.argv[piece.argv.index("bytesplat_ns.bench.cli") + 2:]
+        ns = step_parser(step.command).parse_args(args)  # argparse exits (SystemExit) on a bad option
+        assert "{" not in " ".join(args)  # every placeholder filled in
+        out = (tmp_path / piece.output).resolve()
+        assert Path(ns.out_dir) == out.parent if step.command == "matrix" else Path(ns.out) == out
+
+
+def test_a_matrix_step_writes_a_folder_indexed_by_its_matrix_json(tmp_path):
+    suite = Suite("m", "a matrix step", 0, (Step("matrix", ("--benchmarks", "raster", "--dry-run"), name="mx"),))
+    (piece,) = suite_runner.plan(suite, tmp_path, None)
+    args = piece.argv[piece.argv.index("bytesplat_ns.bench.cli") + 2:]
+    assert step_parser("matrix").parse_args(args).out_dir == (tmp_path / "steps" / "mx").resolve()
+    assert piece.output == "steps/mx/matrix.json"
+
+
+def test_a_suite_that_needs_data_says_so(tmp_path):
+    with pytest.raises(BytesplatError, match="needs a dataset"):
+        suite_runner.plan(SUITES["wallclock-fox"], tmp_path, None)
+
+
+def test_a_bad_step_option_is_caught_by_the_subcommands_parser(tmp_path):
+    with pytest.raises(SystemExit):
+        step_parser("raster").parse_args(["--no-such-option"])
+
+
+def test_list_and_dry_run_print_the_suites_and_their_commands():
+    run = subprocess.run([sys.executable, "-m", "bytesplat_ns.bench.cli", "suite", "--list"], capture_output=True, text=True)
+    assert run.returncode == 0
+    assert all(name in run.stdout for name in SUITES)
+    run = subprocess.run([sys.executable, "-m", "bytesplat_ns.bench.cli", "suite", "capacity", "--dry-run"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0
+    assert "--num-gaussians 125000000" in run.stdout and "torchrun --standalone --nproc-per-node 2" in run.stdout
+
+
+def test_an_unknown_suite_is_one_error_line():
+    run = subprocess.run([sys.executable, "-m", "bytesplat_ns.bench.cli", "suite", "no-such-suite"],
+                         capture_output=True, text=True)
+    assert run.returncode != 0
+    assert "bytesplat: error: unknown suite 'no-such-suite'" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_a_tiny_suite_runs_end_to_end_on_the_cpu(tmp_path):
+    tiny = "--num-gaussians 1500 --width 48 --height 32 --views 2 --warmup 1 --repeats 1 --device cpu --skip-gsplat"
+    suite = Suite("tiny", "two CPU runs of the distributed benchmark, side by side", 0, (
+        Step("distributed", tuple(tiny.split()) + ("--seed", "1"), name="a", group="both"),
+        Step("distributed", tuple(tiny.split()) + ("--seed", "2"), name="b", group="both"),
+        Step("distributed", tuple(tiny.split()) + ("--communicators", "no-such-communicator"), name="bad"),
+    ))
+    doc = suite_runner.run_suite(suite, tmp_path / "out", tmp_path / "results", command="test", log=lambda *_: None)
+    written = json.loads((tmp_path / "results" / "tiny.json").read_text())
+    assert written == json.loads(json.dumps(doc))
+    assert written["suite"] == "tiny" and written["gpu"] == "cpu" and written["versions"]["torch"]
+    assert [s["status"] for s in written["steps"]] == ["ok", "ok", "failed"]
+    assert written["complete"] is False
+    a, b = (s["result"] for s in written["steps"][:2])
+    assert a["benchmark"] == "bytesplat-bench distributed" and a["scene"]["seed"] == 1 and b["scene"]["seed"] == 2
+    assert all(r["status"] == "ok" and r["views_per_second"] > 0 for r in a["results"])
+    assert written["steps"][0]["command"].startswith("bytesplat-bench distributed --num-gaussians 1500")
+    assert "invalid choice" in written["steps"][2]["stderr_tail"]
+    assert written["plots"] and all((tmp_path / "results" / p).is_file() for p in written["plots"])
