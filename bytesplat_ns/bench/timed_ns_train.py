@@ -27,6 +27,7 @@ PROCESS_START = time.time()  # before the heavy imports: they belong to start-up
 import functools  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
+import threading  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Callable, Dict, List, Optional  # noqa: E402
 
@@ -47,6 +48,8 @@ class PhaseTimers:
     def wrap(self, phase: str, function: Callable) -> Callable:
         @functools.wraps(function)
         def timed(*args, **kwargs):
+            if threading.current_thread() is not threading.main_thread():
+                return function(*args, **kwargs)  # the phases are the training thread's
             self._stack.append([phase, self.clock(), 0.0])
             try:
                 return function(*args, **kwargs)
