@@ -11,6 +11,7 @@ from typing import Optional, Tuple, Type
 
 import torch
 from nerfstudio.engine.trainer import Trainer, TrainerConfig
+from nerfstudio.pipelines.base_pipeline import VanillaPipeline
 from nerfstudio.utils import writer
 from nerfstudio.utils.decorators import check_eval_enabled, check_main_thread
 from nerfstudio.utils.misc import step_check
@@ -199,7 +200,9 @@ class ByteSplatTrainer(Trainer):
         return metrics_and_images
 
     def _eval_image_logger(self) -> Optional[EvalImageLogger]:
-        if not self.config.async_eval_images:
+        # A pipeline with its own eval image path (the sharded one renders rank 0's full copy) keeps it.
+        own_eval = type(self.pipeline).get_eval_image_metrics_and_images is not VanillaPipeline.get_eval_image_metrics_and_images
+        if not self.config.async_eval_images or own_eval:
             return None
         if self._eval_logger is None:
             summaries = tensorboard_writers()

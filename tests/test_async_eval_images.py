@@ -77,3 +77,17 @@ def test_training_does_not_wait_for_the_write(scene, tmp_path, monkeypatch):
     assert pending_at_step == {ITERATIONS - 1: []}  # the loop ran on while the write was held
     assert written == [2, 4]  # and everything was written before training finished
     assert trainer._eval_logger is None
+
+
+def test_a_pipeline_with_its_own_eval_image_path_keeps_it(monkeypatch):
+    from types import SimpleNamespace
+
+    import bytesplat_ns.trainer
+
+    from bytesplat_ns.distributed.pipeline import ShardedPipeline
+    from bytesplat_ns.trainer import ByteSplatTrainer
+
+    sharded = SimpleNamespace(config=SimpleNamespace(async_eval_images=True), _eval_logger=None,
+                              pipeline=object.__new__(ShardedPipeline))
+    monkeypatch.setattr(bytesplat_ns.trainer, "tensorboard_writers", lambda: [object()])  # tensorboard is on
+    assert ByteSplatTrainer._eval_image_logger(sharded) is None  # it renders rank 0's full copy itself
