@@ -88,3 +88,27 @@ def test_two_configurations_end_to_end(tmp_path):
     assert result["summary"]["ref"]["wall_s"]["min"] == ref["wall_s"] == result["summary"]["ref"]["wall_s"]["median"]
     png = out.with_suffix(".png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def fake_result(path, seeds, iterations=100, method="m"):
+    runs = [{"method": method, "seed": s, "iterations": iterations, "wall_s": 10.0 + s, "steps_s": 4.0 + s,
+             "psnr": 20.0 + s, "ssim": 0.5} for s in seeds]
+    path.write_text(json.dumps({"benchmark": "bytesplat-bench wallclock", "device": "dev", "command": f"c{seeds}",
+                                "runs": runs, "summary": {}}))
+    return path
+
+
+def test_merge_combines_runs_from_separate_sessions(tmp_path):
+    a, b = fake_result(tmp_path / "a.json", [0]), fake_result(tmp_path / "b.json", [1, 2])
+    out = tmp_path / "all.json"
+    result = wallclock.main(["--merge", str(a), str(b), "--out", str(out)])
+    assert [r["seed"] for r in result["runs"]] == [0, 1, 2] and result["commands"] == ["c[0]", "c[1, 2]"]
+    assert result["summary"]["m"]["wall_s"] == {"mean": 11.0, "median": 11.0, "min": 10.0, "max": 12.0}
+    assert result["summary"]["m"]["seeds"] == 3 and json.loads(out.read_text())["runs"] == result["runs"]
+    longer = fake_result(tmp_path / "c.json", [0], iterations=300)
+    assert set(wallclock.main(["--merge", str(a), str(longer), "--out", str(out)])["summary"]) == {"m@100", "m@300"}
+    with pytest.raises(BytesplatError, match="repeat"):
+        wallclock.main(["--merge", str(a), str(a), "--out", str(out)])
+    (tmp_path / "other.json").write_text(json.dumps({"runs": []}))
+    with pytest.raises(BytesplatError, match="not a bytesplat-bench wallclock result"):
+        wallclock.main(["--merge", str(a), str(tmp_path / "other.json"), "--out", str(out)])

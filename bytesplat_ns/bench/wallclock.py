@@ -121,10 +121,16 @@ def run_one(entry: MethodEntry, seed: int, args: argparse.Namespace) -> Dict:
 
 
 def summarize(runs: List[Dict]) -> Dict[str, Dict[str, Dict[str, float]]]:
-    """Per method: mean, median, min and max over seeds of every number the runs have."""
+    """Per method: mean, median, min and max over seeds of every number the runs have (per method
+    and iteration count, named "METHOD@ITERATIONS", when the runs have several counts)."""
+    several = len({r["iterations"] for r in runs}) > 1
+
+    def group(run: Dict) -> str:
+        return f"{run['method']}@{run['iterations']}" if several else run["method"]
+
     summary: Dict[str, Dict[str, Dict[str, float]]] = {}
-    for label in dict.fromkeys(r["method"] for r in runs):
-        mine = [r for r in runs if r["method"] == label]
+    for label in dict.fromkeys(map(group, runs)):
+        mine = [r for r in runs if group(r) == label]
         summary[label] = {"seeds": len(mine)}  # type: ignore[dict-item]
         for key in SUMMARY_KEYS:
             values = [float(r[key]) for r in mine if r.get(key) is not None]
@@ -172,7 +178,30 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("wallclock.json"), help="JSON output path")
     p.add_argument("--plot", type=Path, default=None, help="PNG of the stacked breakdown (default: next to --out)")
     p.add_argument("--no-eval", dest="eval", action="store_false", help="skip ns-eval")
+    p.add_argument("--merge", nargs="+", type=Path, default=None, metavar="JSON",
+                   help="run nothing: combine the runs of earlier wallclock JSON files (e.g. one per seed, "
+                   "each in its own session) into --out, with the summary and plot over all of them")
     return p
+
+
+def merged(paths: Sequence[Path]) -> Dict:
+    """One result from several wallclock files: their runs, the first file's environment."""
+    parts = []
+    for path in paths:
+        try:
+            parts.append(json.loads(Path(path).read_text()))
+        except (OSError, json.JSONDecodeError) as error:
+            raise BytesplatError(f"wallclock --merge: cannot read {path}: {error}") from error
+        if parts[-1].get("benchmark") != "bytesplat-bench wallclock":
+            raise BytesplatError(f"wallclock --merge: {path} is not a bytesplat-bench wallclock result")
+    runs = [run for part in parts for run in part["runs"]]
+    keys = [(r["method"], r["seed"], r["iterations"]) for r in runs]
+    if len(set(keys)) != len(keys):
+        raise BytesplatError("wallclock --merge: the files repeat a (method, seed, iterations) run")
+    result = {k: v for k, v in parts[0].items() if k not in ("runs", "summary")}
+    result["merged_from"] = [str(p) for p in paths]
+    result["commands"] = [part.get("command") for part in parts]
+    return {**result, "runs": runs, "summary": summarize(runs)}
 
 
 def main(argv: Optional[List[str]] = None) -> Dict:
@@ -180,6 +209,8 @@ def main(argv: Optional[List[str]] = None) -> Dict:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)
+    if args.merge:
+        return write_result(merged(args.merge), args)
     entries = [MethodEntry.parse(m) for m in args.methods]
     if len({e.label for e in entries}) != len(entries):
         raise BytesplatError("wallclock: two method entries share a label", hint="name them: 'LABEL=METHOD ARGS'")
@@ -190,9 +221,14 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     result = {"benchmark": "bytesplat-bench wallclock", **environment(argv, prog="bytesplat-bench wallclock"),
               "iterations": args.iterations, "data": None if args.data is None else str(args.data),
               "runs": runs, "summary": summary}
+    return write_result(result, args)
+
+
+def write_result(result: Dict, args: argparse.Namespace) -> Dict:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     plot = args.plot or args.out.with_suffix(".png")
-    plot_breakdown(summary, plot, f"ns-train wall, {args.iterations} iterations, {result['device']}")
+    iterations = sorted({r["iterations"] for r in result["runs"]})
+    plot_breakdown(result["summary"], plot, f"ns-train wall, {'/'.join(map(str, iterations))} iterations, {result['device']}")
     print(f"wrote {args.out} and {plot}")
     return result
