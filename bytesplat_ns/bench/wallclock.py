@@ -101,7 +101,8 @@ def run_one(entry: MethodEntry, seed: int, args: argparse.Namespace) -> Dict:
     launch = time.time()
     wall_s = _run_logged(command, run_dir / "train.log")
     timings = json.loads(timings_path.read_text())
-    config = run_dir / entry.label / entry.method / f"seed{seed}" / "config.yml"
+    # OUT/EXPERIMENT/METHOD_NAME/TIMESTAMP: a method's config may name itself unlike its CLI name
+    config = next(iter(sorted(run_dir.glob(f"{entry.label}/*/seed{seed}/config.yml"))), run_dir / "config.yml")
     record = {
         "method": entry.label, "ns_method": entry.method, "seed": seed, "iterations": args.iterations,
         "wall_s": wall_s, **breakdown(wall_s, launch, timings),
