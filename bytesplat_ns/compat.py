@@ -8,10 +8,15 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import socket
+import threading
+import urllib.request
 import warnings
 from dataclasses import dataclass
-from typing import Iterator
+from pathlib import Path
+from typing import Iterator, Tuple
+from urllib.parse import urlparse
 
 import numpy as np
 import torch
@@ -50,29 +55,68 @@ class _LpipsPlaceholder(torch.nn.Module):
         return torch.tensor(0.0)
 
 
+# torchmetrics' LPIPS backbones and the torchvision models whose ImageNet weights they download
+LPIPS_BACKBONES = {"alex": "alexnet", "vgg": "vgg16", "squeeze": "squeezenet1_1"}
+
+
+def lpips_weights(net_type: str = "alex") -> Tuple[str, Path]:
+    """The URL of the backbone weights LPIPS downloads and the file torch's hub cache keeps them in."""
+    import torchvision
+
+    url = torchvision.models.get_model_weights(LPIPS_BACKBONES[net_type]).DEFAULT.url
+    return url, Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(urlparse(url).path)
+
+
+def can_reach(url: str, timeout_s: float) -> bool:
+    """Whether ``url`` answers a HEAD request within ``timeout_s``. An open TCP port is not enough
+    (a proxy or firewall may accept connections and never answer), and name lookup ignores socket
+    timeouts: the request runs in a thread that is abandoned at the deadline."""
+    answered = threading.Event()
+
+    def ask() -> None:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout_s) as reply:
+                if reply.status < 400:
+                    answered.set()
+        except (OSError, ValueError):
+            pass
+
+    thread = threading.Thread(target=ask, daemon=True, name="lpips-reachability")
+    thread.start()
+    thread.join(timeout_s)
+    return answered.is_set()
+
+
 @contextlib.contextmanager
-def offline_safe_lpips(timeout_s: float = 10.0) -> Iterator[LpipsStatus]:
-    """While active, building torchmetrics' LPIPS never crashes: without its AlexNet weights (an
-    offline machine) it warns once and yields a placeholder, and ``status.available`` is False."""
+def offline_safe_lpips(connect_timeout_s: float = 0.8, download_timeout_s: float = 10.0) -> Iterator[LpipsStatus]:
+    """While active, building torchmetrics' LPIPS never crashes or waits on a dead network: with its
+    backbone weights in torch's hub cache it is built from there; otherwise the download host must
+    answer within ``connect_timeout_s``, or it warns once and yields a placeholder
+    (``status.available`` False)."""
     import torchmetrics.image.lpip as lpip_module
 
     status = LpipsStatus()
     real_class = lpip_module.LearnedPerceptualImagePatchSimilarity
 
+    def unavailable(reason: str, cached: Path) -> torch.nn.Module:
+        status.available = False
+        warnings.warn(
+            f"LPIPS is unavailable ({reason}); its backbone weights could not be loaded, so the lpips metric is "
+            f"skipped. Put {cached.name} in torch's hub cache ({cached.parent}) to enable it.",
+            stacklevel=3,
+        )
+        return _LpipsPlaceholder()
+
     def build(*args, **kwargs):
+        url, cached = lpips_weights(kwargs.get("net_type", args[0] if args else "alex"))
+        if not cached.is_file() and not can_reach(url, connect_timeout_s):
+            return unavailable(f"{urlparse(url).hostname} is unreachable and nothing is cached", cached)
         previous_timeout = socket.getdefaulttimeout()
-        socket.setdefaulttimeout(timeout_s)  # a dropped connection must not hang model setup
+        socket.setdefaulttimeout(download_timeout_s)  # a connection dropped mid-download must not hang setup
         try:
             return real_class(*args, **kwargs)
         except Exception as error:  # noqa: BLE001 - any download/IO failure means "no LPIPS"
-            status.available = False
-            warnings.warn(
-                f"LPIPS is unavailable ({type(error).__name__}: {error}); its AlexNet weights could not be "
-                "loaded, so the lpips metric is skipped. Put alexnet-owt-7be5be79.pth in torch's hub "
-                "cache (~/.cache/torch/hub/checkpoints) to enable it.",
-                stacklevel=2,
-            )
-            return _LpipsPlaceholder()
+            return unavailable(f"{type(error).__name__}: {error}", cached)
         finally:
             socket.setdefaulttimeout(previous_timeout)
 

@@ -6,6 +6,7 @@ The single-process base of both bytesplat trainers: ``ns-train bytesplat``'s con
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass, field
@@ -14,10 +15,14 @@ from typing import Optional, Tuple, Type
 
 import torch
 from nerfstudio.engine.trainer import Trainer, TrainerConfig
-from nerfstudio.utils.decorators import check_main_thread
+from nerfstudio.pipelines.base_pipeline import VanillaPipeline
+from nerfstudio.utils import writer
+from nerfstudio.utils.decorators import check_eval_enabled, check_main_thread
+from nerfstudio.utils.misc import step_check
 from nerfstudio.utils.rich_utils import CONSOLE
 
 from bytesplat_ns.errors import BytesplatError
+from bytesplat_ns.eval_logging import EVAL_METRICS_GROUP, EvalImageLogger, tensorboard_writers
 
 CHECKPOINT_NAME = re.compile(r"^step-(\d{9})\.ckpt$")
 
@@ -25,6 +30,10 @@ CHECKPOINT_NAME = re.compile(r"^step-(\d{9})\.ckpt$")
 @dataclass
 class ByteSplatTrainerConfig(TrainerConfig):
     _target: Type = field(default_factory=lambda: ByteSplatTrainer)
+    async_eval_images: bool = True
+    """Read back, encode and write the in-training eval image (every steps_per_eval_image steps) on a
+    worker thread instead of stalling the training loop; same schedule, tags and values. Needs
+    tensorboard as the only event writer (otherwise nerfstudio's synchronous path is used)."""
 
     def set_experiment_name(self) -> None:
         # With no --data we train on the built-in scene: name the run after it, not "unnamed".
@@ -96,6 +105,7 @@ def resume_pipeline(trainer) -> Tuple[Optional[dict], Optional[Path]]:
 
 class ByteSplatTrainer(Trainer):
     config: ByteSplatTrainerConfig
+    _eval_logger: Optional[EvalImageLogger] = None
 
     def _load_checkpoint(self) -> None:
         state, path = resume_pipeline(self)
@@ -136,3 +146,59 @@ class ByteSplatTrainer(Trainer):
     @check_main_thread
     def save_checkpoint(self, step: int) -> None:
         write_checkpoint(self.checkpoint_contents(step), self.checkpoint_dir, step, self.config.save_only_latest_checkpoint)
+
+    # -- in-training evaluation off the training thread (bytesplat_ns/eval_logging.py) --------------
+
+    @check_eval_enabled
+    def eval_iteration(self, step: int) -> None:
+        """nerfstudio's eval schedule; the single eval image's metrics and PNG on a worker thread."""
+        logger = self._eval_image_logger()
+        if logger is None:
+            return super().eval_iteration(step)
+        if step_check(step, self.config.steps_per_eval_batch):
+            _, loss_dict, metrics_dict = self.pipeline.get_eval_loss_dict(step=step)
+            writer.put_scalar(name="Eval Loss", scalar=functools.reduce(torch.add, loss_dict.values()), step=step)
+            writer.put_dict(name="Eval Loss Dict", scalar_dict=loss_dict, step=step)
+            writer.put_dict(name="Eval Metrics Dict", scalar_dict=metrics_dict, step=step)
+        if step_check(step, self.config.steps_per_eval_image):
+            logger.submit(step, self._queue_eval_image(step))
+        if step_check(step, self.config.steps_per_eval_all_images):
+            logger.drain()  # the all-images pass uses the same metric modules, on this thread
+            metrics_dict = self.pipeline.get_average_eval_image_metrics(step=step)
+            writer.put_dict(name=f"{EVAL_METRICS_GROUP} Dict (all images)", scalar_dict=metrics_dict, step=step)
+
+    def _queue_eval_image(self, step: int):
+        """Queue the render of the next eval image here (the model as of this step); return what the
+        worker runs: the metrics and images, as ``pipeline.get_eval_image_metrics_and_images``."""
+        pipeline = self.pipeline
+        pipeline.eval()
+        try:
+            camera, batch = pipeline.datamanager.next_eval_image(step)
+            outputs = pipeline.model.get_outputs_for_camera(camera)
+        finally:
+            pipeline.train()
+
+        def metrics_and_images():
+            metrics, images = pipeline.model.get_image_metrics_and_images(outputs, batch)
+            metrics["num_rays"] = (camera.height * camera.width * camera.size).item()
+            return metrics, images
+
+        return metrics_and_images
+
+    def _eval_image_logger(self) -> Optional[EvalImageLogger]:
+        # A pipeline with its own eval image path (the sharded one renders rank 0's full copy) keeps it.
+        own_eval = type(self.pipeline).get_eval_image_metrics_and_images is not VanillaPipeline.get_eval_image_metrics_and_images
+        if not self.config.async_eval_images or own_eval:
+            return None
+        if self._eval_logger is None:
+            summaries = tensorboard_writers()
+            if not summaries:
+                return None
+            self._eval_logger = EvalImageLogger(summaries)
+        return self._eval_logger
+
+    def _after_train(self) -> None:
+        if self._eval_logger is not None:
+            self._eval_logger.close()  # every queued eval image is written before training reports done
+            self._eval_logger = None
+        super()._after_train()

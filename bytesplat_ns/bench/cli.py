@@ -14,6 +14,9 @@ r"""``bytesplat-bench``: the project's benchmarks, each writing one JSON file.
         own process, then the plots: ``bytesplat_ns.bench.matrix``)
     bytesplat-bench plots --inputs outputs/suites --out-dir plots
         (PNG figures from any of the JSON files above: ``bytesplat_ns.bench.plots``)
+    bytesplat-bench wallclock --data DATA --iterations 5000 --seeds 0 1 2 --out wallclock.json
+        (``ns-train`` + ``ns-eval`` as a user runs them, per method and seed: the wall clock and
+        where it goes: ``bytesplat_ns.bench.wallclock``)
 
     bytesplat-bench suite NAME [--data PATH] [--results-dir docs/results]
         (a declared suite of the runs above, one JSON document plus plots: ``bytesplat_ns.bench.suites``;
@@ -115,7 +118,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         from bytesplat_ns.bench.plots import main as plots_main
 
         return plots_main(rest)
-    print(f"bytesplat-bench: unknown benchmark '{cmd}' (choose raster, train, profile, distributed, matrix, plots, suite or report)",
+    if cmd == "wallclock":
+        from bytesplat_ns.bench.wallclock import main as wallclock_main
+
+        wallclock_main(rest)
+        return 0
+    print(f"bytesplat-bench: unknown benchmark '{cmd}' (choose raster, train, profile, distributed, matrix, plots, wallclock, suite or report)",
           file=sys.stderr)
     return 2
 

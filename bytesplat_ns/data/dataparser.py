@@ -26,6 +26,8 @@ to import); other point cloud formats go through nerfstudio's open3d loader.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import math
 import os
@@ -33,13 +35,14 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Literal, Optional, Tuple, Type
+from typing import Any, Dict, Iterator, List, Literal, Optional, Tuple, Type
 
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
 from nerfstudio.cameras.cameras import CAMERA_MODEL_TO_TYPE
+from nerfstudio.data.dataparsers import nerfstudio_dataparser
 from nerfstudio.data.dataparsers.base_dataparser import DataparserOutputs
 from nerfstudio.data.dataparsers.nerfstudio_dataparser import Nerfstudio, NerfstudioDataParserConfig
 from nerfstudio.plugins.registry_dataparser import DataParserSpecification
@@ -78,6 +81,9 @@ class BytesplatSceneDataParserConfig(NerfstudioDataParserConfig):
     """Built-in scene: processes that render it on first use. None: 1 for small scenes, up to 16 for large ones."""
     check_images: bool = True
     """Decode every image once before training to report missing or corrupt files by name."""
+    skip_missing_images: bool = False
+    """Drop frames whose image file is missing (one warning names them) instead of stopping with an
+    error; e.g. instant-ngp's published transforms list frames that ship without an image."""
     load_3D_points: bool = True
     """Load the seed point cloud named by ply_file_path (splatfacto-style initialisation)."""
 
@@ -130,7 +136,8 @@ class BytesplatSceneDataParser(Nerfstudio):
             # (ns-viewer, ns-export), which reads neither images nor the seed point cloud.
             self._inference = self.downscale_factor is not None
             self._meta = validate_nerfstudio_data(
-                data, parser=self, check_images=self.config.check_images, inference=self._inference
+                data, parser=self, check_images=self.config.check_images, inference=self._inference,
+                skip_missing_images=self.config.skip_missing_images,
             )
             self._validated_path = data
         assert self._meta is not None
@@ -150,7 +157,8 @@ class BytesplatSceneDataParser(Nerfstudio):
             )
             self.prompted_user, self.create_pc = True, False
         try:
-            outputs = super()._generate_dataparser_outputs(split)
+            with _parse_meta(self._meta):
+                outputs = super()._generate_dataparser_outputs(split)
         except BytesplatError:
             raise
         except (AssertionError, KeyError, ValueError, TypeError, IndexError, RuntimeError, OSError) as e:
@@ -198,6 +206,18 @@ class BytesplatSceneDataParser(Nerfstudio):
         homog = torch.cat([pts, torch.ones_like(pts[:, :1])], dim=-1)
         pts = (homog @ transform_matrix.T.to(pts.dtype)) * scale_factor
         return {"points3D_xyz": pts, "points3D_rgb": torch.from_numpy(np.ascontiguousarray(rgb))}
+
+
+@contextlib.contextmanager
+def _parse_meta(meta: Dict[str, Any]) -> Iterator[None]:
+    """Make nerfstudio's parser read the validated transforms (frames without an image removed when
+    skipping them) instead of reading transforms.json again."""
+    real_load = nerfstudio_dataparser.load_from_json
+    nerfstudio_dataparser.load_from_json = lambda _path: copy.deepcopy(meta)
+    try:
+        yield
+    finally:
+        nerfstudio_dataparser.load_from_json = real_load
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -362,8 +382,28 @@ def _image_problem(path: Path, expect_wh: Optional[Tuple[int, int]]) -> Optional
     return None
 
 
+def _without_frames(meta: Dict[str, Any], drop: List[int]) -> Dict[str, Any]:
+    """``meta`` without the frames at ``drop``, and without their files in the split lists."""
+    dropped = {os.path.normpath(meta["frames"][i]["file_path"]) for i in drop}
+    kept = dict(meta, frames=[f for i, f in enumerate(meta["frames"]) if i not in set(drop)])
+    for split in ("train", "val", "test"):
+        key = f"{split}_filenames"
+        if key in kept:
+            kept[key] = [x for x in kept[key] if os.path.normpath(x) not in dropped]
+    return kept
+
+
+def _warn_skipped(name: str, skipped: List[str], total: int) -> None:
+    shown = ", ".join(skipped[:20]) + (f", ... ({len(skipped) - 20} more)" if len(skipped) > 20 else "")
+    CONSOLE.print(
+        f"[bold yellow]Warning: skipping {len(skipped)} of {total} frames in {name} whose image file is missing "
+        f"(skip_missing_images): {shown}"
+    )
+
+
 def validate_nerfstudio_data(
-    data: Path, parser: Optional[Nerfstudio] = None, check_images: bool = True, inference: bool = False
+    data: Path, parser: Optional[Nerfstudio] = None, check_images: bool = True, inference: bool = False,
+    skip_missing_images: bool = False,
 ) -> Dict[str, Any]:
     """Validate a nerfstudio-format dataset; return its parsed transforms.json.
 
@@ -371,6 +411,8 @@ def validate_nerfstudio_data(
     (downscaled ``images_N`` folders included). Without it, the paths in transforms.json are checked.
     With ``inference`` (nerfstudio's inference mode: ns-viewer/ns-export read no images and take the
     Gaussians from the checkpoint) only transforms.json is checked, not the image or point cloud files.
+    With ``skip_missing_images``, frames whose image file is missing are removed from the returned
+    transforms (and from its split lists) with one warning naming them, instead of being an error.
     Raises :class:`BytesplatError` on the first problem found.
     """
     data = Path(data)
@@ -381,9 +423,25 @@ def validate_nerfstudio_data(
 
     if inference:
         return meta
+    total, skipped = len(frames), []
+
+    def skip(missing: List[int]) -> None:
+        nonlocal meta, frames
+        if len(missing) == len(frames):
+            raise BytesplatError(f"{name}: none of its {total} frames has its image file (skip_missing_images)")
+        skipped.extend(str(frames[i]["file_path"]) for i in missing)
+        meta = _without_frames(meta, missing)
+        frames = meta["frames"]
+
+    auto_downscale = parser is not None and parser.downscale_factor is None and parser.config.downscale_factor is None
+    if skip_missing_images and auto_downscale:
+        # the downscale factor is chosen from the first frame's full-resolution image: it must exist
+        originals = [i for i, f in enumerate(frames) if not (data_dir / f["file_path"]).is_file()]
+        if originals:
+            skip(originals)
     # nerfstudio opens the first frame's full-resolution image to choose a downscale factor.
     first = data_dir / frames[0]["file_path"]
-    if parser is not None and parser.downscale_factor is None and parser.config.downscale_factor is None:
+    if auto_downscale:
         problem = _image_problem(first, None)
         if problem:
             raise BytesplatError(f"Image file {first} {problem} (frame 0 in {name})")
@@ -403,11 +461,19 @@ def validate_nerfstudio_data(
         )
 
     missing = [i for i, p in enumerate(images) if not p.is_file()]
+    if missing and skip_missing_images:
+        skip(missing)
+        images = [p for i, p in enumerate(images) if i not in set(missing)]
+        missing = []
+    if skipped:
+        _warn_skipped(name, skipped, total)
     if missing:
         i = missing[0]
         more = f" (and {len(missing) - 1} more missing)" if len(missing) > 1 else ""
         raise BytesplatError(
-            f"Image file {images[i]} is missing (frame {i} in {name}){more}", hint_images
+            f"Image file {images[i]} is missing (frame {i} in {name}){more}",
+            hint_images or "fix the path, or pass --skip-missing-images True to the bytesplat-scene dataparser to "
+            "train without the frames that have no image",
         )
     for key, prefix, what in (("mask_path", "masks_", "Mask"), ("depth_file_path", "depths_", "Depth")):
         for i, f in enumerate(frames):

@@ -1,0 +1,169 @@
+r"""``ns-train`` with timers around nerfstudio's trainer phases, for ``bytesplat-bench wallclock``.
+
+    python -m bytesplat_ns.bench.timed_ns_train --timings TIMINGS.json -- METHOD [ns-train arguments]
+
+runs exactly what ``ns-train METHOD ...`` runs (nerfstudio's own ``scripts.train.entrypoint``, the
+method's defaults, the same config.yml), with the trainer's methods wrapped by timers. Each timer is
+exclusive: time spent in a nested timed call counts only for the inner phase (a tensorboard write
+inside an eval iteration is log time, not eval time). The timers read the host clock and do not
+synchronise the GPU, so asynchronous GPU work is counted by whichever phase next waits for it (a
+loss read-back in the logger, an image copy in the eval). Single-process runs only: processes that
+``--machine.num-devices`` spawns are not timed.
+
+TIMINGS.json holds host clock stamps (``time.time()``, comparable with the launcher's) and the
+summed seconds per phase: ``data`` (dataparser, datasets, image caching/undistortion), ``setup``
+(the rest of ``Trainer.setup``: model, optimizers, writers), ``steps`` (train iterations with
+their before/after callbacks, i.e. densification), ``eval`` (in-training eval iterations), ``log``
+(nerfstudio writer calls and ``write_out_storage``), ``save`` (checkpoints), plus the final
+Gaussian count and the peak GPU memory.
+"""
+
+from __future__ import annotations
+
+import time
+
+PROCESS_START = time.time()  # before the heavy imports: they belong to start-up
+
+import functools  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Callable, Dict, List, Optional  # noqa: E402
+
+PHASES = ("data", "setup", "steps", "eval", "log", "save")
+WRITER_FUNCTIONS = ("put_image", "put_scalar", "put_dict", "put_config", "put_time", "write_out_storage")
+STEP_LOCATIONS = ("BEFORE_TRAIN_ITERATION", "AFTER_TRAIN_ITERATION")
+
+
+class PhaseTimers:
+    """Exclusive wall-clock timers: nested phases subtract from the phase that encloses them."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+        self.clock = clock
+        self.seconds: Dict[str, float] = {phase: 0.0 for phase in PHASES}
+        self.calls: Dict[str, int] = {phase: 0 for phase in PHASES}
+        self._stack: List[List] = []  # [phase, start, time spent in nested phases]
+
+    def wrap(self, phase: str, function: Callable) -> Callable:
+        @functools.wraps(function)
+        def timed(*args, **kwargs):
+            if threading.current_thread() is not threading.main_thread():
+                return function(*args, **kwargs)  # the phases are the training thread's
+            self._stack.append([phase, self.clock(), 0.0])
+            try:
+                return function(*args, **kwargs)
+            finally:
+                _, start, nested = self._stack.pop()
+                elapsed = self.clock() - start
+                self.seconds[phase] += elapsed - nested
+                self.calls[phase] += 1
+                if self._stack:
+                    self._stack[-1][2] += elapsed
+
+        return timed
+
+
+def install(timers: PhaseTimers, record: Dict) -> None:
+    """Wrap nerfstudio's trainer, datamanager and writer with ``timers``; ``record`` receives stamps
+    and the trainer's final state."""
+    from nerfstudio.data.datamanagers.full_images_datamanager import FullImageDatamanager
+    from nerfstudio.engine import callbacks
+    from nerfstudio.engine.trainer import Trainer
+    from nerfstudio.utils import writer
+
+    FullImageDatamanager.__init__ = timers.wrap("data", FullImageDatamanager.__init__)
+    FullImageDatamanager._load_images = timers.wrap("data", FullImageDatamanager._load_images)
+    # Subclasses (bytesplat's) override some methods; wrapping the base class's attribute reaches
+    # them all only where they call super(): wrap each class that defines the method itself.
+    for cls in _with_subclasses(Trainer):
+        for name, phase in (("setup", "setup"), ("train_iteration", "steps"), ("eval_iteration", "eval"),
+                            ("save_checkpoint", "save")):
+            if name in vars(cls):
+                setattr(cls, name, timers.wrap(phase, vars(cls)[name]))
+    real_run = callbacks.TrainingCallback.run_callback_at_location
+
+    def run_callback_at_location(self, step, location):
+        if location.name in STEP_LOCATIONS:
+            return timed_callback(self, step, location)
+        return real_run(self, step, location)
+
+    timed_callback = timers.wrap("steps", real_run)
+    callbacks.TrainingCallback.run_callback_at_location = run_callback_at_location
+    for name in WRITER_FUNCTIONS:
+        setattr(writer, name, timers.wrap("log", getattr(writer, name)))
+
+    real_setup, real_train = Trainer.setup, Trainer.train
+
+    def setup(self, *args, **kwargs):
+        record.setdefault("setup_start", time.time())
+        record["trainer"] = self
+        return real_setup(self, *args, **kwargs)
+
+    def train(self, *args, **kwargs):
+        record["train_start"] = time.time()
+        try:
+            return real_train(self, *args, **kwargs)
+        finally:
+            record["train_end"] = time.time()
+
+    Trainer.setup, Trainer.train = setup, train
+
+
+def _with_subclasses(cls) -> List[type]:
+    # bytesplat's trainers are imported with the method configs, which ns-train loads before it runs.
+    import bytesplat_ns.trainer  # noqa: F401
+
+    found, todo = [], [cls]
+    while todo:
+        c = todo.pop()
+        found.append(c)
+        todo.extend(c.__subclasses__())
+    return found
+
+
+def final_state(trainer) -> Dict[str, Optional[float]]:
+    """Gaussian count and peak GPU memory at the end of training (None where not applicable)."""
+    import torch
+
+    num_gaussians = None
+    model = getattr(getattr(trainer, "pipeline", None), "model", None)
+    if model is not None and hasattr(model, "num_points"):
+        num_gaussians = int(model.num_points)
+    peak = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    return {"num_gaussians": num_gaussians, "peak_gpu_memory_mb": peak}
+
+
+def write_timings(path: Path, timers: PhaseTimers, record: Dict) -> None:
+    trainer = record.pop("trainer", None)
+    out = {
+        "process_start": PROCESS_START,
+        **{k: v for k, v in record.items()},
+        "process_end": time.time(),
+        "seconds": {f"{phase}_s": timers.seconds[phase] for phase in PHASES},
+        "calls": timers.calls,
+        **(final_state(trainer) if trainer is not None else {}),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2))
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) < 3 or argv[0] != "--timings" or argv[2] != "--":
+        sys.stderr.write("usage: python -m bytesplat_ns.bench.timed_ns_train --timings PATH -- METHOD [ns-train args]\n")
+        sys.exit(2)
+    timings_path, ns_train_args = Path(argv[1]), argv[3:]
+    timers, record = PhaseTimers(), {}
+    install(timers, record)
+    from nerfstudio.scripts.train import entrypoint
+
+    sys.argv = ["ns-train", *ns_train_args]
+    try:
+        entrypoint()
+    finally:
+        write_timings(timings_path, timers, record)
+
+
+if __name__ == "__main__":
+    main()

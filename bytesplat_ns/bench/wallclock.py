@@ -1,0 +1,235 @@
+r"""``bytesplat-bench wallclock``: the wall clock of ``ns-train`` as a user runs it, then ``ns-eval``.
+
+    bytesplat-bench wallclock --data DATA --iterations 5000 --seeds 0 1 2 \
+        --out docs/benchmarks/wallclock_fox_h200.json --work-dir outputs/wallclock
+
+For each method and seed, one separate process runs nerfstudio's own ``ns-train`` entry point with
+the method's defaults and the same data, iterations and ``--machine.seed``, through
+:mod:`bytesplat_ns.bench.timed_ns_train` (timers around the trainer's phases, nothing else changed);
+then ``ns-eval`` scores the final checkpoint. ``wall_s`` is measured here, from launching the
+process to its exit; the breakdown comes from the timers (``other_s`` is what they do not cover).
+
+A method entry is ``METHOD`` or ``LABEL=METHOD EXTRA ARGS`` (e.g. ``"ref=bytesplat
+--pipeline.model.rasterizer reference"``) to compare configurations of one method. See
+docs/wallclock.md for what each timer includes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from bytesplat_ns.errors import BytesplatError
+
+BREAKDOWN = ("startup_s", "data_s", "steps_s", "eval_s", "log_s", "save_s", "other_s")
+SUMMARY_KEYS = ("wall_s", *BREAKDOWN, "psnr", "ssim", "lpips", "num_gaussians", "peak_gpu_memory_mb")
+NS_EVAL = "from nerfstudio.scripts.eval import entrypoint; entrypoint()"
+
+
+@dataclass(frozen=True)
+class MethodEntry:
+    label: str
+    method: str
+    extra_args: tuple
+
+    @staticmethod
+    def parse(text: str) -> "MethodEntry":
+        label, _, rest = text.partition("=") if "=" in text.split(" ", 1)[0] else ("", "", text)
+        words = shlex.split(rest)
+        if not words:
+            raise BytesplatError(f"wallclock: method entry {text!r} names no method")
+        return MethodEntry(label or words[0], words[0], tuple(words[1:]))
+
+
+def ns_train_args(entry: MethodEntry, data: Optional[Path], iterations: int, seed: int, out_dir: Path,
+                  dataparser: Sequence[str]) -> List[str]:
+    """The arguments after ``ns-train``: what a user types, plus where the run goes."""
+    args = [entry.method]
+    if data is not None:
+        args += ["--data", str(data)]
+    args += ["--vis", "tensorboard", "--max-num-iterations", str(iterations), "--machine.seed", str(seed),
+             "--viewer.quit-on-train-completion", "True", "--output-dir", str(out_dir),
+             "--experiment-name", entry.label, "--timestamp", f"seed{seed}", *entry.extra_args, *dataparser]
+    return args
+
+
+def _run_logged(command: List[str], log: Path) -> float:
+    """Run ``command`` with its output in ``log``; its wall seconds from launch to exit."""
+    with open(log, "w") as out:
+        start = time.perf_counter()
+        rc = subprocess.call(command, stdout=out, stderr=subprocess.STDOUT)
+        wall = time.perf_counter() - start
+    if rc != 0:
+        tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+        raise BytesplatError(f"wallclock: {shlex.join(command[:6])} ... exited with {rc}: {tail[0]}",
+                             hint=f"the full output is in {log}")
+    return wall
+
+
+def breakdown(wall_s: float, launch: float, timings: Dict) -> Dict[str, float]:
+    """The phases of one run; they sum to ``wall_s``. ``startup_s`` is launch to ``Trainer.setup``
+    plus the setup that is not data loading (model, optimizers, writers)."""
+    seconds = timings["seconds"]
+    parts = {
+        "startup_s": (timings.get("setup_start", launch) - launch) + seconds["setup_s"],
+        **{key: seconds[key] for key in ("data_s", "steps_s", "eval_s", "log_s", "save_s")},
+    }
+    parts["other_s"] = wall_s - sum(parts.values())
+    return parts
+
+
+def read_eval(path: Path) -> Dict[str, float]:
+    results = json.loads(path.read_text())["results"]
+    return {key: float(results[key]) for key in ("psnr", "ssim", "lpips") if key in results}
+
+
+def run_one(entry: MethodEntry, seed: int, args: argparse.Namespace) -> Dict:
+    run_dir = Path(args.work_dir) / f"{entry.label}-seed{seed}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    timings_path = run_dir / "timings.json"
+    train_args = ns_train_args(entry, args.data, args.iterations, seed, run_dir, shlex.split(args.dataparser))
+    command = [sys.executable, "-m", "bytesplat_ns.bench.timed_ns_train", "--timings", str(timings_path), "--",
+               *train_args]
+    launch = time.time()
+    wall_s = _run_logged(command, run_dir / "train.log")
+    timings = json.loads(timings_path.read_text())
+    # OUT/EXPERIMENT/METHOD_NAME/TIMESTAMP: a method's config may name itself unlike its CLI name
+    config = next(iter(sorted(run_dir.glob(f"{entry.label}/*/seed{seed}/config.yml"))), run_dir / "config.yml")
+    record = {
+        "method": entry.label, "ns_method": entry.method, "seed": seed, "iterations": args.iterations,
+        "wall_s": wall_s, **breakdown(wall_s, launch, timings),
+        # the part of other_s after the trainer finished: interpreter and writer shutdown
+        "exit_s": launch + wall_s - timings["process_end"],
+        "num_gaussians": timings.get("num_gaussians"), "peak_gpu_memory_mb": timings.get("peak_gpu_memory_mb"),
+        "ns_train_command": "ns-train " + shlex.join(train_args),
+        "launched_command": shlex.join(command), "config": str(config),
+    }
+    if args.eval:
+        eval_json = run_dir / "eval.json"
+        eval_command = [sys.executable, "-c", NS_EVAL, "--load-config", str(config), "--output-path", str(eval_json)]
+        record["ns_eval_wall_s"] = _run_logged(eval_command, run_dir / "eval.log")
+        record["ns_eval_command"] = f"ns-eval --load-config {shlex.quote(str(config))} --output-path {shlex.quote(str(eval_json))}"
+        record.update(read_eval(eval_json))
+    return record
+
+
+def summarize(runs: List[Dict]) -> Dict[str, Dict[str, Dict[str, float]]]:
+    """Per method: mean, median, min and max over seeds of every number the runs have (per method
+    and iteration count, named "METHOD@ITERATIONS", when the runs have several counts)."""
+    several = len({r["iterations"] for r in runs}) > 1
+
+    def group(run: Dict) -> str:
+        return f"{run['method']}@{run['iterations']}" if several else run["method"]
+
+    summary: Dict[str, Dict[str, Dict[str, float]]] = {}
+    for label in dict.fromkeys(map(group, runs)):
+        mine = [r for r in runs if group(r) == label]
+        summary[label] = {"seeds": len(mine)}  # type: ignore[dict-item]
+        for key in SUMMARY_KEYS:
+            values = [float(r[key]) for r in mine if r.get(key) is not None]
+            if values:
+                summary[label][key] = {"mean": statistics.fmean(values), "median": statistics.median(values),
+                                       "min": min(values), "max": max(values)}
+    return summary
+
+
+def plot_breakdown(summary: Dict, path: Path, title: str) -> None:
+    """Stacked bars, one per method: the mean seconds of each phase."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = list(summary)
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.6 * len(labels) + 2), 4.5))
+    bottom = [0.0] * len(labels)
+    for key in BREAKDOWN:
+        heights = [max(0.0, summary[m].get(key, {}).get("mean", 0.0)) for m in labels]
+        ax.bar(labels, heights, bottom=bottom, label=key[:-2])
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    for i, m in enumerate(labels):
+        ax.text(i, bottom[i], f"{summary[m]['wall_s']['mean']:.1f} s", ha="center", va="bottom")
+    ax.set_ylabel("seconds (mean over seeds)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bytesplat-bench wallclock", description=__doc__.split("\n\n")[0].strip(" r\"`"))
+    p.add_argument("--methods", nargs="+", default=["splatfacto", "bytesplat"],
+                   help="METHOD or 'LABEL=METHOD EXTRA ARGS' (default: splatfacto bytesplat)")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0])
+    p.add_argument("--iterations", type=int, default=5000)
+    p.add_argument("--data", type=Path, default=None, help="dataset path (omitted: each method's default data)")
+    p.add_argument("--dataparser", default="nerfstudio-data",
+                   help="the dataparser subcommand and its options, after the method's ('' for the method's own)")
+    p.add_argument("--work-dir", type=Path, default=Path("outputs/wallclock"), help="run directories and logs")
+    p.add_argument("--out", type=Path, default=Path("wallclock.json"), help="JSON output path")
+    p.add_argument("--plot", type=Path, default=None, help="PNG of the stacked breakdown (default: next to --out)")
+    p.add_argument("--no-eval", dest="eval", action="store_false", help="skip ns-eval")
+    p.add_argument("--merge", nargs="+", type=Path, default=None, metavar="JSON",
+                   help="run nothing: combine the runs of earlier wallclock JSON files (e.g. one per seed, "
+                   "each in its own session) into --out, with the summary and plot over all of them")
+    return p
+
+
+def merged(paths: Sequence[Path]) -> Dict:
+    """One result from several wallclock files: their runs, the first file's environment."""
+    parts = []
+    for path in paths:
+        try:
+            parts.append(json.loads(Path(path).read_text()))
+        except (OSError, json.JSONDecodeError) as error:
+            raise BytesplatError(f"wallclock --merge: cannot read {path}: {error}") from error
+        if parts[-1].get("benchmark") != "bytesplat-bench wallclock":
+            raise BytesplatError(f"wallclock --merge: {path} is not a bytesplat-bench wallclock result")
+    runs = [run for part in parts for run in part["runs"]]
+    keys = [(r["method"], r["seed"], r["iterations"]) for r in runs]
+    if len(set(keys)) != len(keys):
+        raise BytesplatError("wallclock --merge: the files repeat a (method, seed, iterations) run")
+    result = {k: v for k, v in parts[0].items() if k not in ("runs", "summary")}
+    result["merged_from"] = [str(p) for p in paths]
+    result["commands"] = [part.get("command") for part in parts]
+    return {**result, "runs": runs, "summary": summarize(runs)}
+
+
+def main(argv: Optional[List[str]] = None) -> Dict:
+    from bytesplat_ns.bench.train import environment
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser().parse_args(argv)
+    if args.merge:
+        return write_result(merged(args.merge), args)
+    entries = [MethodEntry.parse(m) for m in args.methods]
+    if len({e.label for e in entries}) != len(entries):
+        raise BytesplatError("wallclock: two method entries share a label", hint="name them: 'LABEL=METHOD ARGS'")
+    if args.data is not None and not args.data.exists():
+        raise BytesplatError(f"wallclock: data path {args.data} does not exist")
+    runs = [run_one(entry, seed, args) for seed in args.seeds for entry in entries]
+    summary = summarize(runs)
+    result = {"benchmark": "bytesplat-bench wallclock", **environment(argv, prog="bytesplat-bench wallclock"),
+              "iterations": args.iterations, "data": None if args.data is None else str(args.data),
+              "runs": runs, "summary": summary}
+    return write_result(result, args)
+
+
+def write_result(result: Dict, args: argparse.Namespace) -> Dict:
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    plot = args.plot or args.out.with_suffix(".png")
+    iterations = sorted({r["iterations"] for r in result["runs"]})
+    plot_breakdown(result["summary"], plot, f"ns-train wall, {'/'.join(map(str, iterations))} iterations, {result['device']}")
+    print(f"wrote {args.out} and {plot}")
+    return result

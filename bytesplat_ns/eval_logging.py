@@ -1,0 +1,97 @@
+"""In-training eval images logged off the training thread.
+
+nerfstudio's ``Trainer.eval_iteration`` renders one eval image every ``steps_per_eval_image``
+steps and then, on the training thread, reads its metrics back from the GPU (a full wait for the
+queued training work), converts the image to 8 bits, encodes it as PNG and writes it to
+tensorboard. Here the training thread only queues the render; a worker thread computes the
+metrics, waits for the GPU, encodes and writes, the same tags and values at the same steps.
+
+nerfstudio's writer functions and its ``TensorboardWriter`` do nothing off the main thread, so the
+worker writes to their ``SummaryWriter`` directly; with any other event writer (wandb, comet) the
+trainer keeps nerfstudio's synchronous path. Not logged in this mode: nerfstudio's "Test Rays / Sec"
+(a host timing of work that is now asynchronous).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Callable, Dict, List, Optional
+
+import nerfstudio.configs.base_config  # noqa: F401 - imports nerfstudio's writer without its import cycle
+import torch
+from nerfstudio.utils import writer
+
+EVAL_METRICS_GROUP = "Eval Images Metrics"  # nerfstudio's names, so dashboards stay the same
+EVAL_IMAGES_GROUP = "Eval Images"
+
+
+def tensorboard_writers() -> Optional[List]:
+    """nerfstudio's tensorboard ``SummaryWriter`` s, or None when another event writer is active."""
+    summaries = []
+    for event_writer in writer.EVENT_WRITERS:
+        if isinstance(event_writer, writer.TensorboardWriter):
+            summaries.append(event_writer.tb_writer)
+        elif not isinstance(event_writer, writer.LocalWriter):
+            return None
+    return summaries
+
+
+class EvalImageLogger:
+    """One worker thread that turns queued eval renders into tensorboard scalars and images.
+
+    ``submit(step, metrics_and_images)`` queues a callable that returns (metrics, images) on the
+    worker, under ``torch.no_grad``. A failure in the worker is raised on the training thread at the
+    next ``submit`` or ``close``.
+    """
+
+    def __init__(self, summaries: List):
+        self.summaries = summaries
+        self._queue: "queue.Queue" = queue.Queue()
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._work, daemon=True, name="bytesplat-eval-logging")
+        self._thread.start()
+
+    def submit(self, step: int, metrics_and_images: Callable[[], tuple]) -> None:
+        self._raise_pending()
+        self._queue.put((step, metrics_and_images))
+
+    def drain(self) -> None:
+        """Wait until everything queued is written (before anything else uses the GPU metrics)."""
+        self._queue.join()
+        self._raise_pending()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+        for summary in self.summaries:
+            summary.flush()
+        self._raise_pending()
+
+    def _raise_pending(self) -> None:
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise RuntimeError("in-training eval logging failed") from error
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                step, metrics_and_images = item
+                with torch.no_grad():
+                    metrics, images = metrics_and_images()
+                self._write(step, metrics, images)
+            except BaseException as error:  # noqa: BLE001 - handed to the training thread
+                self._error = error
+            finally:
+                self._queue.task_done()
+
+    def _write(self, step: int, metrics: Dict[str, float], images: Dict[str, torch.Tensor]) -> None:
+        images_8bit = {name: writer.to8b(image).cpu().numpy() for name, image in images.items()}
+        for summary in self.summaries:
+            for key, value in metrics.items():
+                summary.add_scalar(f"{EVAL_METRICS_GROUP}/{key}", float(value), step)
+            for name, image in images_8bit.items():
+                summary.add_image(f"{EVAL_IMAGES_GROUP}/{name}", image, step, dataformats="HWC")

@@ -1,0 +1,93 @@
+"""In-training eval images logged off the training thread (issue 21): same tags, steps and values
+as nerfstudio's synchronous path, and the loop does not wait for the write."""
+
+from __future__ import annotations
+
+import copy
+import threading
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from bytesplat_ns import eval_logging
+from bytesplat_ns.bench.train import setup_trainer
+from bytesplat_ns.data.scene import SceneSpec, ensure_scene
+from bytesplat_ns.method_configs.bytesplat import bytesplat_config
+
+ITERATIONS, EVAL_EVERY = 5, 2  # eval images at steps 2 and 4
+
+
+@pytest.fixture(scope="module")
+def scene(tmp_path_factory):
+    return ensure_scene(SceneSpec(size="small", num_views=10, width=32), cache_dir=tmp_path_factory.mktemp("scenes"))
+
+
+def trainer_for(scene, out_dir, async_eval_images: bool):
+    config = copy.deepcopy(bytesplat_config)
+    config.async_eval_images = async_eval_images
+    trainer, _ = setup_trainer("eval-logging", config, scene, ITERATIONS, out_dir, seed=0, device="cpu")
+    trainer.config.steps_per_eval_image = EVAL_EVERY
+    return trainer
+
+
+def logged(trainer):
+    events = EventAccumulator(str(trainer.base_dir), size_guidance={"images": 0, "scalars": 0})
+    events.Reload()
+    scalars = {tag: [(e.step, e.value) for e in events.Scalars(tag)]
+               for tag in events.Tags()["scalars"] if tag.startswith("Eval Images Metrics/")}
+    images = {tag: [e.step for e in events.Images(tag)] for tag in events.Tags()["images"]}
+    return scalars, images
+
+
+def test_same_tags_steps_and_values_as_nerfstudio(scene, tmp_path):
+    runs = {}
+    for mode in (False, True):
+        trainer = trainer_for(scene, tmp_path / str(mode), async_eval_images=mode)
+        trainer.train()
+        runs[mode] = logged(trainer)
+    (sync_scalars, sync_images), (async_scalars, async_images) = runs[False], runs[True]
+    assert async_images == sync_images == {"Eval Images/img": [2, 4]}
+    assert set(async_scalars) == set(sync_scalars) and {"Eval Images Metrics/psnr", "Eval Images Metrics/ssim"} <= set(sync_scalars)
+    for tag, values in sync_scalars.items():
+        assert [s for s, _ in async_scalars[tag]] == [s for s, _ in values] == [2, 4]
+        assert [v for _, v in async_scalars[tag]] == pytest.approx([v for _, v in values], rel=1e-5)
+
+
+def test_training_does_not_wait_for_the_write(scene, tmp_path, monkeypatch):
+    trainer = trainer_for(scene, tmp_path, async_eval_images=True)
+    release, written, pending_at_step = threading.Event(), [], {}
+    real_write = eval_logging.EvalImageLogger._write
+
+    def slow_write(self, step, metrics, images):
+        release.wait(timeout=120)
+        written.append(step)
+        real_write(self, step, metrics, images)
+
+    monkeypatch.setattr(eval_logging.EvalImageLogger, "_write", slow_write)
+    real_iteration = type(trainer).train_iteration
+
+    def train_iteration(self, step):
+        if step == ITERATIONS - 1:  # two steps after the first eval image was queued
+            pending_at_step[step] = list(written)
+            release.set()
+        return real_iteration(self, step)
+
+    monkeypatch.setattr(type(trainer), "train_iteration", train_iteration)
+    trainer.train()
+    assert pending_at_step == {ITERATIONS - 1: []}  # the loop ran on while the write was held
+    assert written == [2, 4]  # and everything was written before training finished
+    assert trainer._eval_logger is None
+
+
+def test_a_pipeline_with_its_own_eval_image_path_keeps_it(monkeypatch):
+    from types import SimpleNamespace
+
+    import bytesplat_ns.trainer
+
+    from bytesplat_ns.distributed.pipeline import ShardedPipeline
+    from bytesplat_ns.trainer import ByteSplatTrainer
+
+    sharded = SimpleNamespace(config=SimpleNamespace(async_eval_images=True), _eval_logger=None,
+                              pipeline=object.__new__(ShardedPipeline))
+    monkeypatch.setattr(bytesplat_ns.trainer, "tensorboard_writers", lambda: [object()])  # tensorboard is on
+    assert ByteSplatTrainer._eval_image_logger(sharded) is None  # it renders rank 0's full copy itself

@@ -1,0 +1,114 @@
+"""``bytesplat-bench wallclock`` and its timing shim (issue 21, item 1), on CPU.
+
+splatfacto in nerfstudio 1.1.5 rasterizes with gsplat's CUDA kernels only, so the end-to-end test
+compares two configurations of bytesplat instead (the tool treats each entry as its own method).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from bytesplat_ns.bench import wallclock
+from bytesplat_ns.bench.timed_ns_train import PhaseTimers
+from bytesplat_ns.errors import BytesplatError
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_phase_timers_are_exclusive():
+    clock = FakeClock()
+    timers = PhaseTimers(clock)
+
+    def log():
+        clock.now += 2.0
+
+    def evaluate():
+        clock.now += 1.0
+        timed_log()
+        clock.now += 3.0
+
+    timed_log = timers.wrap("log", log)
+    timers.wrap("eval", evaluate)()
+    assert timers.seconds["eval"] == pytest.approx(4.0)  # its own 1 + 3 s, not the nested log
+    assert timers.seconds["log"] == pytest.approx(2.0)
+    assert timers.calls == {"data": 0, "setup": 0, "steps": 0, "eval": 1, "log": 1, "save": 0}
+
+
+def test_method_entries():
+    assert wallclock.MethodEntry.parse("splatfacto") == wallclock.MethodEntry("splatfacto", "splatfacto", ())
+    entry = wallclock.MethodEntry.parse("ref=bytesplat --pipeline.model.rasterizer reference")
+    assert entry == wallclock.MethodEntry("ref", "bytesplat", ("--pipeline.model.rasterizer", "reference"))
+    # an '=' inside an argument is not a label
+    assert wallclock.MethodEntry.parse("bytesplat --x=1").label == "bytesplat"
+    with pytest.raises(BytesplatError, match="names no method"):
+        wallclock.MethodEntry.parse("ref=")
+
+
+def test_failed_process_is_one_error_naming_its_log(tmp_path):
+    log = tmp_path / "train.log"
+    with pytest.raises(BytesplatError, match="exited with 3: boom") as error:
+        wallclock._run_logged([sys.executable, "-c", "print('boom'); raise SystemExit(3)"], log)
+    assert str(log) in str(error.value)
+
+
+def test_two_configurations_end_to_end(tmp_path):
+    scene = f"bytesplat-scene --num-views 10 --width 32 --scene-cache-dir {tmp_path / 'scenes'}"
+    out = tmp_path / "wallclock.json"
+    result = wallclock.main([
+        "--methods", "ref=bytesplat --pipeline.model.rasterizer reference --steps-per-eval-image 2",
+        "auto=bytesplat --steps-per-eval-image 2",
+        "--iterations", "3", "--seeds", "1", "--dataparser", scene,
+        "--work-dir", str(tmp_path / "runs"), "--out", str(out),
+    ])
+    assert json.loads(out.read_text()) == json.loads(json.dumps(result))
+    for key in ("torch", "nerfstudio", "gsplat", "device", "date", "command", "runs", "summary"):
+        assert key in result
+    assert [(r["method"], r["seed"], r["iterations"]) for r in result["runs"]] == [("ref", 1, 3), ("auto", 1, 3)]
+    for run in result["runs"]:
+        parts = [run[key] for key in wallclock.BREAKDOWN]
+        assert sum(parts) == pytest.approx(run["wall_s"], abs=1e-6)
+        assert all(part >= 0 for part in parts), run
+        assert 0 <= run["exit_s"] <= run["other_s"]
+        # every phase ran: 3 steps, eval images at step 2, the final checkpoint, the writers
+        assert min(run["startup_s"], run["data_s"], run["steps_s"], run["eval_s"], run["log_s"], run["save_s"]) > 0
+        assert run["num_gaussians"] > 0 and 0 < run["ssim"] <= 1 and run["psnr"] > 5
+        assert "--machine.seed 1" in run["ns_train_command"] and run["ns_train_command"].startswith("ns-train bytesplat")
+        assert run["ns_eval_command"].startswith("ns-eval --load-config")
+    ref = result["runs"][0]
+    assert "--pipeline.model.rasterizer reference" in ref["ns_train_command"]
+    assert result["summary"]["ref"]["wall_s"]["min"] == ref["wall_s"] == result["summary"]["ref"]["wall_s"]["median"]
+    png = out.with_suffix(".png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def fake_result(path, seeds, iterations=100, method="m"):
+    runs = [{"method": method, "seed": s, "iterations": iterations, "wall_s": 10.0 + s, "steps_s": 4.0 + s,
+             "psnr": 20.0 + s, "ssim": 0.5} for s in seeds]
+    path.write_text(json.dumps({"benchmark": "bytesplat-bench wallclock", "device": "dev", "command": f"c{seeds}",
+                                "runs": runs, "summary": {}}))
+    return path
+
+
+def test_merge_combines_runs_from_separate_sessions(tmp_path):
+    a, b = fake_result(tmp_path / "a.json", [0]), fake_result(tmp_path / "b.json", [1, 2])
+    out = tmp_path / "all.json"
+    result = wallclock.main(["--merge", str(a), str(b), "--out", str(out)])
+    assert [r["seed"] for r in result["runs"]] == [0, 1, 2] and result["commands"] == ["c[0]", "c[1, 2]"]
+    assert result["summary"]["m"]["wall_s"] == {"mean": 11.0, "median": 11.0, "min": 10.0, "max": 12.0}
+    assert result["summary"]["m"]["seeds"] == 3 and json.loads(out.read_text())["runs"] == result["runs"]
+    longer = fake_result(tmp_path / "c.json", [0], iterations=300)
+    assert set(wallclock.main(["--merge", str(a), str(longer), "--out", str(out)])["summary"]) == {"m@100", "m@300"}
+    with pytest.raises(BytesplatError, match="repeat"):
+        wallclock.main(["--merge", str(a), str(a), "--out", str(out)])
+    (tmp_path / "other.json").write_text(json.dumps({"runs": []}))
+    with pytest.raises(BytesplatError, match="not a bytesplat-bench wallclock result"):
+        wallclock.main(["--merge", str(a), str(tmp_path / "other.json"), "--out", str(out)])
