@@ -91,7 +91,6 @@ from bytesplat_ns.trainer import (
     ByteSplatTrainer,
     ByteSplatTrainerConfig,
     resume_pipeline,
-    write_checkpoint,
 )
 
 ADAM_ROW_KEYS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
@@ -796,7 +795,7 @@ class ShardedTrainer(ByteSplatTrainer):
 
     @check_main_thread
     def save_checkpoint(self, step: int) -> None:
-        """Rank 0 writes the gathered full state (write, then rename)."""
+        """Rank 0 writes the gathered full state (atomically; in the background unless configured off)."""
         try:
             gathered = self.pipeline.checkpoint_state(step)
         except BytesplatError as error:
@@ -805,7 +804,7 @@ class ShardedTrainer(ByteSplatTrainer):
         state = self.checkpoint_contents(step)
         state["pipeline"] = gathered["pipeline"]
         state["optimizers"] = gathered["optimizers"] or state["optimizers"]
-        write_checkpoint(state, self.checkpoint_dir, step, self.config.save_only_latest_checkpoint)
+        self.checkpoint_writer.save(state, step)
 
     def _load_checkpoint(self) -> None:
         state, path = resume_pipeline(self)
