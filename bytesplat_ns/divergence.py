@@ -7,7 +7,7 @@ ends within ``interval`` steps and never writes a NaN checkpoint.
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, Optional
+from typing import Dict, List, Optional
 
 import torch
 
@@ -36,7 +36,7 @@ class DivergenceGuard:
     def due(self, step: int) -> bool:
         return step % self.interval == 0
 
-    def check(self, step: int, param_groups: Dict[str, Iterable[torch.Tensor]]) -> None:
+    def check(self, step: int, param_groups: Dict[str, List[torch.Tensor]]) -> None:
         """Read the flag and the parameters (synchronises); a clear error if anything is non-finite."""
         flag, first, self._loss_finite, self._first_step = self._loss_finite, self._first_step, None, None
         for name, params in param_groups.items():
@@ -46,4 +46,10 @@ class DivergenceGuard:
                 )
         if flag is not None and not bool(flag):
             span = f"at step {step}" if first == step else f"between steps {first} and {step}"
-            raise DivergenceError(f"Training diverged: the loss became NaN/inf {span}.", DIVERGED_HINT)
+            # The parameters are still finite: name the groups the last backward gave NaN/inf gradients.
+            groups = [
+                name for name, params in param_groups.items()
+                if any(p.grad is not None and not bool(torch.isfinite(p.grad).all()) for p in params)
+            ]
+            culprits = f" (non-finite gradients in parameter groups {', '.join(repr(g) for g in groups)})" if groups else ""
+            raise DivergenceError(f"Training diverged: the loss became NaN/inf {span}{culprits}.", DIVERGED_HINT)
