@@ -52,7 +52,6 @@ _INTRINSICS = ("fl_x", "fl_y", "cx", "cy", "w", "h")
 _IMAGE_MODES = ("RGB", "RGBA", "L")  # what nerfstudio's InputDataset turns into 3 or 4 channels
 
 
-@dataclass
 # tyro takes dataparser options only after the dataparser's name, at the end of the command line.
 POINT_CLOUD_HINT = (
     "fix or remove ply_file_path, or start from random points: end the ns-train command with "
@@ -60,6 +59,7 @@ POINT_CLOUD_HINT = (
 )
 
 
+@dataclass
 class BytesplatSceneDataParserConfig(NerfstudioDataParserConfig):
     """nerfstudio-format data with validation, or (without data) bytesplat's built-in synthetic scene."""
 
