@@ -10,6 +10,7 @@ import contextlib
 import importlib
 import os
 import socket
+import sys
 import threading
 import urllib.request
 import warnings
@@ -41,6 +42,24 @@ def allow_nerfstudio_checkpoints() -> None:
             continue
         numpy_types += [getattr(module, name) for name in ("scalar", "_reconstruct") if hasattr(module, name)]
     add_safe_globals(numpy_types)
+
+
+def install_checkpoint_loader() -> bool:
+    """Route nerfstudio's ``eval_utils.eval_load_checkpoint`` (ns-eval, ns-export, ns-viewer all load
+    through ``eval_setup``) to ``bytesplat_ns.checkpoints.load_for_eval``: clear errors for every bad
+    checkpoint. Returns whether it is installed.
+
+    eval_utils imports the method registry, which imports this plugin, before it defines the function;
+    so this runs at plugin import when eval_utils is complete, and again when a bytesplat config.yml
+    is read (``ByteSplatTrainerConfig.__setstate__``), which eval_setup does before loading.
+    """
+    eval_utils = sys.modules.get("nerfstudio.utils.eval_utils")
+    if eval_utils is None or not hasattr(eval_utils, "eval_load_checkpoint"):
+        return False
+    from bytesplat_ns.checkpoints import load_for_eval
+
+    eval_utils.eval_load_checkpoint = load_for_eval
+    return True
 
 
 @dataclass
@@ -128,3 +147,4 @@ def offline_safe_lpips(connect_timeout_s: float = 0.8, download_timeout_s: float
 
 
 allow_nerfstudio_checkpoints()
+install_checkpoint_loader()

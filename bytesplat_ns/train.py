@@ -113,15 +113,39 @@ def teardown() -> None:
 def main(argv=None) -> None:
     import bytesplat_ns  # noqa: F401  (checkpoint allow-list, error hook)
 
-    config = parse(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    config = parse_once(argv, rank)
     try:
         run(config)
         teardown()
     except BytesplatError as error:
-        sys.stderr.write(f"\nbytesplat: error: {error}\n")
-        sys.stderr.flush()
+        if speaks_for_all_ranks(error, rank):
+            sys.stderr.write(f"\nbytesplat: error: {error}\n")
+            sys.stderr.flush()
         # A peer may be gone: do not wait in process-group teardown.
         os._exit(1)
+
+
+def parse_once(argv, rank: int):
+    """Parse on every rank, but let only rank 0 print tyro's usage or error text: every rank parses
+    the same command line, so the others would only repeat it."""
+    if rank == 0:
+        return parse(argv)
+    with open(os.devnull, "w") as devnull:
+        saved = sys.stderr, sys.stdout
+        sys.stderr = sys.stdout = devnull
+        try:
+            return parse(argv)
+        finally:
+            sys.stderr, sys.stdout = saved
+
+
+def speaks_for_all_ranks(error: BytesplatError, rank: int) -> bool:
+    """Whether this rank prints ``error``: rank 0 prints every error; the others only their own
+    communication failures (a bad flag, data set or checkpoint fails the same way on every rank)."""
+    from bytesplat_ns.distributed.exchange import DistributedError
+
+    return rank == 0 or isinstance(error, DistributedError)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,6 @@ The single-process base of both bytesplat trainers: ``ns-train bytesplat``'s con
 from __future__ import annotations
 
 import functools
-import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Tuple, Type
@@ -21,10 +19,18 @@ from nerfstudio.utils.decorators import check_eval_enabled, check_main_thread
 from nerfstudio.utils.misc import step_check
 from nerfstudio.utils.rich_utils import CONSOLE
 
+from bytesplat_ns.checkpoints import (  # noqa: F401  (re-exported: the sharded trainer and the benches use them)
+    CHECKPOINT_NAME,
+    CheckpointWriter,
+    checkpoint_to_load,
+    latest_checkpoint,
+    read_checkpoint,
+    refuse_existing_run,
+    write_checkpoint,
+)
+from bytesplat_ns.divergence import DivergenceGuard
 from bytesplat_ns.errors import BytesplatError
 from bytesplat_ns.eval_logging import EVAL_METRICS_GROUP, EvalImageLogger, tensorboard_writers
-
-CHECKPOINT_NAME = re.compile(r"^step-(\d{9})\.ckpt$")
 
 
 @dataclass
@@ -34,6 +40,19 @@ class ByteSplatTrainerConfig(TrainerConfig):
     """Read back, encode and write the in-training eval image (every steps_per_eval_image steps) on a
     worker thread instead of stalling the training loop; same schedule, tags and values. Needs
     tensorboard as the only event writer (otherwise nerfstudio's synchronous path is used)."""
+    background_checkpoint_writes: bool = True
+    """Write checkpoints in a background thread (after a host copy taken at the save step), off the
+    training loop's critical path; every write is still atomic and finished before the next or exit."""
+    steps_per_finite_check: int = 50
+    """Read the device-side "loss is finite" flag and check every parameter for NaN/inf this often
+    (and before every checkpoint): a diverged run stops within this many steps."""
+
+    def __setstate__(self, state: dict) -> None:
+        # yaml.Loader (eval_setup reading config.yml) restores the config here, before any checkpoint is loaded.
+        self.__dict__.update(state)
+        from bytesplat_ns.compat import install_checkpoint_loader
+
+        install_checkpoint_loader()
 
     def set_experiment_name(self) -> None:
         # With no --data we train on the built-in scene: name the run after it, not "unnamed".
@@ -42,51 +61,21 @@ class ByteSplatTrainerConfig(TrainerConfig):
             self.experiment_name = "bytesplat-scene"
         super().set_experiment_name()
 
-
-def latest_checkpoint(load_dir: Path) -> Path:
-    """The newest ``step-*.ckpt`` in ``load_dir``; a clear error if there is none."""
-    if not load_dir.is_dir():
-        raise BytesplatError(f"Checkpoint directory {load_dir} does not exist.")
-    steps = sorted(int(m.group(1)) for m in map(CHECKPOINT_NAME.match, os.listdir(load_dir)) if m)
-    if not steps:
-        raise BytesplatError(f"No checkpoint (step-XXXXXXXXX.ckpt) in {load_dir}.")
-    return load_dir / f"step-{steps[-1]:09d}.ckpt"
+    def set_timestamp(self) -> None:
+        check_rasterizer_device(self)
+        super().set_timestamp()
+        # Before ns-train writes config.yml into the run directory.
+        refuse_existing_run(self.get_checkpoint_dir(), self.load_dir, self.load_checkpoint)
 
 
-def checkpoint_to_load(config: TrainerConfig) -> Optional[Path]:
-    """The checkpoint that ``--load-dir``/``--load-step``/``--load-checkpoint`` name, or None."""
-    if config.load_dir is not None:
-        if config.load_step is None:
-            return latest_checkpoint(config.load_dir)
-        return config.load_dir / f"step-{config.load_step:09d}.ckpt"
-    return config.load_checkpoint
-
-
-def write_checkpoint(state: dict, checkpoint_dir: Path, step: int, keep_only_latest: bool) -> Path:
-    """Write to a temporary file, then rename: a crash mid-write never leaves a broken checkpoint."""
-    checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    path = checkpoint_dir / f"step-{step:09d}.ckpt"
-    partial = path.with_name(path.name + ".partial")
-    torch.save(state, partial)
-    os.replace(partial, path)
-    if keep_only_latest:
-        for old in checkpoint_dir.glob("step-*.ckpt"):
-            if old != path:
-                old.unlink()
-    return path
-
-
-def read_checkpoint(path: Path) -> dict:
-    """torch.load a nerfstudio checkpoint, turning the usual failures into one clear message."""
-    if not path.is_file():
-        raise BytesplatError(f"Checkpoint {path} does not exist.")
-    try:
-        state = torch.load(path, map_location="cpu")
-    except Exception as error:  # noqa: BLE001 - corrupt/truncated/foreign files all end here
-        raise BytesplatError(f"Cannot read checkpoint {path}: {type(error).__name__}: {error}") from error
-    if not isinstance(state, dict) or "pipeline" not in state or "step" not in state:
-        raise BytesplatError(f"{path} is not a nerfstudio checkpoint (no 'pipeline'/'step' entries).")
-    return state
+def check_rasterizer_device(config: TrainerConfig) -> None:
+    """A GPU-only rasterizer with --machine.device-type cpu fails here, before any data is loaded."""
+    rasterizer = getattr(getattr(config.pipeline, "model", None), "rasterizer", None)
+    if rasterizer in ("fused", "gsplat") and config.machine.device_type == "cpu":
+        raise BytesplatError(
+            f"--pipeline.model.rasterizer {rasterizer} needs a CUDA device, but --machine.device-type is cpu.",
+            hint="use --pipeline.model.rasterizer reference (or auto) on CPU",
+        )
 
 
 def resume_pipeline(trainer) -> Tuple[Optional[dict], Optional[Path]]:
@@ -116,7 +105,24 @@ class ByteSplatTrainer(Trainer):
         if "schedulers" in state and self.config.load_scheduler:
             self.optimizers.load_schedulers(state["schedulers"])
         self.grad_scaler.load_state_dict(state["scalers"])
+        self._apply_configured_learning_rates()
         CONSOLE.print(f"Done loading checkpoint from {path}")
+
+    def _apply_configured_learning_rates(self) -> None:
+        """Loading optimizer and scheduler states restores the old run's learning rates: put the
+        configured ones back (at the schedule's current point), so flags given on resume take effect."""
+        for name, optimizer in self.optimizers.optimizers.items():
+            configured = self.config.optimizers.get(name, {}).get("optimizer")
+            if configured is None:
+                continue
+            scheduler = self.optimizers.schedulers.get(name)
+            for i, group in enumerate(optimizer.param_groups):
+                progress = 1.0
+                if scheduler is not None and scheduler.base_lrs[i] > 0:
+                    progress = group["lr"] / scheduler.base_lrs[i]
+                    scheduler.base_lrs[i] = configured.lr
+                group["initial_lr"] = configured.lr
+                group["lr"] = configured.lr * progress
 
     def _follow_replaced_parameters(self) -> None:
         """Point the optimizers at the model's current parameters.
@@ -143,9 +149,42 @@ class ByteSplatTrainer(Trainer):
             "scalers": self.grad_scaler.state_dict(),
         }
 
+    # ---- checkpoints and divergence (bytesplat_ns.checkpoints, bytesplat_ns.divergence) ----
+
+    @property
+    def checkpoint_writer(self) -> CheckpointWriter:
+        if getattr(self, "_checkpoint_writer", None) is None:
+            self._checkpoint_writer = CheckpointWriter(
+                self.checkpoint_dir, self.config.save_only_latest_checkpoint, self.config.background_checkpoint_writes
+            )
+        return self._checkpoint_writer
+
+    @property
+    def divergence_guard(self) -> DivergenceGuard:
+        if getattr(self, "_divergence_guard", None) is None:
+            self._divergence_guard = DivergenceGuard(self.config.steps_per_finite_check)
+        return self._divergence_guard
+
+    def check_finite(self, step: int) -> None:
+        self.divergence_guard.check(step, self.pipeline.get_param_groups())
+
+    def train_iteration(self, step: int):
+        loss, loss_dict, metrics_dict = super().train_iteration(step)
+        self.divergence_guard.observe(step, loss)
+        if self.divergence_guard.due(step):
+            self.check_finite(step)
+        return loss, loss_dict, metrics_dict
+
+    def train(self) -> None:
+        try:
+            super().train()
+        finally:
+            self.checkpoint_writer.finish()  # the last write completes (or reports) before we return
+
     @check_main_thread
     def save_checkpoint(self, step: int) -> None:
-        write_checkpoint(self.checkpoint_contents(step), self.checkpoint_dir, step, self.config.save_only_latest_checkpoint)
+        self.check_finite(step)  # never replace a finite checkpoint by a diverged one
+        self.checkpoint_writer.save(self.checkpoint_contents(step), step)
 
     # -- in-training evaluation off the training thread (bytesplat_ns/eval_logging.py) --------------
 

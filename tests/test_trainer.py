@@ -23,12 +23,15 @@ def test_several_processes_get_the_sharded_trainer(monkeypatch):
     assert (built["local_rank"], built["world_size"]) == (1, 2)
 
 
-def test_write_checkpoint_replaces_atomically_and_keeps_only_the_latest(tmp_path):
-    first = write_checkpoint({"step": 1, "x": torch.ones(3)}, tmp_path, 1, keep_only_latest=True)
-    second = write_checkpoint({"step": 2, "x": torch.zeros(3)}, tmp_path, 2, keep_only_latest=True)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [second.name]  # no .partial, no older step
+def test_write_checkpoint_replaces_atomically_and_removes_only_the_superseded_one(tmp_path):
+    models = tmp_path / "nerfstudio_models"
+    first = write_checkpoint({"step": 1, "x": torch.ones(3)}, models, 1, keep_only_latest=True)
+    second = write_checkpoint({"step": 2, "x": torch.zeros(3)}, models, 2, keep_only_latest=True, supersedes=first)
+    assert sorted(p.name for p in models.iterdir()) == [second.name]  # no .partial, no older step
     assert not first.exists()
     assert torch.load(second)["step"] == 2
+    third = write_checkpoint({"step": 3, "x": torch.zeros(3)}, models, 3, keep_only_latest=True)
+    assert second.exists() and third.exists()  # not superseded by this caller: kept
 
 
 def test_gpu_backend_on_cpu_is_a_clear_error():

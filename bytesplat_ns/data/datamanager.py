@@ -22,6 +22,9 @@ from nerfstudio.cameras.cameras import Cameras
 from nerfstudio.data.datamanagers import full_images_datamanager
 from nerfstudio.data.datamanagers.full_images_datamanager import FullImageDatamanager, FullImageDatamanagerConfig
 
+from bytesplat_ns.data.sanity import check_cameras
+from bytesplat_ns.errors import BytesplatError
+
 # metadata key of a training camera: its full-resolution (width, height) as Python ints
 HOST_SIZE_KEY = "bytesplat_host_size"
 
@@ -63,6 +66,22 @@ class BytesplatDatamanager(FullImageDatamanager):
     _device_cameras: Optional[Cameras] = None
     _device_cameras_of: Optional[Cameras] = None
     _host_sizes: Tuple[Tuple[int, int], ...] = ()
+
+    def __init__(self, *args, **kwargs):
+        try:
+            super().__init__(*args, **kwargs)
+        except ZeroDivisionError as error:
+            # nerfstudio's auto-scale divides by the largest camera offset from the poses' centre.
+            raise BytesplatError(
+                f"The dataparser's pose normalisation divided by zero ({error}): the cameras are probably all at one point.",
+                hint="check the translations in the frames' transform_matrix (they must differ)",
+            ) from error
+
+    def create_train_dataset(self):
+        # Right after the dataparser, before any image is read: whichever dataparser produced them.
+        outputs = self.train_dataparser_outputs
+        check_cameras(outputs.cameras, [p.name for p in outputs.image_filenames], split="train")
+        return super().create_train_dataset()
 
     def _train_cameras_on_device(self) -> Cameras:
         # train_cameras can be replaced after construction (undistortion when the images are cached):

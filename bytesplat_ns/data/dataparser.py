@@ -55,6 +55,13 @@ _INTRINSICS = ("fl_x", "fl_y", "cx", "cy", "w", "h")
 _IMAGE_MODES = ("RGB", "RGBA", "L")  # what nerfstudio's InputDataset turns into 3 or 4 channels
 
 
+# tyro takes dataparser options only after the dataparser's name, at the end of the command line.
+POINT_CLOUD_HINT = (
+    "fix or remove ply_file_path, or start from random points: end the ns-train command with "
+    "'bytesplat-scene --load-3D-points False'"
+)
+
+
 @dataclass
 class BytesplatSceneDataParserConfig(NerfstudioDataParserConfig):
     """nerfstudio-format data with validation, or (without data) bytesplat's built-in synthetic scene."""
@@ -194,7 +201,7 @@ class BytesplatSceneDataParser(Nerfstudio):
         except Exception as e:  # plyfile raises assorted errors on malformed files
             raise BytesplatError(
                 f"Point cloud {ply_file_path} (ply_file_path in transforms.json) is unreadable: {e}",
-                hint="fix or remove ply_file_path, or pass --load-3D-points False for random initialisation",
+                hint=POINT_CLOUD_HINT,
             ) from e
         if len(xyz) == 0:
             return None
@@ -487,7 +494,7 @@ def validate_nerfstudio_data(
         if not ply.is_file():
             raise BytesplatError(
                 f"Point cloud {ply} (ply_file_path in {name}) is missing",
-                hint="fix or remove ply_file_path, or pass --load-3D-points False for random initialisation",
+                hint=POINT_CLOUD_HINT,
             )
 
     if check_images:

@@ -30,7 +30,7 @@ from bytesplat_ns.distributed.pipeline import ADAM_ROW_KEYS, ShardedPipeline, Sh
 from bytesplat_ns.distributed.sharding import ShardLayout
 from bytesplat_ns.distributed.step import PARAM_NAMES, scale_adam_for_batch
 from bytesplat_ns.errors import BytesplatError
-from bytesplat_ns.trainer import ByteSplatTrainer, ByteSplatTrainerConfig, resume_pipeline, write_checkpoint
+from bytesplat_ns.trainer import ByteSplatTrainer, ByteSplatTrainerConfig, resume_pipeline
 
 TORCHRUN_HINT = (
     "On CPU (gloo), launch the ranks with torchrun instead: `torchrun --nproc-per-node N -m bytesplat_ns.train "
@@ -148,7 +148,7 @@ class ShardedTrainer(ByteSplatTrainer):
 
     @check_main_thread
     def save_checkpoint(self, step: int) -> None:
-        """Rank 0 writes the gathered full state (write, then rename)."""
+        """Rank 0 writes the gathered full state (atomically; in the background unless configured off)."""
         try:
             gathered = self.pipeline.checkpoint_state(step)
         except BytesplatError as error:
@@ -157,7 +157,7 @@ class ShardedTrainer(ByteSplatTrainer):
         state = self.checkpoint_contents(step)
         state["pipeline"] = gathered["pipeline"]
         state["optimizers"] = gathered["optimizers"] or state["optimizers"]
-        write_checkpoint(state, self.checkpoint_dir, step, self.config.save_only_latest_checkpoint)
+        self.checkpoint_writer.save(state, step)
 
     def _load_checkpoint(self) -> None:
         state, path = resume_pipeline(self)

@@ -1,0 +1,55 @@
+"""Stop a diverged run loudly, without a host-device synchronisation per step.
+
+Each step folds "the loss is finite" into a flag that stays on the device; the flag (and every
+parameter group) is read only every ``interval`` steps and before each checkpoint, so a NaN run
+ends within ``interval`` steps and never writes a NaN checkpoint.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import torch
+
+from bytesplat_ns.errors import BytesplatError
+
+DIVERGED_HINT = "lower the learning rates (--optimizers.<group>.optimizer.lr); the last finite checkpoint is kept"
+
+
+class DivergenceError(BytesplatError):
+    """Training produced NaN/inf values."""
+
+
+class DivergenceGuard:
+    def __init__(self, interval: int):
+        self.interval = max(1, int(interval))
+        self._loss_finite: Optional[torch.Tensor] = None
+        self._first_step: Optional[int] = None  # first step folded into the flag since the last check
+
+    def observe(self, step: int, loss: torch.Tensor) -> None:
+        """Fold this step's loss into the device-side flag (no synchronisation)."""
+        finite = torch.isfinite(loss.detach()).all()
+        self._loss_finite = finite if self._loss_finite is None else self._loss_finite & finite
+        if self._first_step is None:
+            self._first_step = step
+
+    def due(self, step: int) -> bool:
+        return step % self.interval == 0
+
+    def check(self, step: int, param_groups: Dict[str, List[torch.Tensor]]) -> None:
+        """Read the flag and the parameters (synchronises); a clear error if anything is non-finite."""
+        flag, first, self._loss_finite, self._first_step = self._loss_finite, self._first_step, None, None
+        for name, params in param_groups.items():
+            if any(not bool(torch.isfinite(p.detach()).all()) for p in params):
+                raise DivergenceError(
+                    f"Training diverged: parameter group '{name}' holds NaN/inf values at step {step}.", DIVERGED_HINT
+                )
+        if flag is not None and not bool(flag):
+            span = f"at step {step}" if first == step else f"between steps {first} and {step}"
+            # The parameters are still finite: name the groups the last backward gave NaN/inf gradients.
+            groups = [
+                name for name, params in param_groups.items()
+                if any(p.grad is not None and not bool(torch.isfinite(p.grad).all()) for p in params)
+            ]
+            culprits = f" (non-finite gradients in parameter groups {', '.join(repr(g) for g in groups)})" if groups else ""
+            raise DivergenceError(f"Training diverged: the loss became NaN/inf {span}{culprits}.", DIVERGED_HINT)
