@@ -25,7 +25,8 @@ def write_compressed_ply(path: Path, splats: Splats) -> None:
     and scales, 2-10-10-10 smallest-three quaternions, 8-bit colour/opacity and 8-bit SH (range [-4, 4])."""
     import gsply
 
-    gsply.plywrite(str(path), to_gsdata(splats), compressed=True)
+    # compress_to_bytes, not plywrite: plywrite renames a target that does not end in .compressed.ply
+    Path(path).write_bytes(gsply.compress_to_bytes(to_gsdata(splats)))
 
 
 def write_spz(path: Path, splats: Splats) -> None:
