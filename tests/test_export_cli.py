@@ -152,6 +152,7 @@ def test_a_run_trained_on_two_ranks_exports_all_its_gaussians(workdir):
     from bytesplat_ns.distributed.launch import launch_local
 
     tmp = workdir / "two-ranks"
+    tmp.mkdir()
     args = [
         sys.executable, "-m", "bytesplat_ns.train", "bytesplat",
         "--output-dir", str(tmp / "out"), "--experiment-name", "dist", "--timestamp", "run",
