@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 import shutil
 import subprocess
 import threading

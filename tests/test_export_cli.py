@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests.cli import cli_env, describe, run_cli
+from tests.tiny_runs import train_tiny
 
 pytestmark = pytest.mark.slow
 
@@ -20,19 +21,6 @@ REPO = Path(__file__).resolve().parents[1]
 # The console script runs bytesplat_ns.export.cli:entrypoint; run the module, which works before a reinstall too.
 EXPORT = [sys.executable, "-m", "bytesplat_ns.export.cli"]
 FORMATS = {"ply": "s.ply", "compressed-ply": "s.compressed.ply", "spz": "s.spz", "splat": "s.splat", "sog": "s.sog"}
-
-
-def ns_train(tmp: Path, name: str, iterations: int) -> Path:
-    args = [
-        "ns-train", "bytesplat", "--output-dir", str(tmp / "outputs"), "--experiment-name", name,
-        "--timestamp", "run", "--vis", "tensorboard", "--max-num-iterations", str(iterations),
-        "--steps-per-save", str(iterations), "--steps-per-eval-image", "100000",
-        "--steps-per-eval-all-images", "100000", "--machine.device-type", "cpu",
-        "--pipeline.model.rasterizer", "reference", "--pipeline.model.num-downscales", "0",
-    ]
-    result = run_cli(args, cli_env(tmp / "cache"), timeout=600)
-    assert result.returncode == 0, describe(result)
-    return tmp / "outputs" / name / "bytesplat" / "run" / "config.yml"
 
 
 def export(config: Path, out: Path, *extra: str, expect_ok: bool = True):
@@ -59,7 +47,7 @@ def workdir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def one_step_run(workdir) -> Path:
     """One training step: the Gaussians still sit (within one optimizer step) on the scene's point cloud."""
-    return ns_train(workdir, "one-step", 1)
+    return train_tiny(workdir, "one-step", 1)
 
 
 def test_every_format_exports_the_checkpoints_gaussians(one_step_run, workdir):

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from tests.cli import cli_env, describe, run_cli
+from tests.tiny_runs import train_tiny
 
 pytestmark = pytest.mark.slow
 
@@ -22,17 +23,7 @@ STEPS = 2  # frames between consecutive eval views
 
 @pytest.fixture(scope="module")
 def trained_config(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("render")
-    args = [
-        "ns-train", "bytesplat", "--output-dir", str(tmp / "outputs"), "--experiment-name", "render",
-        "--timestamp", "run", "--vis", "tensorboard", "--max-num-iterations", str(ITERATIONS),
-        "--steps-per-save", str(ITERATIONS), "--steps-per-eval-image", "100000",
-        "--steps-per-eval-all-images", "100000", "--machine.device-type", "cpu",
-        "--pipeline.model.rasterizer", "reference", "--pipeline.model.num-downscales", "0",
-    ]
-    result = run_cli(args, cli_env(tmp / "cache"), timeout=600)
-    assert result.returncode == 0, describe(result)
-    return tmp / "outputs" / "render" / "bytesplat" / "run" / "config.yml"
+    return train_tiny(tmp_path_factory.mktemp("render"), "render", ITERATIONS)
 
 
 def probe(video: Path) -> dict:

@@ -31,6 +31,7 @@ MAX_PALETTE = 65536  # 16-bit labels
 CODEBOOK_SIZE = 256
 PALETTE_ROW = 64
 _KMEANS_ITERATIONS = 10
+_ASSIGN_CHUNK = 1024  # rows per distance block: 1024 x 65536 float32 = 256 MiB
 
 
 def _webp(rgba: np.ndarray) -> bytes:
@@ -87,19 +88,25 @@ def _palette(sh: np.ndarray):
     gen = torch.Generator(device="cpu").manual_seed(0)
     centres = data[torch.randperm(n, generator=gen)[:MAX_PALETTE].to(device)].clone()
     for _ in range(_KMEANS_ITERATIONS):
-        labels = torch.cat([torch.cdist(chunk, centres).argmin(dim=1) for chunk in data.split(16384)])
+        labels = _nearest_rows(data, centres)
         sums = torch.zeros_like(centres).index_add_(0, labels, data)
         counts = torch.bincount(labels, minlength=MAX_PALETTE).unsqueeze(1)
         centres = torch.where(counts > 0, sums / counts.clamp(min=1), centres)
-    labels = torch.cat([torch.cdist(chunk, centres).argmin(dim=1) for chunk in data.split(16384)])
+    labels = _nearest_rows(data, centres)
     return centres.cpu().numpy(), labels.cpu().numpy()
+
+
+def _nearest_rows(data, centres):
+    import torch
+
+    return torch.cat([torch.cdist(chunk, centres).argmin(dim=1) for chunk in data.split(_ASSIGN_CHUNK)])
 
 
 def _smallest_three(quats: np.ndarray) -> np.ndarray:
     q = quats / np.linalg.norm(quats, axis=1, keepdims=True)
     largest = np.abs(q).argmax(axis=1)
     q = np.where(np.take_along_axis(q, largest[:, None], 1) < 0, -q, q)
-    others = np.stack([np.delete(row, i) for row, i in zip(q, largest)]) if len(q) else np.zeros((0, 3))
+    others = q[np.arange(4)[None, :] != largest[:, None]].reshape(-1, 3)  # the three, in wxyz order
     out = np.empty((len(q), 4), np.uint8)
     out[:, :3] = np.clip(np.round((others * math.sqrt(2.0) * 0.5 + 0.5) * 255.0), 0, 255)
     out[:, 3] = 252 + largest
