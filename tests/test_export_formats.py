@@ -260,3 +260,19 @@ def test_a_frame_change_renders_the_same_image_from_the_moved_camera():
     # without the SH rotation the colours would be wrong
     unrotated = type(moved)(moved.means, moved.log_scales, moved.quats, moved.logit_opacities, moved.sh0, s.sh_rest)
     assert np.abs(render(unrotated, moved_view) - before).max() > 0.05
+
+
+def test_a_degree_0_models_rgb_logits_become_the_sh_dc_that_gives_its_colour():
+    from types import SimpleNamespace
+
+    from bytesplat_ns.export.splats import splats_from_model
+
+    n = 10
+    logits = torch.linspace(-3, 3, n * 3).reshape(n, 3)
+    params = {"means": torch.zeros(n, 3), "scales": torch.zeros(n, 3), "quats": torch.tensor([[-2.0, 0, 0, 0]] * n),
+              "opacities": torch.zeros(n, 1), "features_dc": logits, "features_rest": torch.zeros(n, 15, 3)}
+    model = SimpleNamespace(gauss_params=params, config=SimpleNamespace(sh_degree=0))
+    s = splats_from_model(model)
+    assert s.sh_degree == 0
+    np.testing.assert_allclose(s.colors(), torch.sigmoid(logits).numpy(), atol=1e-6)
+    np.testing.assert_allclose(s.quats, [[1, 0, 0, 0]] * n)  # unit length, w >= 0 (the same rotation)
