@@ -177,4 +177,9 @@ def test_user_errors_are_one_line_and_write_nothing(one_step_run, tmp_path):
     assert bad_suffix.returncode != 0 and "bytesplat: error: cannot tell the format" in bad_suffix.stderr
     too_high = export(one_step_run, tmp_path / "a.ply", "--sh-degree", "4", expect_ok=False)
     assert too_high.returncode != 0 and "bytesplat: error: SH degree 4" in too_high.stderr, describe(too_high)
+    elsewhere = tmp_path / "copied" / "config.yml"  # a config without its run's dataparser_transforms.json
+    elsewhere.parent.mkdir()
+    elsewhere.write_text(one_step_run.read_text())
+    no_transform = export(elsewhere, tmp_path / "a.spz", "--frame", "data", expect_ok=False)
+    assert no_transform.returncode != 0 and "bytesplat: error: no dataparser_transforms.json in" in no_transform.stderr
     assert not list(tmp_path.glob("a.*"))

@@ -13,7 +13,7 @@ import tyro
 
 from bytesplat_ns.errors import BytesplatError
 from bytesplat_ns.export.frames import Frame, frame_transform, transform_splats
-from bytesplat_ns.export.splats import Splats, load_run, splats_from_model
+from bytesplat_ns.export.splats import Splats, load_pipeline, run_dir_of, splats_from_model
 
 Format = Literal["ply", "compressed-ply", "spz", "splat", "sog"]
 # Longest suffix first: ".compressed.ply" is compressed PLY, any other ".ply" the 3DGS one.
@@ -71,9 +71,8 @@ def write(path: Path, splats: Splats, fmt: str, vertical_axis: str) -> None:
 def export(config: ExportConfig) -> Path:
     """Write the export; returns its path."""
     fmt = output_format(config)
-    pipeline, run_dir = load_run(config.load_config)
-    to_frame = frame_transform(config.frame, run_dir)  # a missing transform fails before any work
-    splats = splats_from_model(pipeline.model)
+    to_frame = frame_transform(config.frame, run_dir_of(config.load_config))  # bad input fails before loading
+    splats = splats_from_model(load_pipeline(config.load_config).model)
     if config.sh_degree is not None:
         splats = splats.with_sh_degree(config.sh_degree)
     splats, dropped = splats.drop_invisible()

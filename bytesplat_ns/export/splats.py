@@ -109,20 +109,26 @@ def splats_from_model(model) -> Splats:
         )
 
 
-def load_run(config_path: Path):
-    """(pipeline, run directory) of a run's config.yml, loaded as nerfstudio's own tools load it.
+def run_dir_of(config_path: Path) -> Path:
+    """The run directory of a run's config.yml (checked to exist)."""
+    config_path = Path(config_path)
+    if not config_path.is_file():
+        raise BytesplatError(
+            f"no such file: {config_path}", hint="pass the config.yml of a finished ns-train run (--load-config)"
+        )
+    return config_path.parent
+
+
+def load_pipeline(config_path: Path):
+    """A run's pipeline, loaded as nerfstudio's own tools load it.
 
     ``eval_setup`` reads the latest checkpoint, which holds every Gaussian also for runs trained on
     several ranks, and runs on CPU when no GPU is there.
     """
     from nerfstudio.utils.eval_utils import eval_setup
 
-    config_path = Path(config_path)
-    if not config_path.is_file():
-        raise BytesplatError(
-            f"no such file: {config_path}", hint="pass the config.yml of a finished ns-train run (--load-config)"
-        )
-    config, pipeline, _, _ = eval_setup(config_path, test_mode="inference")
+    run_dir_of(config_path)
+    config, pipeline, _, _ = eval_setup(Path(config_path), test_mode="inference")
     if not hasattr(pipeline.model, "gauss_params"):
         raise BytesplatError(f"{config_path} is a {config.method_name} run, not a Gaussian splatting one")
-    return pipeline, config_path.parent
+    return pipeline
