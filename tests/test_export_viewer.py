@@ -1,6 +1,7 @@
-"""Exports rendered by a real web splat viewer: headless Chromium loads the file in @mkkellogg/gaussian-splats-3d
-(from the npm registry), draws a known camera, and the canvas must match our own render of that view (reference
-rasterizer); a blank canvas of the same page must not. Skips when chromium or npm is missing."""
+"""Exports rendered by real web splat viewers: headless Chromium loads each format in a viewer from the npm registry
+(@mkkellogg/gaussian-splats-3d 0.4.7 or @sparkjsdev/spark 2.2.0), draws a known camera, and the canvas must match
+our own render of that view (reference rasterizer); a blank canvas of the same page must not. Skips when chromium
+or npm is missing."""
 
 from __future__ import annotations
 
@@ -8,16 +9,17 @@ import base64
 import io
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from bytesplat_ns.export import antimatter_splat, ply
+from bytesplat_ns.export import antimatter_splat, gsply_formats, ply, sog
 from bytesplat_ns.export.splats import Splats, normalized_quats
 from bytesplat_ns.raster.reference import rasterize_reference
 from tests.browser import CHROMIUM, Chromium
-from tests.splat_viewer import ViewerServer, focal_from_fovy, install_viewer, look_at, npm_missing_reason, psnr
+from tests.splat_viewer import ViewerServer, focal_from_fovy, look_at, npm_missing_reason, psnr
 
 pytestmark = pytest.mark.slow
 
@@ -59,11 +61,10 @@ def our_render(splats: Splats, c2w: np.ndarray, sh_degree: int) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def npm_dir():
+def npm_available():
     reason = npm_missing_reason()
     if reason:
         pytest.skip(reason)
-    return install_viewer()
 
 
 @pytest.fixture
@@ -92,28 +93,36 @@ def viewer_canvas(browser: Chromium, url: str) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(png)).convert("RGB")).astype(np.float64) / 255.0
 
 
-# gaussian-splats-3d 0.4.7 loads no splat from gsply's compressed PLY (0 splats, no error), so that format is
-# only checked by the decoders of test_export_formats.py.
-FILES = {"ply": "scene.ply", "splat": "scene.splat"}
+# format -> (file, the viewer that shows it). gaussian-splats-3d 0.4.7 loads no splat from gsply's compressed PLY
+# (0 splats, no error) and Spark 2.2.0 was not tried on it: that format is checked by test_export_formats.py only.
+FILES = {
+    "ply": ("scene.ply", "gaussian-splats-3d"),
+    "splat": ("scene.splat", "gaussian-splats-3d"),
+    "ply-spark": ("scene.ply", "spark"),
+    "spz": ("scene.spz", "spark"),
+    "sog": ("scene.sog", "spark"),
+}
+WRITERS = {
+    ".ply": lambda path, s: ply.write_ply(path, s, vertical_axis="z"),
+    ".splat": antimatter_splat.write_splat,
+    ".spz": gsply_formats.write_spz,
+    ".sog": sog.write_sog,
+}
 
 
 @pytest.mark.parametrize("fmt", list(FILES))
-def test_web_viewer_renders_the_export_like_we_do_and_a_blank_canvas_does_not(fmt, npm_dir, browser, tmp_path):
+def test_web_viewer_renders_the_export_like_we_do_and_a_blank_canvas_does_not(fmt, npm_available, browser, tmp_path):
     splats = scene()
     site = tmp_path / "site"
     site.mkdir()
-    name = FILES[fmt]
-    sh_degree = splats.sh_degree
-    if fmt == "ply":
-        ply.write_ply(site / name, splats, vertical_axis="z")
-    else:
-        antimatter_splat.write_splat(site / name, splats)
-        sh_degree = 0  # .splat keeps the base colour only
+    name, viewer = FILES[fmt]
+    WRITERS[Path(name).suffix](site / name, splats)
+    sh_degree = 0 if name.endswith(".splat") else splats.sh_degree  # .splat keeps the base colour only
     ours = our_render(splats, CAMERA, sh_degree)
     assert ours.std() > 0.15  # a busy, colourful image: a blank one is far from it
-    with ViewerServer(site, npm_dir) as server:
-        blank = viewer_canvas(browser, server.page("blank.html", None, CAMERA, FOVY, WIDTH, HEIGHT, sh_degree))
-        shown = viewer_canvas(browser, server.page("view.html", name, CAMERA, FOVY, WIDTH, HEIGHT, sh_degree))
+    with ViewerServer(site) as server:
+        blank = viewer_canvas(browser, server.page(viewer, "blank.html", None, CAMERA, FOVY, WIDTH, HEIGHT, sh_degree))
+        shown = viewer_canvas(browser, server.page(viewer, "view.html", name, CAMERA, FOVY, WIDTH, HEIGHT, sh_degree))
     assert blank.shape == shown.shape == ours.shape
     from PIL import Image
 
