@@ -9,7 +9,6 @@ import base64
 import io
 import os
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -93,30 +92,32 @@ def viewer_canvas(browser: Chromium, url: str) -> np.ndarray:
     return np.asarray(Image.open(io.BytesIO(png)).convert("RGB")).astype(np.float64) / 255.0
 
 
-# format -> (file, the viewer that shows it). gaussian-splats-3d 0.4.7 loads no splat from gsply's compressed PLY
-# (0 splats, no error) and Spark 2.2.0 was not tried on it: that format is checked by test_export_formats.py only.
-FILES = {
-    "ply": ("scene.ply", "gaussian-splats-3d"),
-    "splat": ("scene.splat", "gaussian-splats-3d"),
-    "ply-spark": ("scene.ply", "spark"),
-    "spz": ("scene.spz", "spark"),
-    "sog": ("scene.sog", "spark"),
-}
 WRITERS = {
-    ".ply": lambda path, s: ply.write_ply(path, s, vertical_axis="z"),
-    ".splat": antimatter_splat.write_splat,
-    ".spz": gsply_formats.write_spz,
-    ".sog": sog.write_sog,
+    "ply": lambda path, s: ply.write_ply(path, s, vertical_axis="z"),
+    "compressed-ply": gsply_formats.write_compressed_ply,
+    "splat": antimatter_splat.write_splat,
+    "spz": gsply_formats.write_spz,
+    "sog": sog.write_sog,
+}
+# case -> (format, file, the viewer that shows it). gaussian-splats-3d 0.4.7 loads no splat from gsply's
+# compressed PLY (0 splats, no error); Spark reads it.
+FILES = {
+    "ply": ("ply", "scene.ply", "gaussian-splats-3d"),
+    "splat": ("splat", "scene.splat", "gaussian-splats-3d"),
+    "ply-spark": ("ply", "scene.ply", "spark"),
+    "compressed-ply-spark": ("compressed-ply", "scene.compressed.ply", "spark"),
+    "spz": ("spz", "scene.spz", "spark"),
+    "sog": ("sog", "scene.sog", "spark"),
 }
 
 
-@pytest.mark.parametrize("fmt", list(FILES))
-def test_web_viewer_renders_the_export_like_we_do_and_a_blank_canvas_does_not(fmt, npm_available, browser, tmp_path):
+@pytest.mark.parametrize("case", list(FILES))
+def test_web_viewer_renders_the_export_like_we_do_and_a_blank_canvas_does_not(case, npm_available, browser, tmp_path):
     splats = scene()
     site = tmp_path / "site"
     site.mkdir()
-    name, viewer = FILES[fmt]
-    WRITERS[Path(name).suffix](site / name, splats)
+    fmt, name, viewer = FILES[case]
+    WRITERS[fmt](site / name, splats)
     sh_degree = 0 if name.endswith(".splat") else splats.sh_degree  # .splat keeps the base colour only
     ours = our_render(splats, CAMERA, sh_degree)
     assert ours.std() > 0.15  # a busy, colourful image: a blank one is far from it
