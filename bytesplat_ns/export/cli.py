@@ -51,7 +51,7 @@ def output_format(config: ExportConfig) -> str:
     )
 
 
-def write(path: Path, splats: Splats, fmt: str, vertical_axis: str) -> None:
+def write(path: Path, splats: Splats, fmt: str, vertical_axis: Optional[str]) -> None:
     from bytesplat_ns.export import antimatter_splat, gsply_formats, ply, sog
 
     if fmt == "ply":
@@ -82,8 +82,13 @@ def export(config: ExportConfig) -> Path:
     config.output.parent.mkdir(parents=True, exist_ok=True)
     # write next to the target, then rename: an interrupted export never leaves a truncated file behind
     partial = config.output.with_name(config.output.name + ".partial")
-    write(partial, splats, fmt, vertical_axis="y" if config.frame == "y-up" else "z")
-    partial.replace(config.output)
+    # the PLY header names the up axis where the frame has one (the capture's own frame may have any)
+    vertical_axis = {"nerfstudio": "z", "y-up": "y"}.get(config.frame)
+    try:
+        write(partial, splats, fmt, vertical_axis)
+        partial.replace(config.output)
+    finally:
+        partial.unlink(missing_ok=True)
     print(f"bytesplat-export: {len(splats)} Gaussians (SH degree {splats.sh_degree}, {dropped} invisible dropped) "
           f"-> {config.output} ({fmt}, {config.frame} frame)")
     return config.output
