@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # Installs bytesplat-ns and everything its tests need into the current Python environment.
 #   ./install.sh            system packages (when run as root with apt) + pip install -e ".[test]"
-#   ./install.sh --no-system  skip apt (you install libusb-1.0 and chromium yourself)
-# System packages: libusb-1.0-0 (open3d, which `ns-export` imports, links against it) and
-# chromium (the viewer test takes a headless-browser screenshot).
+#   ./install.sh --no-system  skip apt (you install libusb-1.0, chromium, ffmpeg and npm yourself)
+# System packages: libusb-1.0-0 (open3d, which `ns-export` imports, links against it), chromium (the viewer
+# tests take headless-browser screenshots), ffmpeg (`ns-render` writes videos with it) and nodejs/npm (the
+# export viewer test installs a web splat viewer from the npm registry).
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
 
 if [[ "${1:-}" != "--no-system" ]] && command -v apt-get >/dev/null 2>&1 && [[ $(id -u) -eq 0 ]]; then
-    echo "[install] system packages: libusb-1.0-0 chromium"
+    echo "[install] system packages: libusb-1.0-0 chromium ffmpeg nodejs npm"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq --no-install-recommends libusb-1.0-0 chromium fonts-dejavu-core >/dev/null
+    apt-get install -y -qq --no-install-recommends libusb-1.0-0 chromium fonts-dejavu-core ffmpeg >/dev/null
+    # nodejs/npm from apt only when missing: a node installed another way keeps its own npm
+    command -v npm >/dev/null 2>&1 || apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
 fi
 
 echo "[install] python packages (nerfstudio 1.1.5, gsplat 1.4.0, torch) and bytesplat-ns"
