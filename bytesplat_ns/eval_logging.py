@@ -14,13 +14,17 @@ trainer keeps nerfstudio's synchronous path. Not logged in this mode: nerfstudio
 
 from __future__ import annotations
 
+import io
 import queue
 import threading
 from typing import Callable, Dict, List, Optional
 
 import nerfstudio.configs.base_config  # noqa: F401 - imports nerfstudio's writer without its import cycle
+import numpy as np
 import torch
 from nerfstudio.utils import writer
+from PIL import Image
+from tensorboard.compat.proto.summary_pb2 import Summary
 
 EVAL_METRICS_GROUP = "Eval Images Metrics"  # nerfstudio's names, so dashboards stay the same
 EVAL_IMAGES_GROUP = "Eval Images"
@@ -45,8 +49,9 @@ class EvalImageLogger:
     next ``submit`` or ``close``.
     """
 
-    def __init__(self, summaries: List):
+    def __init__(self, summaries: List, png_compress_level: int = 1):
         self.summaries = summaries
+        self.png_compress_level = png_compress_level
         self._queue: "queue.Queue" = queue.Queue()
         self._error: Optional[BaseException] = None
         self._thread = threading.Thread(target=self._work, daemon=True, name="bytesplat-eval-logging")
@@ -94,4 +99,28 @@ class EvalImageLogger:
             for key, value in metrics.items():
                 summary.add_scalar(f"{EVAL_METRICS_GROUP}/{key}", float(value), step)
             for name, image in images_8bit.items():
-                summary.add_image(f"{EVAL_IMAGES_GROUP}/{name}", image, step, dataformats="HWC")
+                summary._get_file_writer().add_summary(
+                    image_summary(f"{EVAL_IMAGES_GROUP}/{name}", image, self.png_compress_level), step)
+
+
+def encode_png(array: np.ndarray, compress_level: int) -> bytes:
+    """An HxWxC uint8 image (C = 3 or 4) as PNG bytes."""
+    picture = Image.fromarray(array)
+    buffer = io.BytesIO()
+    picture.save(buffer, format="PNG", compress_level=compress_level)
+    return buffer.getvalue()
+
+
+def image_summary(tag: str, array: np.ndarray, compress_level: int) -> Summary:
+    """The event tensorboard's ``add_image(tag, array, dataformats="HWC")`` writes for a uint8 image,
+    at the given zlib level: tensorboard's own level takes about 1.5 s for a 1080x1920 capture's eval
+    images (ground truth beside the render, depth, accumulation); level 1 is several times faster,
+    the same pixels in a larger file."""
+    if array.ndim == 2:
+        array = array[..., None]
+    if array.shape[2] == 1:
+        array = np.repeat(array, 3, axis=2)  # as add_image: a one-channel image becomes grey RGB
+    height, width, channels = array.shape
+    image = Summary.Image(height=height, width=width, colorspace=channels,
+                          encoded_image_string=encode_png(np.ascontiguousarray(array), compress_level))
+    return Summary(value=[Summary.Value(tag=tag, image=image)])
