@@ -112,3 +112,37 @@ def test_merge_combines_runs_from_separate_sessions(tmp_path):
     (tmp_path / "other.json").write_text(json.dumps({"runs": []}))
     with pytest.raises(BytesplatError, match="not a bytesplat-bench wallclock result"):
         wallclock.main(["--merge", str(a), str(tmp_path / "other.json"), "--out", str(out)])
+
+
+def test_offline_lpips_guards_every_methods_lpips(tmp_path, monkeypatch):
+    """--offline-lpips: a method that builds torchmetrics' LPIPS itself (splatfacto) gets the offline
+    check too: no download attempt, a placeholder, and ns-eval's lpips is not reported."""
+    import nerfstudio.scripts.train as ns_train
+    import torchmetrics.image.lpip as lpip_module
+
+    from bytesplat_ns import compat
+    from bytesplat_ns.bench import timed_ns_train
+
+    def download(*args, **kwargs):
+        raise AssertionError("the download must not be tried offline")
+
+    monkeypatch.setattr(lpip_module, "LearnedPerceptualImagePatchSimilarity", download)
+    monkeypatch.setattr(compat, "can_reach", lambda url, timeout_s: False)
+    monkeypatch.setattr(compat, "lpips_weights", lambda net_type="alex": ("http://weights.invalid/a.pth", tmp_path / "a.pth"))
+    built = []
+
+    def entrypoint():  # stands in for ns-train: builds LPIPS as splatfacto's populate_modules does
+        from torchmetrics.image.lpip import LearnedPerceptualImagePatchSimilarity
+
+        built.append(LearnedPerceptualImagePatchSimilarity(normalize=True))
+
+    monkeypatch.setattr(ns_train, "entrypoint", entrypoint)
+    monkeypatch.setattr(timed_ns_train, "install", lambda timers, record: None)
+    with pytest.warns(UserWarning, match="LPIPS is unavailable"):
+        timed_ns_train.main(["--timings", str(tmp_path / "t.json"), "--offline-lpips", "--", "splatfacto"])
+    assert len(built) == 1 and isinstance(built[0], compat._LpipsPlaceholder)
+    assert json.loads((tmp_path / "t.json").read_text())["seconds"]
+    results = tmp_path / "eval.json"
+    results.write_text(json.dumps({"results": {"psnr": 28.0, "ssim": 0.9, "lpips": 0.0}}))
+    assert wallclock.read_eval(results, lpips_measured=False) == {"psnr": 28.0, "ssim": 0.9}
+    assert wallclock.read_eval(results)["lpips"] == 0.0

@@ -24,6 +24,7 @@ import time
 
 PROCESS_START = time.time()  # before the heavy imports: they belong to start-up
 
+import contextlib  # noqa: E402
 import functools  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
@@ -150,17 +151,24 @@ def write_timings(path: Path, timers: PhaseTimers, record: Dict) -> None:
 
 def main(argv: Optional[List[str]] = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    offline_lpips = "--offline-lpips" in argv[:4]
+    if offline_lpips:
+        argv.remove("--offline-lpips")
     if len(argv) < 3 or argv[0] != "--timings" or argv[2] != "--":
-        sys.stderr.write("usage: python -m bytesplat_ns.bench.timed_ns_train --timings PATH -- METHOD [ns-train args]\n")
+        sys.stderr.write("usage: python -m bytesplat_ns.bench.timed_ns_train --timings PATH [--offline-lpips] -- "
+                         "METHOD [ns-train args]\n")
         sys.exit(2)
     timings_path, ns_train_args = Path(argv[1]), argv[3:]
     timers, record = PhaseTimers(), {}
     install(timers, record)
     from nerfstudio.scripts.train import entrypoint
 
+    from bytesplat_ns.compat import offline_safe_lpips
+
     sys.argv = ["ns-train", *ns_train_args]
     try:
-        entrypoint()
+        with offline_safe_lpips() if offline_lpips else contextlib.nullcontext():
+            entrypoint()
     finally:
         write_timings(timings_path, timers, record)
 

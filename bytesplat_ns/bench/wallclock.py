@@ -32,6 +32,10 @@ from bytesplat_ns.errors import BytesplatError
 BREAKDOWN = ("startup_s", "data_s", "steps_s", "eval_s", "log_s", "save_s", "other_s")
 SUMMARY_KEYS = ("wall_s", *BREAKDOWN, "psnr", "ssim", "lpips", "num_gaussians", "peak_gpu_memory_mb")
 NS_EVAL = "from nerfstudio.scripts.eval import entrypoint; entrypoint()"
+# --offline-lpips: every method's LPIPS goes through bytesplat's offline check (no network wait, no crash)
+NS_EVAL_OFFLINE_LPIPS = ("from bytesplat_ns.compat import offline_safe_lpips\n"
+                         "from nerfstudio.scripts.eval import entrypoint\n"
+                         "with offline_safe_lpips():\n    entrypoint()")
 
 
 @dataclass(frozen=True)
@@ -86,9 +90,18 @@ def breakdown(wall_s: float, launch: float, timings: Dict) -> Dict[str, float]:
     return parts
 
 
-def read_eval(path: Path) -> Dict[str, float]:
+def read_eval(path: Path, lpips_measured: bool = True) -> Dict[str, float]:
+    """ns-eval's psnr, ssim and lpips; lpips only where it was really computed (``lpips_measured``:
+    False when the offline check stood a placeholder in for it)."""
     results = json.loads(path.read_text())["results"]
-    return {key: float(results[key]) for key in ("psnr", "ssim", "lpips") if key in results}
+    keys = ("psnr", "ssim", "lpips") if lpips_measured else ("psnr", "ssim")
+    return {key: float(results[key]) for key in keys if key in results}
+
+
+def lpips_weights_cached() -> bool:
+    from bytesplat_ns.compat import lpips_weights
+
+    return lpips_weights()[1].is_file()
 
 
 def run_one(entry: MethodEntry, seed: int, args: argparse.Namespace) -> Dict:
@@ -96,8 +109,8 @@ def run_one(entry: MethodEntry, seed: int, args: argparse.Namespace) -> Dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     timings_path = run_dir / "timings.json"
     train_args = ns_train_args(entry, args.data, args.iterations, seed, run_dir, shlex.split(args.dataparser))
-    command = [sys.executable, "-m", "bytesplat_ns.bench.timed_ns_train", "--timings", str(timings_path), "--",
-               *train_args]
+    command = [sys.executable, "-m", "bytesplat_ns.bench.timed_ns_train", "--timings", str(timings_path),
+               *(["--offline-lpips"] if args.offline_lpips else []), "--", *train_args]
     launch = time.time()
     wall_s = _run_logged(command, run_dir / "train.log")
     timings = json.loads(timings_path.read_text())
@@ -114,10 +127,10 @@ def run_one(entry: MethodEntry, seed: int, args: argparse.Namespace) -> Dict:
     }
     if args.eval:
         eval_json = run_dir / "eval.json"
-        eval_command = [sys.executable, "-c", NS_EVAL, "--load-config", str(config), "--output-path", str(eval_json)]
+        eval_command = [sys.executable, "-c", NS_EVAL_OFFLINE_LPIPS if args.offline_lpips else NS_EVAL, "--load-config", str(config), "--output-path", str(eval_json)]
         record["ns_eval_wall_s"] = _run_logged(eval_command, run_dir / "eval.log")
         record["ns_eval_command"] = f"ns-eval --load-config {shlex.quote(str(config))} --output-path {shlex.quote(str(eval_json))}"
-        record.update(read_eval(eval_json))
+        record.update(read_eval(eval_json, lpips_measured=not args.offline_lpips or lpips_weights_cached()))
     return record
 
 
@@ -179,6 +192,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("wallclock.json"), help="JSON output path")
     p.add_argument("--plot", type=Path, default=None, help="PNG of the stacked breakdown (default: next to --out)")
     p.add_argument("--no-eval", dest="eval", action="store_false", help="skip ns-eval")
+    p.add_argument("--offline-lpips", action="store_true",
+                   help="every method builds LPIPS through bytesplat's offline check (compat.offline_safe_lpips): on a "
+                   "machine without the network or cached AlexNet weights, splatfacto then skips LPIPS as bytesplat does "
+                   "instead of waiting on (and failing) the download; lpips is reported only where it was computed")
     p.add_argument("--merge", nargs="+", type=Path, default=None, metavar="JSON",
                    help="run nothing: combine the runs of earlier wallclock JSON files (e.g. one per seed, "
                    "each in its own session) into --out, with the summary and plot over all of them")
