@@ -7,6 +7,7 @@ accept it unchanged, and replaces the parts of splatfacto 1.1.5 that only run on
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Dict, List, Literal, Optional, Tuple, Type, Union
 
@@ -31,6 +32,9 @@ from bytesplat_ns.raster.loss import SSIM_WIN_SIZE
 from bytesplat_ns.raster.options import FusedRasterConfig
 from bytesplat_ns.strategy import SyncFreeDefaultStrategy
 from bytesplat_ns.tile_occupancy import TileOccupancyMonitor
+
+# Per thread: get_image_metrics_and_images sizes the ground truth as eval mode does (see there).
+_EVAL_RESOLUTION = threading.local()
 
 GAUSSIAN_PARAM_NAMES = ("means", "scales", "quats", "features_dc", "features_rest", "opacities")
 
@@ -132,6 +136,8 @@ class ByteSplatModel(SplatfactoModel):
         return allowed
 
     def _get_downscale_factor(self):
+        if getattr(_EVAL_RESOLUTION, "pinned", False):
+            return 1  # what splatfacto gives in eval mode
         factor = super()._get_downscale_factor()
         cap = getattr(self, "_max_downscales", None)
         return factor if cap is None else min(factor, 2**cap)
@@ -407,7 +413,14 @@ class ByteSplatModel(SplatfactoModel):
         return 0.1 * (torch.clamp_min(ratio, self.config.max_gauss_ratio) - self.config.max_gauss_ratio).mean()
 
     def get_image_metrics_and_images(self, outputs, batch):
-        metrics, images = super().get_image_metrics_and_images(outputs, batch)
+        # Eval images are rendered in eval mode, at full resolution. splatfacto sizes the ground truth
+        # from self.training, which is True again while the trainer's eval logger runs this on its
+        # worker thread: pin the eval resolution for this thread instead.
+        _EVAL_RESOLUTION.pinned = True
+        try:
+            metrics, images = super().get_image_metrics_and_images(outputs, batch)
+        finally:
+            _EVAL_RESOLUTION.pinned = False
         if not self.lpips_available:
             # The stand-in returned a placeholder; report no number rather than a wrong one.
             metrics.pop("lpips", None)

@@ -91,3 +91,24 @@ def test_a_pipeline_with_its_own_eval_image_path_keeps_it(monkeypatch):
                               pipeline=object.__new__(ShardedPipeline))
     monkeypatch.setattr(bytesplat_ns.trainer, "tensorboard_writers", lambda: [object()])  # tensorboard is on
     assert ByteSplatTrainer._eval_image_logger(sharded) is None  # it renders rank 0's full copy itself
+
+
+def test_eval_images_during_the_coarse_start(tmp_path_factory, tmp_path):
+    """While training still runs on downscaled images (splatfacto's num_downscales), the eval image
+    is scored at full resolution on the worker too, as nerfstudio's eval mode does (the model is back
+    in training mode when the worker runs)."""
+    scene = ensure_scene(SceneSpec(size="small", num_views=10, width=64), cache_dir=tmp_path_factory.mktemp("scenes64"))
+    runs = {}
+    for mode in (False, True):
+        config = copy.deepcopy(bytesplat_config)
+        config.async_eval_images = mode
+        config.pipeline.model.num_downscales = 2
+        config.pipeline.model.min_train_resolution = 0
+        trainer, _ = setup_trainer("eval-coarse", config, scene, ITERATIONS, tmp_path / str(mode), seed=0, device="cpu")
+        trainer.config.steps_per_eval_image = EVAL_EVERY
+        assert trainer.pipeline.model._get_downscale_factor() == 4  # training is at a quarter resolution
+        trainer.train()
+        runs[mode] = logged(trainer)
+    assert runs[True][1] == runs[False][1] == {"Eval Images/img": [2, 4]}
+    for tag, values in runs[False][0].items():
+        assert [v for _, v in runs[True][0][tag]] == pytest.approx([v for _, v in values], rel=1e-5)

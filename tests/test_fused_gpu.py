@@ -617,7 +617,7 @@ def test_rasterize_fused_rgb_ed_matches_reference(use_bg):
         p = _params(scene)
         kw = dict(sh_degree=3, backgrounds=bg, render_mode="RGB+ED", absgrad=True)
         fn = rasterize_fused if backend == "fused" else rasterize_reference
-        render, alpha, info = fn(*_args(p, scene), **kw, **({"projection": "torch"} if backend == "fused" else {}))
+        render, alpha, info = fn(*_args(p, scene), **kw, **({"options": FusedOptions(projection="torch")} if backend == "fused" else {}))
         info["means2d"].retain_grad()
         ((render * wr).sum() + (alpha * wa).sum()).backward()
         outs[backend] = (render, alpha, info, p)
