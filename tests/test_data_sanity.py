@@ -82,6 +82,15 @@ def test_nerfstudio_data_dataparser_is_checked_too(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_frame_without_a_pose_is_named(tmp_path):
+    scene = write_scene(tmp_path / "nopose")
+    meta = json.loads((scene / "transforms.json").read_text())
+    del meta["frames"][2]["transform_matrix"]
+    (scene / "transforms.json").write_text(json.dumps(meta))
+    assert_one_clear_error(ns_train(tmp_path, "--data", str(scene), "nerfstudio-data"), "no transform_matrix", "images/2.png")
+
+
+@pytest.mark.slow
 def test_point_cloud_hint_is_a_command_that_runs(tmp_path):
     scene = write_scene(tmp_path / "scene", ply=True)
     message = assert_one_clear_error(ns_train(tmp_path, "--data", str(scene)), "points.ply")

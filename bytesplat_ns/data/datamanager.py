@@ -22,7 +22,7 @@ from nerfstudio.cameras.cameras import Cameras
 from nerfstudio.data.datamanagers import full_images_datamanager
 from nerfstudio.data.datamanagers.full_images_datamanager import FullImageDatamanager, FullImageDatamanagerConfig
 
-from bytesplat_ns.data.sanity import check_cameras
+from bytesplat_ns.data.sanity import check_cameras, frames_without_pose
 from bytesplat_ns.errors import BytesplatError
 
 # metadata key of a training camera: its full-resolution (width, height) as Python ints
@@ -70,6 +70,15 @@ class BytesplatDatamanager(FullImageDatamanager):
     def __init__(self, *args, **kwargs):
         try:
             super().__init__(*args, **kwargs)
+        except KeyError as error:
+            missing = frames_without_pose(self.config.dataparser.data) if error.args == ("transform_matrix",) else []
+            if not missing:
+                raise
+            raise BytesplatError(
+                f"{len(missing)} frame(s) of the scene's transforms.json have no transform_matrix (no pose): "
+                f"{', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}.",
+                hint="give every frame its camera-to-world transform_matrix, or remove the frames without one",
+            ) from error
         except ZeroDivisionError as error:
             # nerfstudio's auto-scale divides by the largest camera offset from the poses' centre.
             raise BytesplatError(

@@ -7,7 +7,9 @@ cameras. Implausible intrinsics, non-finite poses and cameras that all sit at on
 
 from __future__ import annotations
 
+import json
 import warnings
+from pathlib import Path
 from typing import List, Sequence
 
 import torch
@@ -28,6 +30,22 @@ def _frame(names: Sequence, i: int) -> str:
 
 def _first(mask: torch.Tensor) -> int:
     return int(torch.nonzero(mask)[0, 0])
+
+
+def frames_without_pose(data) -> List[str]:
+    """The ``file_path`` of every frame of ``data``'s transforms.json (``data``: the scene directory or
+    the file) that has no ``transform_matrix``; nerfstudio's parser fails on them with a bare KeyError."""
+    path = Path(data) if data is not None else None
+    if path is not None and path.is_dir():
+        path = path / "transforms.json"
+    if path is None or not path.is_file():
+        return []
+    try:
+        frames = json.loads(path.read_text()).get("frames", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [str(f.get("file_path", f"frame {i}")) for i, f in enumerate(frames)
+            if isinstance(f, dict) and "transform_matrix" not in f]
 
 
 def check_cameras(cameras, image_names: Sequence, split: str = "train") -> None:
