@@ -39,8 +39,13 @@ class DivergenceGuard:
     def check(self, step: int, param_groups: Dict[str, List[torch.Tensor]]) -> None:
         """Read the flag and the parameters (synchronises); a clear error if anything is non-finite."""
         flag, first, self._loss_finite, self._first_step = self._loss_finite, self._first_step, None, None
-        for name, params in param_groups.items():
-            if any(not bool(torch.isfinite(p.detach()).all()) for p in params):
+        groups_finite = {name: torch.stack([torch.isfinite(p.detach()).all() for p in params]).all()
+                         for name, params in param_groups.items() if params}
+        everything = list(groups_finite.values()) + ([flag] if flag is not None else [])
+        if not everything or bool(torch.stack(everything).all()):
+            return  # the one host read of a healthy check
+        for name, finite in groups_finite.items():
+            if not bool(finite):
                 raise DivergenceError(
                     f"Training diverged: parameter group '{name}' holds NaN/inf values at step {step}.", DIVERGED_HINT
                 )

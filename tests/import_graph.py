@@ -23,9 +23,12 @@ _LIST_MODULES = f"""
 import importlib, json, pkgutil
 import {PACKAGE}
 files = {{"{PACKAGE}": {PACKAGE}.__file__}}
-for info in pkgutil.walk_packages({PACKAGE}.__path__, "{PACKAGE}."):
-    module = importlib.import_module(info.name)
-    files[info.name] = module.__file__
+# method_configs/ lives beside the package in a checkout (mapped to {PACKAGE}.method_configs): walk it too
+for package in ({PACKAGE}, importlib.import_module("{PACKAGE}.method_configs")):
+    files[package.__name__] = package.__file__
+    for info in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+        module = importlib.import_module(info.name)
+        files[info.name] = module.__file__
 print(json.dumps(files))
 """
 
