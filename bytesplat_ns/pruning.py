@@ -1,4 +1,4 @@
-"""Hardware-aware pruning (ByteSplat idea 2, issue 4): keep each tile's Gaussian list within what one
+"""Hardware-aware pruning (ByteSplat idea 2): keep each tile's Gaussian list within what one
 block of the fused kernel holds on chip, removing the Gaussians that matter least.
 
 Four parts, each usable on its own (``docs/pruning.md`` has the overview and the knobs):

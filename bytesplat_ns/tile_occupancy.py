@@ -1,4 +1,4 @@
-"""How crowded the fused kernel's tiles are during training (issue 4's measurement).
+"""How crowded the fused kernel's tiles are during training (what hardware-aware pruning acts on).
 
 Every ``--pipeline.model.tile-stats-every`` steps the model's render of that step is binned the way
 the fused backend bins it (``pruning.tile_entries``, any backend) and the share of tiles whose list

@@ -1,5 +1,5 @@
 // Tile binning: per-tile Gaussian lists for the rasterizers (the CUDA twin of the torch
-// `bin_tiles_torch` in bytesplat_ns/raster/fused.py, same result bit for bit).
+// `bin_tiles_torch` in bytesplat_ns/raster/_torch_impl.py, same result bit for bit).
 //
 // A Gaussian with radius > 0 covers tiles x in [floor(tx - r), ceil(tx + r)) clamped to [0, tw]
 // (same for y) with tx = mean.x / tile_size, r = radius / tile_size in float32. Entries with radius

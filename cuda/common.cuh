@@ -1,6 +1,6 @@
 // Shared device code of bytesplat's rasterization kernels.
 //
-// Conventions (gsplat 1.4.0 classic, see DESIGN.md "Backends"): pixel centers at (x+0.5, y+0.5);
+// Conventions (gsplat 1.4.0 classic, see docs/design.md "Rasterization conventions"): pixel centers at (x+0.5, y+0.5);
 // sigma = 0.5*(a dx^2 + c dy^2) + b dx dy with (dx, dy) = mean - pixel and conic (a, b, c);
 // alpha = min(0.999, o*exp(-sigma)), skipped when sigma < 0 or alpha < 1/255; a pixel stops before
 // the Gaussian that would take T to 1e-4 or below; background enters as T*bg.
@@ -109,7 +109,7 @@ __device__ __forceinline__ uint32_t warp_mask(float mx, float my, float o, float
 // (flatten_ids are indices into the [C*N] 2D arrays) into shared slots [0, count), with the mask
 // of the warps (layout WW, thread_pixel) that can see each. Called by the whole block; caller syncs
 // afterwards. cull = false keeps every warp for every Gaussian (A/B runs and the tests that hold
-// culling against its absence: BYTESPLAT_WARP_CULL=0).
+// culling against its absence: --pipeline.model.fused.warp-cull False).
 template <int WW>
 __device__ __forceinline__ void load_gaussians(
     SmemGaussians s, const int32_t *__restrict__ flatten_ids, int64_t first, int count,
@@ -169,7 +169,7 @@ __device__ __forceinline__ void composite_slots(
 // Newton step, within an ulp or so of the rounded quotient in 3 instructions, where IEEE division
 // takes a longer sequence and a branch to its slow path. The backward recovers T with it once per
 // composited Gaussian and pixel: raster + loss at 4M Gaussians 7.24 -> 6.58 ms on an H200
-// (docs/benchmarks.md, "The backward's reciprocal and the loss kernel's region"); the GPU tests
+// (git tag lab-notebook-final:docs/benchmarks.md, "The backward's reciprocal and the loss kernel's region"); the GPU tests
 // hold its gradients against the reference's float division.
 __device__ __forceinline__ float rcp_unit(float x) {
     float r;

@@ -270,7 +270,7 @@ std::vector<at::Tensor> fused_loss(const at::Tensor &means2d, const at::Tensor &
     set_loss_constants(P, C, H, W, ssim_lambda, win.data_ptr<float>());  // cuda/ssim_tile.cuh
 
     // butterfly: the warp reduction of backward_slots (common.cuh); false = one warp_sum per
-    // component, kept for A/B runs (BYTESPLAT_BWD_REDUCE=shuffle). contribution: the pruning score,
+    // component, kept for A/B runs (--pipeline.model.fused.bwd-reduce shuffle). contribution: the pruning score,
     // a separate instance so that it costs nothing when off.
     void (*kernel)(const Params) = nullptr;
     dispatch_bools([&](auto abs, auto bfly, auto ctb) {

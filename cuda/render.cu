@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(kBlock) render_fwd_kernel(
 
 // 5 blocks per SM (at most 48 registers, was 61 and 4 blocks): Nsight Compute found this kernel
 // issue-bound with no eligible warp in 21% of cycles at 50% occupancy; 5 blocks measured 2.7% faster
-// at 4M Gaussians, 6 (40 registers, spilling) 2.1% (docs/benchmarks.md, "Per-warp culling").
+// at 4M Gaussians, 6 (40 registers, spilling) 2.1% (git tag lab-notebook-final:docs/benchmarks.md, "Per-warp culling").
 template <bool ABS, bool BUTTERFLY, bool CONTRIB>
 __global__ void __launch_bounds__(kBlock, 5) render_bwd_kernel(
     int W, int H, int tw, int th, const float *__restrict__ means2d,
@@ -218,7 +218,7 @@ std::vector<at::Tensor> render_bwd(const at::Tensor &means2d, const at::Tensor &
             contribution ? contrib.data_ptr<float>() : nullptr, warp_cull);
     };
     // butterfly: the warp reduction of backward_slots (common.cuh); false = one warp_sum per
-    // component, kept for A/B runs (BYTESPLAT_BWD_REDUCE=shuffle). contribution: the pruning score
+    // component, kept for A/B runs (--pipeline.model.fused.bwd-reduce shuffle). contribution: the pruning score
     // (its own kernel instance, so it costs nothing when off).
     dispatch_bools([&](auto abs, auto bfly, auto ctb) {
         launch(render_bwd_kernel<decltype(abs)::value, decltype(bfly)::value, decltype(ctb)::value>);

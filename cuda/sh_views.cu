@@ -1,5 +1,5 @@
 // Spherical-harmonics colors of N Gaussians seen from C cameras, forward and backward, one launch
-// each (the CUDA twin of `multiview_sh_colors_torch` in bytesplat_ns/raster/sh_views.py).
+// each (the CUDA twin of `multiview_sh_colors_torch` in bytesplat_ns/raster/_torch_impl.py).
 //
 // colors[c, i] = max(sum_k coeffs[i, k] Y_k(d) + 0.5, 0) with d the unit vector from camera c's
 // center (-R^T t of its rigid world-to-camera matrix) to mean i, and 0 where radii[c, i] <= 0

@@ -30,7 +30,7 @@ struct SsimRegion {
     static_assert(RW * RH % kBlock == 0, "a region is a whole number of pixels per thread");
 };
 // The fused kernel's region, its 16x16 tile (one pixel per thread), spelled out in plain constants
-// for bytesplat_ns/pruning.py, which evaluates the kernel's shared-memory layout from these sources.
+// for the shared-memory layout that fused_smem_layout() (cuda/fused_loss.cu) reports to bytesplat_ns/pruning.py.
 constexpr int kTileReg = kTile + 4 * kHalf;  // 36
 constexpr int kTileCen = kTile + 2 * kHalf;  // 26
 constexpr int kSsimFloats = 2 * kTileReg * kTileReg + kTileReg * kTileCen * 5 + kTileCen * kTileCen * 3;

@@ -1,5 +1,5 @@
 """``bytesplat-large`` and ``bytesplat-distributed-large``: the same methods for scenes whose images do
-not fit in memory (issue 7). Identical to ``bytesplat`` / ``bytesplat-distributed`` except the
+not fit in memory. Identical to ``bytesplat`` / ``bytesplat-distributed`` except the
 datamanager: ``LazyImageDatamanagerConfig`` decodes each image when a step needs it and keeps a small
 LRU cache per process (``--pipeline.datamanager.lazy-cache-size``, ``--pipeline.datamanager.prefetch``),
 where nerfstudio's FullImageDatamanager decodes every image of the scene into every process at

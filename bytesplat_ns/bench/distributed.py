@@ -1,4 +1,4 @@
-r"""``bytesplat-bench distributed``: side-by-side multi-GPU benchmark in one job (issue 5, item 7).
+r"""``bytesplat-bench distributed``: side-by-side multi-GPU benchmark in one job.
 
 One synthetic scene (N random Gaussians in a camera frustum, ``synthetic_scene``'s distribution)
 and one batch of B views at W x H, the same for every configuration. Measured, one configuration
@@ -570,7 +570,7 @@ def _find(results: List[Dict], impl: str, ranks: int, comm_prefix: str) -> Optio
 
 
 def compare(results: List[Dict], world: int) -> Dict:
-    """The ratios issue 5 item 7 targets (None where a side is missing)."""
+    """The headline ratios of bytesplat against gsplat and their targets (None where a side is missing)."""
     out: Dict = {"targets": {"views_per_second_R_vs_1": 1.9, "sparse_vs_dense_backward_bytes_max": 0.35,
                              "bytesplat_vs_gsplat_distributed_views_per_second": 1.5}}
     one = _find(results, "bytesplat", 1, "none")

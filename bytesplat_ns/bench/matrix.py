@@ -1,4 +1,4 @@
-r"""``bytesplat-bench matrix``: the whole comparison matrix in one command (issue 7, item 3).
+r"""``bytesplat-bench matrix``: the whole comparison matrix in one command.
 
 Backends x strategies x GPU counts x scene sizes, each piece one run of an existing benchmark in
 its own process (``python -m bytesplat_ns.bench.cli raster|train|distributed``; the multi-GPU

@@ -1,5 +1,5 @@
 """``bytesplat-bench plots``: the figures of the results page (docs/results.md), drawn from the
-benchmarks' JSON files (issue 7, item 3).
+benchmarks' JSON files.
 
 The kind of each file is read from its content, not its name, so renamed or hand-collected results
 plot the same way:

@@ -1,5 +1,5 @@
 """A trained scene for the benchmarks: the Gaussians of a finished nerfstudio run, with that scene's
-real cameras and ground-truth images (issue 3 item 6, issue 5 item 7: "on a trained scene").
+real cameras and ground-truth images (``--trained RUN_DIR`` of the raster and distributed benchmarks).
 
 A run directory is what ``ns-train bytesplat`` (or splatfacto, or ``bytesplat-bench train``, whose
 JSON names it as ``run_dir``) leaves behind::

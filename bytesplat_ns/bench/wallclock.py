@@ -1,7 +1,7 @@
 r"""``bytesplat-bench wallclock``: the wall clock of ``ns-train`` as a user runs it, then ``ns-eval``.
 
     bytesplat-bench wallclock --data DATA --iterations 5000 --seeds 0 1 2 \
-        --out docs/benchmarks/wallclock_fox_h200.json --work-dir outputs/wallclock
+        --out outputs/wallclock_fox.json --work-dir outputs/wallclock
 
 For each method and seed, one separate process runs nerfstudio's own ``ns-train`` entry point with
 the method's defaults and the same data, iterations and ``--machine.seed``, through

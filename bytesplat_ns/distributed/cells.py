@@ -1,4 +1,4 @@
-"""Spatial cells for pixel-exchange training (DESIGN "Splaxel" 1): a kd-tree over the Gaussians.
+"""Spatial cells for pixel-exchange training (Splaxel; docs/design.md, "Distributed design"): a kd-tree over the Gaussians.
 
 The kd-tree partitions ALL of space (the outermost cells are unbounded) into axis-aligned, hence
 convex, cells. It is built on the Gaussians' means, balanced by count: a node holding ``k`` cells
@@ -126,7 +126,7 @@ class KdCells:
         Runs where the points are: migration locates every Gaussian twice per pixel step, and the
         host round trip it replaces (a float64 copy of all means, then CPU kernels competing with the
         other ranks' threads) was one of the two changes that took the pixel step under nerfstudio's
-        launcher from 180-360 to 25-34 ms (docs/benchmarks.md, "Training quality on two GPUs"). A fixed number of levels (the tree's
+        launcher from 180-360 to 25-34 ms (git tag lab-notebook-final:docs/benchmarks.md, "Training quality on two GPUs"). A fixed number of levels (the tree's
         depth) instead of "until every point is in a leaf" reads nothing back; float64 keeps the
         comparisons with the (float64) splits exact."""
         dev = points.device

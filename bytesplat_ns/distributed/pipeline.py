@@ -34,7 +34,7 @@ The compositor (``--pipeline.compositor``, auto: fused on CUDA, reference elsewh
 records of a rank's views, or renders a rank's cell with ``pixel``; both run on CPU with gloo and on
 GPUs with NCCL.
 
-The viewer and evaluation during training (DESIGN "Distributed": never a collective from the viewer
+The viewer and evaluation during training (docs/design.md, "Distributed design": never a collective from the viewer
 thread or inside ``state_dict``): rank 0 keeps a FULL copy of the Gaussians (``full_model()``, a
 second model object that is not registered in the pipeline, so checkpoints do not carry it),
 refreshed by the after-iteration callback (a gather from every rank, under nerfstudio's train lock):

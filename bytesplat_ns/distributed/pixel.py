@@ -1,4 +1,4 @@
-"""The ``pixel`` exchange (DESIGN "Splaxel"): ranks exchange partial images, not Gaussians.
+"""The ``pixel`` exchange (Splaxel; docs/design.md, "Distributed design"): ranks exchange partial images, not Gaussians.
 
 Each rank holds the Gaussians of its spatial cells (``cells.KdCells``, one or more per rank). Per
 step, for a batch of B views:

@@ -1,4 +1,4 @@
-"""Conflict-free camera-view consolidation (DESIGN "Splaxel" 3): which rank composites which view.
+"""Conflict-free camera-view consolidation (Splaxel; docs/design.md, "Distributed design"): which rank composites which view.
 
 Every view of a batch is composited by exactly one rank (no two ranks composite the same view: no
 conflict), and the ranks get a balanced share: ``floor(B/R)`` or ``ceil(B/R)`` views each, with

@@ -13,9 +13,8 @@ from typing import Literal
 from bytesplat_ns.errors import SettingError
 
 # The schedules of ``fused_render_loss`` (docs/fused_ssim.md). "split" (render_fwd -> loss_grad ->
-# render_bwd, three plain launches) is the default: on an H200 (1920x1080, SH 3, raster + loss
-# fwd+bwd) it took 4.77 / 10.26 ms against 9.02 / 21.75 ms for two launches and 8.96 / 21.05 ms
-# for one launch at 1M / 4M Gaussians.
+# render_bwd, three plain launches) is the default: on an H200 it measured about twice as fast as
+# the on-chip schedules at 1M and 4M Gaussians (``bytesplat-bench raster`` times all three).
 SCHEDULES = ("one_launch", "two_launch", "split")
 # Warp reduction of the backward kernels (cuda/common.cuh backward_slots): "butterfly" (a
 # reduce-scatter over the warp, 13 shuffles per Gaussian with absgrad) or "shuffle" (one 5-shuffle
