@@ -17,7 +17,7 @@ import pytest
 
 from bytesplat_ns.bench.cli import main as cli_main
 from bytesplat_ns.bench.plots import PlotInputError, detect_kind, load, plot_inputs
-from tests.results_data import NS_EVAL_OUTPUT, step_file
+from tests.helpers.results_data import NS_EVAL_OUTPUT, step_file
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -10,7 +10,7 @@ import pytest
 
 from bytesplat_ns.bench import report
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _stage(ms):

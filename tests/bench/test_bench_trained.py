@@ -18,7 +18,7 @@ import torch
 
 from bytesplat_ns.errors import BytesplatError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 ITERATIONS = 4
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.cli import cli_env, run_cli
+from tests.helpers.cli import cli_env, run_cli
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ import torch
 import yaml
 
 from bytesplat_ns.raster.options import FusedOptions, FusedRasterConfig
-from tests.cli import tool
+from tests.helpers.cli import tool
 
 FUSED_FLAGS = ["--pipeline.model.fused.schedule", "one_launch", "--pipeline.model.fused.warp-cull", "False",
                "--pipeline.model.fused.bwd-reduce", "shuffle", "--pipeline.model.fused.projection", "torch",

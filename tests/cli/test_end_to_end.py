@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.cli import cli_env, describe, run_cli
+from tests.helpers.cli import cli_env, describe, run_cli
 
 pytestmark = pytest.mark.slow
 

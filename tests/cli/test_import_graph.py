@@ -1,6 +1,6 @@
 """Every module of bytesplat_ns imports on its own, and the package's import graph has no cycles.
 
-The graph counts lazy (function-level) imports as edges: tests/import_graph.py says why.
+The graph counts lazy (function-level) imports as edges: tests/helpers/import_graph.py says why.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Dict, Set
 
 import pytest
 
-from tests.import_graph import cycles, import_edges, import_every_module
+from tests.helpers.import_graph import cycles, import_edges, import_every_module
 
 
 @pytest.fixture(scope="module")

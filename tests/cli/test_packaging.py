@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli import cli_env, run_cli
+from tests.helpers.cli import cli_env, run_cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_entry_points_resolve():

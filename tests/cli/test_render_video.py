@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.cli import cli_env, describe, run_cli
-from tests.tiny_runs import train_tiny
+from tests.helpers.cli import cli_env, describe, run_cli
+from tests.helpers.tiny_runs import train_tiny
 
 pytestmark = pytest.mark.slow
 

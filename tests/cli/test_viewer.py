@@ -1,7 +1,7 @@
 """ns-viewer on a trained bytesplat model: it serves viser's web client, and headless Chromium shows a rendered scene.
 
 The model is a tiny CPU run (reference rasterizer). The browser part drives /usr/bin/chromium over the Chrome DevTools
-Protocol (tests/browser.py), screenshots the page until the viewer's 3D canvas shows the render nerfstudio streams as
+Protocol (tests/helpers/browser.py), screenshots the page until the viewer's 3D canvas shows the render nerfstudio streams as
 the scene's background image, and checks the pixels. As a negative control (run first: it needs no training) the same
 pixel check must reject a viser page that looks like nerfstudio's viewer (dark theme, camera frustums with images) but
 has no render in it, or only a render of the empty background.
@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 import requests
 
-from tests.browser import CHROMIUM, Chromium, kill_group
-from tests.cli import cli_env, describe, run_cli, tool
+from tests.helpers.browser import CHROMIUM, Chromium, kill_group
+from tests.helpers.cli import cli_env, describe, run_cli, tool
 
 pytestmark = pytest.mark.slow
 

@@ -15,8 +15,8 @@ from PIL import Image
 
 from bytesplat_ns.data.sanity import check_cameras
 from bytesplat_ns.errors import BytesplatError
-from tests.checkpoint_runs import assert_one_clear_error
-from tests.cli import cli_env, describe, run_cli
+from tests.helpers.checkpoint_runs import assert_one_clear_error
+from tests.helpers.cli import cli_env, describe, run_cli
 
 
 def cameras(n=4, fx=50.0, cx=32.0, positions=None) -> Cameras:

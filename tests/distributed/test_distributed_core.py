@@ -1,6 +1,6 @@
 """Sharded training core on CPU with gloo (2 and 4 processes), checked against one process.
 
-The workers (tests/distributed_worker.py) are launched with torchrun's environment contract by
+The workers (tests/helpers/distributed_worker.py) are launched with torchrun's environment contract by
 ``bytesplat_ns.distributed.launch.launch_local``, which also enforces each test's wall-clock bound.
 The single-process oracle renders through the public ``rasterize(backend="reference")``.
 """
@@ -30,9 +30,9 @@ from bytesplat_ns.distributed import (
 )
 from bytesplat_ns.distributed import communicators
 from bytesplat_ns.distributed.launch import launch_local
-from tests import distributed_worker as W
+from tests.helpers import distributed_worker as W
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 REL_TOL = 1e-5
 
 
@@ -40,7 +40,7 @@ def run_workers(scenario: str, world: int, out: Path, timeout_s: float, extra_en
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env.update(extra_env or {})
     start = time.monotonic()
-    results = launch_local([sys.executable, "-m", "tests.distributed_worker", scenario, str(out)], world, timeout_s, env=env, cwd=REPO)
+    results = launch_local([sys.executable, "-m", "tests.helpers.distributed_worker", scenario, str(out)], world, timeout_s, env=env, cwd=REPO)
     return results, time.monotonic() - start
 
 
@@ -166,7 +166,7 @@ def test_sparse_grad_sends_dense_rows_when_indices_cost_more(monkeypatch):
 
 def test_sparse_kernels_serve_cuda_float_tensors_only():
     # CPU tensors (and half precision) always take the torch implementation; the GPU kernels are
-    # compared with it in tests/test_sparse_kernels_gpu.py.
+    # compared with it in tests/distributed/test_sparse_kernels_gpu.py.
     from bytesplat_ns.distributed import sparse_kernels
 
     assert not sparse_kernels.usable(torch.zeros(4, 9))

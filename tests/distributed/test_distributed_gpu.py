@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.sharded_records import random_records, views_scored_in_one_call_vs_each_alone
+from tests.helpers.sharded_records import random_records, views_scored_in_one_call_vs_each_alone
 
 pytestmark = [
     pytest.mark.gpu,
@@ -59,7 +59,7 @@ def test_sharded_forward_backward_with_the_fused_compositor(monkeypatch, grouped
     from bytesplat_ns.distributed import make_communicator, sharded_render_loss
     from bytesplat_ns.distributed import step as S
     from bytesplat_ns.raster.fused import tile_intersections
-    from tests import distributed_worker as W
+    from tests.helpers import distributed_worker as W
 
     calls = []
     if grouped:
@@ -123,7 +123,7 @@ def test_fused_loss_compositor_equals_reference_and_splatfacto_loss(n):
 
 
 def test_views_scored_in_one_call_equal_each_view_alone():
-    """The fused kernels themselves (tests/sharded_records.py has the comparison; the CPU twin runs
+    """The fused kernels themselves (tests/helpers/sharded_records.py has the comparison; the CPU twin runs
     it on the kernels' torch stand-in)."""
     views_scored_in_one_call_vs_each_alone("cuda")
 
@@ -141,7 +141,7 @@ def test_sharded_forward_reads_the_device_once():
     import warnings
 
     from bytesplat_ns.distributed import make_communicator, sharded_render_loss
-    from tests import distributed_worker as W
+    from tests.helpers import distributed_worker as W
 
     params = {k: torch.nn.Parameter(v.cuda()) for k, v in W.make_gaussians(W.N_GAUSSIANS, W.SEED).items()}
     views = _on_gpu(W.make_views())
@@ -189,11 +189,11 @@ def test_nccl_sharded_fused_step_equals_one_process(tmp_path):
 
     from bytesplat_ns.distributed import make_communicator, sharded_render_loss
     from bytesplat_ns.distributed.launch import launch_local
-    from tests import distributed_worker as W
+    from tests.helpers import distributed_worker as W
 
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    results = launch_local([sys.executable, "-m", "tests.distributed_worker", "fused-nccl", str(tmp_path)], 2, 240,
-                           env=env, cwd=Path(__file__).resolve().parents[1])
+    results = launch_local([sys.executable, "-m", "tests.helpers.distributed_worker", "fused-nccl", str(tmp_path)], 2, 240,
+                           env=env, cwd=Path(__file__).resolve().parents[2])
     assert all(r.returncode == 0 for r in results), [r.stderr[-2000:] for r in results]
     ranks = [torch.load(tmp_path / f"fused-rank{r}.pt", weights_only=False) for r in range(2)]
 

@@ -26,7 +26,7 @@ from bytesplat_ns.distributed.launch import free_port, launch_local
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 NAMES = ("means", "scales", "quats", "features_dc", "features_rest", "opacities")
 
 
@@ -41,9 +41,9 @@ def train(tmp: Path, name: str, nprocs: int, iterations: int, extra=(), runner: 
     if runner == "module":
         head = [sys.executable, "-m", "bytesplat_ns.train"]
     elif runner == "dump":
-        head = [sys.executable, "-m", "tests.distributed_worker", "train-and-dump", str(dump)]
+        head = [sys.executable, "-m", "tests.helpers.distributed_worker", "train-and-dump", str(dump)]
     else:
-        head = [sys.executable, "-m", "tests.distributed_worker", "nerfstudio-launcher", str(dump)]
+        head = [sys.executable, "-m", "tests.helpers.distributed_worker", "nerfstudio-launcher", str(dump)]
         method = "bytesplat-distributed"
         extra = [*extra, "--machine.num-devices", str(nprocs)]
     args = [

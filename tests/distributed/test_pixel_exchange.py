@@ -1,6 +1,6 @@
 """Pixel exchange (Splaxel) on CPU with gloo (2 and 4 processes), checked against one process.
 
-Workers: tests/pixel_worker.py, launched by ``launch_local`` with a hard wall-clock bound. The
+Workers: tests/helpers/pixel_worker.py, launched by ``launch_local`` with a hard wall-clock bound. The
 oracle is one process rendering all Gaussians through ``rasterize(backend="reference")``.
 In-process unit tests cover the kd cells, the visibility order, the schedule and ``auto``.
 """
@@ -17,9 +17,10 @@ import pytest
 import torch
 
 from bytesplat_ns.distributed.launch import launch_local
-from tests import pixel_worker as P
+from tests.helpers import pixel_worker as P
+from tests.helpers.pixel_results import describe, gathered, oracle
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 REL_TOL = 1e-5
 BOUND_S = 55.0  # wall-clock bound of one multi-process launch (each test stays under 60 s)
 
@@ -35,12 +36,8 @@ CROSS_GRAD_REL = 0.35
 def run_workers(scenario: str, world: int, out: Path, timeout_s: float = BOUND_S):
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     start = time.monotonic()
-    results = launch_local([sys.executable, "-m", "tests.pixel_worker", scenario, str(out)], world, timeout_s, env=env, cwd=REPO)
+    results = launch_local([sys.executable, "-m", "tests.helpers.pixel_worker", scenario, str(out)], world, timeout_s, env=env, cwd=REPO)
     return results, time.monotonic() - start
-
-
-def describe(results) -> str:
-    return "\n".join(f"--- rank {r.rank}: exit {r.returncode} after {r.seconds:.1f}s\n{r.stdout[-1500:]}\n{r.stderr[-3000:]}" for r in results)
 
 
 @pytest.fixture(scope="module")
@@ -57,42 +54,6 @@ def runs(tmp_path_factory):
         return cache[key]
 
     return get
-
-
-def oracle(g):
-    """Single process: composited images [B,H,W,3], loss and parameter gradients of all Gaussians."""
-    from bytesplat_ns.distributed import single_process_loss
-    from bytesplat_ns.distributed.step import gaussian_colors, rgb_with_background
-    from bytesplat_ns.raster import rasterize
-
-    torch.set_num_threads(1)
-    views = P.make_views()
-    params = {k: torch.nn.Parameter(v.clone()) for k, v in g.items()}
-    loss, _ = single_process_loss(params, views, P.SH_DEGREE)
-    loss.backward()
-    with torch.no_grad():
-        r, a, _ = rasterize(params["means"], params["quats"], torch.exp(params["scales"]), torch.sigmoid(params["opacities"]).squeeze(-1),
-                            gaussian_colors(params, P.SH_DEGREE), views.viewmats, views.Ks, P.WIDTH, P.HEIGHT, backend="reference", sh_degree=P.SH_DEGREE)
-    images = torch.stack([rgb_with_background(r[v], a[v], views.backgrounds[v]) for v in range(P.NUM_VIEWS)])
-    return images, float(loss.item()), {k: p.grad for k, p in params.items()}
-
-
-def gathered(ranks, key):
-    """Composited images of every view (from its compositing rank), loss, full gradients in global order."""
-    runs_ = [r[key] for r in ranks]
-    images = {}
-    for run in runs_:
-        for v, img in run["renders"].items():
-            assert v not in images, "a view composited twice"
-            images[v] = img
-    assert sorted(images) == list(range(P.NUM_VIEWS))
-    imgs = torch.stack([images[v] for v in range(P.NUM_VIEWS)])
-    loss = sum(run["loss"] for run in runs_)
-    gids = torch.cat([run["gids"] for run in runs_])
-    order = torch.argsort(gids)
-    assert torch.equal(gids[order], torch.arange(gids.numel())), "every Gaussian on exactly one rank"
-    grads = {k: torch.cat([run["grads"][k] for run in runs_])[order] for k in runs_[0]["grads"]}
-    return imgs, loss, grads
 
 
 def rel(a, b) -> float:
@@ -206,9 +167,9 @@ def test_auto_flips_between_pixel_and_sparse_grad():
 def test_fused_cell_renderer_wiring_on_cpu_with_the_kernels_torch_twin(monkeypatch):
     """The ``fused`` branch of ``render_cell`` (projection, tile binning, the kernel's autograd
     Function without background, 1 - alpha as T) with the CUDA kernel replaced by its pure-PyTorch
-    twin (``fused.render_2d_torch``, what tests/test_fused_gpu.py holds the kernel against): the
+    twin (``fused.render_2d_torch``, what tests/raster/test_fused_gpu.py holds the kernel against): the
     partials and the whole one-process pixel step equal the reference renderer's. The kernel itself
-    is compared on a GPU in tests/test_pixel_gpu.py."""
+    is compared on a GPU in tests/distributed/test_pixel_gpu.py."""
     from bytesplat_ns.distributed import pixel
     from bytesplat_ns.distributed.pixel import PixelConfig, render_cell
     from bytesplat_ns.raster import fused

@@ -3,7 +3,7 @@ against the ``reference`` one, the whole pixel step with every tensor on the GPU
 pipeline with ``--pipeline.communicator pixel --machine.device-type cuda``, and (2 GPUs) NCCL.
 
 GPU only (skipped without CUDA; the 2-process tests also need 2 visible GPUs). The scenes and the
-one-process oracle are those of tests/test_pixel_exchange.py (tests/pixel_worker.py): 32x24 views,
+one-process oracle are those of tests/distributed/test_pixel_exchange.py (tests/helpers/pixel_worker.py): 32x24 views,
 SH degree 3, kd cells without border-crossing Gaussians where exactness is checked.
 
 Tolerances: the reference renderer on the GPU against itself on the CPU: rounding only (1e-5). The
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests import pixel_worker as P
+from tests.helpers import pixel_worker as P
 
 pytestmark = [
     pytest.mark.gpu,
@@ -32,7 +32,7 @@ pytestmark = [
 ]
 
 two_gpus = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def nrel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -121,7 +121,7 @@ def test_fused_renderer_refuses_cpu_tensors_and_non_rgb():
 @pytest.mark.parametrize("transmittance", [False, True])
 def test_pixel_step_on_cuda_equals_one_process(transmittance):
     from bytesplat_ns.distributed.pixel import PixelConfig
-    from tests.test_pixel_exchange import gathered, oracle
+    from tests.helpers.pixel_results import gathered, oracle
 
     g, tree = P.make_scene(400, 4, crossing=False)  # 4 cells, all on rank 0
     want_img, want_loss, want_grads = oracle(g)  # one process, all Gaussians, reference on the CPU
@@ -175,14 +175,14 @@ PIPELINE_ITERS = 10
 
 
 def _train_cuda(tmp: Path, name: str, nprocs: int):
-    from tests.test_pixel_pipeline import DENSIFY, train
+    from tests.helpers.pixel_train_runs import DENSIFY, train
 
     return train(tmp, name, nprocs, PIPELINE_ITERS, ["--pipeline.communicator", "pixel", "--steps-per-save", "1000", *DENSIFY],
                  device="cuda", rasterizer="auto", wall_s=240)
 
 
 def _check_pipeline_run(run_dir: Path, nprocs: int):
-    from tests.test_pixel_pipeline import NAMES, checkpoints, gaussians, load, scalars
+    from tests.helpers.pixel_train_runs import NAMES, checkpoints, gaussians, load, scalars
 
     ckpts = checkpoints(run_dir)
     final = load(ckpts[max(ckpts)])
@@ -211,18 +211,18 @@ def test_pipeline_pixel_on_two_gpus_nccl(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# Two processes, one GPU each, NCCL (tests/pixel_worker.py, scenario "nccl")
+# Two processes, one GPU each, NCCL (tests/helpers/pixel_worker.py, scenario "nccl")
 
 
 @pytest.fixture(scope="module")
 def nccl_ranks(tmp_path_factory):
     from bytesplat_ns.distributed.launch import launch_local
-    from tests.test_pixel_exchange import describe
+    from tests.helpers.pixel_results import describe
 
     out = tmp_path_factory.mktemp("nccl")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PIXEL_TEST_BACKEND="nccl")
     start = time.monotonic()
-    results = launch_local([sys.executable, "-m", "tests.pixel_worker", "nccl", str(out)], 2, 240, env=env, cwd=REPO)
+    results = launch_local([sys.executable, "-m", "tests.helpers.pixel_worker", "nccl", str(out)], 2, 240, env=env, cwd=REPO)
     assert all(r.returncode == 0 for r in results), describe(results)
     print(f"nccl workers: {time.monotonic() - start:.1f}s")
     return [torch.load(out / f"nccl-rank{r}.pt", weights_only=False) for r in range(2)]
@@ -230,7 +230,7 @@ def nccl_ranks(tmp_path_factory):
 
 @two_gpus
 def test_nccl_composite_equals_one_process_with_both_renderers(nccl_ranks):
-    from tests.test_pixel_exchange import gathered, oracle
+    from tests.helpers.pixel_results import gathered, oracle
 
     g, _ = P.make_scene(400, P.CELLS_PER_RANK * 2, crossing=False)
     want_img, want_loss, want_grads = oracle(g)
@@ -244,7 +244,7 @@ def test_nccl_composite_equals_one_process_with_both_renderers(nccl_ranks):
 
 @two_gpus
 def test_nccl_pruning_keeps_the_image_and_bytes_match_the_wire(nccl_ranks):
-    from tests.test_pixel_exchange import gathered as gathered_of
+    from tests.helpers.pixel_results import gathered as gathered_of
 
     for renderer in ("reference", "fused"):
         base_img, _, base_grads = gathered_of(nccl_ranks, renderer)
@@ -264,7 +264,7 @@ def test_nccl_pruning_keeps_the_image_and_bytes_match_the_wire(nccl_ranks):
 
 @two_gpus
 def test_nccl_rank_without_gaussians_training_and_migration(nccl_ranks):
-    from tests.test_pixel_exchange import gathered, oracle
+    from tests.helpers.pixel_results import gathered, oracle
 
     g, tree = P.make_scene(400, P.CELLS_PER_RANK * 2, crossing=False)
     want_img, want_loss, _ = oracle(P.only_rank0_cells(g, tree, 2))

@@ -1,5 +1,5 @@
 """``--pipeline.communicator {pixel,auto}`` through nerfstudio's trainer (``python -m bytesplat_ns.train``,
-2 gloo ranks on CPU, the launcher of tests/test_distributed_train.py).
+2 gloo ranks on CPU, the launcher of tests/distributed/test_distributed_train.py).
 
 P: 2 ranks, ``pixel``, 16 steps of 2 views on the tiny built-in scene at full resolution, with
 densification early (warm-up 4, refine every 4, a low gradient threshold) so Gaussians are pruned,
@@ -10,81 +10,24 @@ it loads and renders in one process, bytes per step reach nerfstudio's writer, a
 resumes on 1 process (re-partitioned). A: ``auto`` logs its choice and the reason.
 
 Exactness of the composite (scenes without border-crossing Gaussians) is covered by
-tests/test_pixel_exchange.py; here the scene's Gaussians do cross the cells' borders.
+tests/distributed/test_pixel_exchange.py; here the scene's Gaussians do cross the cells' borders.
 Every launch is bounded by ``launch_local``'s wall clock (55 s).
 """
 
 from __future__ import annotations
 
-import glob
 import math
-import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from bytesplat_ns.distributed.launch import launch_local
+from tests.helpers.pixel_train_runs import DENSIFY, NAMES, checkpoints, gaussians, load, scalars, train
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
-NAMES = ("means", "scales", "quats", "features_dc", "features_rest", "opacities")
-WALL_S = 55
-
-
-def train(tmp: Path, name: str, nprocs: int, iterations: int, extra=(), device: str = "cpu", rasterizer: str = "reference",
-          expect_ok: bool = True, wall_s: float = WALL_S):
-    """``python -m bytesplat_ns.train`` on ``nprocs`` ranks (gloo on the CPU, NCCL with ``device="cuda"``)."""
-    args = [
-        sys.executable, "-m", "bytesplat_ns.train", "bytesplat",
-        "--output-dir", str(tmp / "out"), "--experiment-name", name, "--timestamp", "run",
-        "--vis", "tensorboard", "--max-num-iterations", str(iterations), "--logging.steps-per-log", "1",
-        "--steps-per-eval-image", "100000", "--steps-per-eval-all-images", "100000", "--steps-per-eval-batch", "0",
-        "--machine.device-type", device, "--pipeline.model.rasterizer", rasterizer,
-        "--pipeline.model.background-color", "black", "--pipeline.model.num-downscales", "0",
-        "--pipeline.views-per-step", "2",
-        *extra,
-        "bytesplat-scene", "--num-views", "8", "--width", "48",
-    ]
-    env = dict(os.environ, BYTESPLAT_CACHE=str(tmp / "cache"), WANDB_MODE="disabled", OMP_NUM_THREADS="1",
-               PYTHONUNBUFFERED="1", MPLBACKEND="Agg", PYTHONPATH=os.pathsep.join(p for p in [str(REPO), os.environ.get("PYTHONPATH", "")] if p))
-    results = launch_local(args, nprocs, timeout_s=wall_s, env=env, cwd=tmp)
-    detail = "\n".join(f"--- rank {r.rank} exit {r.returncode} after {r.seconds:.1f}s\n"
-                       f"{r.stdout[-2000:]}\n{r.stderr[-4000:]}" for r in results)
-    if not expect_ok:
-        return None, results
-    assert all(r.returncode == 0 for r in results), detail
-    run_dir = tmp / "out" / name / "bytesplat" / "run"
-    return run_dir, results
-
-
-def checkpoints(run_dir: Path):
-    return {int(p.stem.split("-")[1]): p for p in (run_dir / "nerfstudio_models").glob("step-*.ckpt")}
-
-
-def load(path: Path):
-    return torch.load(path, map_location="cpu", weights_only=False)
-
-
-def gaussians(state):
-    return {n: state["pipeline"][f"_model.gauss_params.{n}"] for n in NAMES}
-
-
-def scalars(run_dir: Path, tag: str):
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    events = EventAccumulator(glob.glob(str(run_dir / "events.out.tfevents.*"))[0])
-    events.Reload()
-    if tag not in events.Tags()["scalars"]:
-        return None
-    return {e.step: e.value for e in events.Scalars(tag)}
 
 
 ITERS = 16
-DENSIFY = ["--pipeline.model.warmup-length", "4", "--pipeline.model.refine-every", "4",
-           "--pipeline.model.densify-grad-thresh", "1e-6"]
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ from bytesplat_ns.strategy import SyncFreeDefaultStrategy
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ITERS = 7
 STEPS_PER_LOG = 3  # logged: 0, 3, 6 (6 also gathers the final checkpoint)
 REFINE_EVERY = 2  # with 2 training views gsplat pauses for 2 + 2 steps after the step-0 reset: refines at 4, 6
@@ -50,7 +50,7 @@ def test_quiet_steps_run_only_the_exchanges_collectives(tmp_path):
     out = tmp_path / "counts"
     out.mkdir()
     args = [
-        sys.executable, "-m", "tests.collective_counts", str(out), "bytesplat",
+        sys.executable, "-m", "tests.helpers.collective_counts", str(out), "bytesplat",
         "--output-dir", str(tmp_path / "out"), "--experiment-name", "c", "--timestamp", "run",
         "--vis", "tensorboard", "--max-num-iterations", str(ITERS), "--steps-per-save", "1000",
         "--logging.steps-per-log", str(STEPS_PER_LOG),

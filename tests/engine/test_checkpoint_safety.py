@@ -23,7 +23,7 @@ from bytesplat_ns.checkpoints import (
 )
 from bytesplat_ns.divergence import DivergenceError, DivergenceGuard
 from bytesplat_ns.errors import BytesplatError
-from tests.checkpoint_runs import (
+from tests.helpers.checkpoint_runs import (
     assert_one_clear_error,
     copy_run_with,
     run_dir,
@@ -31,7 +31,7 @@ from tests.checkpoint_runs import (
     train_args,
     viewer_outcome,
 )
-from tests.cli import cli_env, describe, run_cli, tool
+from tests.helpers.cli import cli_env, describe, run_cli, tool
 
 # ---- in-process: writer, cleanup, refusal, divergence guard ---------------------------------------
 

@@ -4,7 +4,7 @@ A read of a tensor's value on the host (``item``, ``tolist``, ``float``, ...) wa
 GPU kernel. On CPU the spy below counts them in everything the loop runs around the model: the
 datamanager, the trainer loop, schedulers and the writers. The model's own forward/backward and the
 optimizer's step are left out: on CPU they run the reference rasterizer and torch's CPU Adam, which
-are not the GPU path (tests/test_sync_free_step.py covers the GPU step's pieces).
+are not the GPU path (tests/engine/test_sync_free_step.py covers the GPU step's pieces).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ keeping parameters / optimizer state / strategy state consistent, tile lists car
 gsplat's refine step, the score window, and the hook right after gsplat's refine steps (standalone
 and through the model). GPU (skipped without CUDA): capacity read from the device; a pruned model
 renders the same through the fused and the reference backends. The score gathered by the fused
-kernels is tested in tests/test_fused_gpu.py (GPU) and tests/test_fused_cpu_logic.py (glue, CPU).
+kernels is tested in tests/raster/test_fused_gpu.py (GPU) and tests/raster/test_fused_cpu_logic.py (glue, CPU).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from bytesplat_ns.pruning import (
 )
 from bytesplat_ns.raster.projection import project_gaussians
 from bytesplat_ns.raster.reference import rasterize_reference
-from tests.test_reference_raster import make_scene
+from tests.helpers.raster_scenes import make_scene
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -169,11 +169,11 @@ def test_score_equals_explicit_max_alpha_T(dtype):
 
 
 def test_stop_rule_decides_scores_in_the_stop_scene():
-    """tests/contribution_scenes.py (also the GPU test's scene for the kernels' stop rule): the
+    """tests/helpers/contribution_scenes.py (also the GPU test's scene for the kernels' stop rule): the
     small Gaussians behind the walls score the weight they would have had at the pixels they stop
     (~2.7e-4), about three times what they get where they are composited; the definition equals the
     explicit walk there, and some Gaussians are hidden entirely (score 0)."""
-    from tests.contribution_scenes import stop_scene_2d
+    from tests.helpers.contribution_scenes import stop_scene_2d
 
     sc = stop_scene_2d(C=1, clutter=100, crowd=400)  # the GPU test of the kernels has 2 views, 300 clutter
     args = (sc["means2d"], sc["conics"], sc["opacities"], sc["radii"], sc["depths"], sc["width"], sc["height"])

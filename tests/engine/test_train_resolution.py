@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import torch
 
-from tests.test_fused_cpu_logic import make_model, seed_cloud
+from tests.helpers.model_steps import make_model, seed_cloud
 
 
 def _attributes(width: int, height: int):

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from tests.cli import cli_env, describe, run_cli
-from tests.tiny_runs import train_tiny
+from tests.helpers.cli import cli_env, describe, run_cli
+from tests.helpers.tiny_runs import train_tiny
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # The console script runs bytesplat_ns.export.cli:entrypoint; run the module, which works before a reinstall too.
 EXPORT = [sys.executable, "-m", "bytesplat_ns.export.cli"]
 FORMATS = {"ply": "s.ply", "compressed-ply": "s.compressed.ply", "spz": "s.spz", "splat": "s.splat", "sog": "s.sog"}

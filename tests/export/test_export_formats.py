@@ -1,7 +1,7 @@
 """bytesplat-export's writers, frames and SH rotation on synthetic Gaussians (no trained run needed).
 
 Each format is read back by a reader that is not its writer: plyfile and gsply for the 3DGS PLY, decoders
-of the published layouts (tests/export_splats.py) for compressed PLY, SPZ and .splat, gsply's SOG reader
+of the published layouts (tests/helpers/export_splats.py) for compressed PLY, SPZ and .splat, gsply's SOG reader
 for SOG; every field must equal the input within that format's quantisation, SH in its right order.
 """
 
@@ -20,7 +20,7 @@ from bytesplat_ns.export.sh_rotation import band_rotations, rotate_sh
 from bytesplat_ns.export.splats import SH_C0
 from bytesplat_ns.raster.reference import rasterize_reference
 from bytesplat_ns.raster.sh import eval_sh
-from tests.export_splats import (
+from tests.helpers.export_splats import (
     quat_distance, read_compressed_ply, read_splat, read_spz, sigmoid, synthetic_splats,
 )
 

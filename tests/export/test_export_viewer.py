@@ -17,8 +17,8 @@ import torch
 from bytesplat_ns.export import antimatter_splat, gsply_formats, ply, sog
 from bytesplat_ns.export.splats import Splats, normalized_quats
 from bytesplat_ns.raster.reference import rasterize_reference
-from tests.browser import CHROMIUM, Chromium
-from tests.splat_viewer import ViewerServer, focal_from_fovy, look_at, npm_missing_reason, psnr
+from tests.helpers.browser import CHROMIUM, Chromium
+from tests.helpers.splat_viewer import ViewerServer, focal_from_fovy, look_at, npm_missing_reason, psnr
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ from typing import List, Sequence
 
 import requests
 
-from tests.cli import cli_env, describe, run_cli, tool
+from tests.helpers.cli import cli_env, describe, run_cli, tool
 
 # The built-in scene, shrunk to seconds per run on CPU (dataparser options follow its name).
 TINY_SCENE = ["bytesplat-scene", "--num-views", "8", "--width", "48", "--height", "36"]

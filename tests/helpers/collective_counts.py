@@ -1,6 +1,6 @@
-"""Collectives per training step of ``python -m bytesplat_ns.train`` (run as ``python -m tests.collective_counts``).
+"""Collectives per training step of ``python -m bytesplat_ns.train`` (run as ``python -m tests.helpers.collective_counts``).
 
-``python -m tests.collective_counts OUT <bytesplat_ns.train arguments>``: every rank counts the
+``python -m tests.helpers.collective_counts OUT <bytesplat_ns.train arguments>``: every rank counts the
 torch.distributed calls it makes inside each training iteration (from the pipeline's loss to the
 end of its after-iteration callback) and writes ``OUT/counts-rank{R}.json``: step -> name -> calls.
 """

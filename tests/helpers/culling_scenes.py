@@ -2,8 +2,8 @@
 cuda/common.cuh): footprints from a twentieth of a pixel to tens of pixels, rotated and stretched up
 to the anisotropy where culling gives up (det = 1e-3 ac) and beyond, opacities from just above the
 1/255 threshold (the culling ellipse shrinks to nothing) to exactly 1, centres inside, on the border
-of and outside the tile. CPU tests check the mask's arithmetic on them (tests/test_warp_cull.py); the
-GPU tests render them through the kernels against the reference (tests/test_fused_gpu.py)."""
+of and outside the tile. CPU tests check the mask's arithmetic on them (tests/raster/test_warp_cull.py); the
+GPU tests render them through the kernels against the reference (tests/raster/test_fused_gpu.py)."""
 
 from __future__ import annotations
 

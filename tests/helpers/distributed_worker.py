@@ -1,4 +1,4 @@
-"""Worker processes for tests/test_distributed_core.py (run as ``python -m tests.distributed_worker``).
+"""Worker processes for tests/distributed/test_distributed_core.py (run as ``python -m tests.helpers.distributed_worker``).
 
 Started by ``bytesplat_ns.distributed.launch.launch_local`` with torchrun's environment variables;
 writes its results (torch.save) into the output directory given on the command line.

@@ -1,4 +1,4 @@
-"""Worker processes for tests/test_pixel_exchange.py (run as ``python -m tests.pixel_worker``).
+"""Worker processes for tests/distributed/test_pixel_exchange.py (run as ``python -m tests.helpers.pixel_worker``).
 
 Started by ``bytesplat_ns.distributed.launch.launch_local`` with torchrun's environment variables;
 writes its results (torch.save) into the output directory given on the command line. The scene
@@ -15,7 +15,7 @@ from typing import Dict
 import torch
 
 from bytesplat_ns.distributed import SPLATFACTO_LRS
-from tests.distributed_worker import WireCounter, look_at  # shared by every distributed worker
+from tests.helpers.distributed_worker import WireCounter, look_at  # shared by every distributed worker
 
 SEED = 11
 WIDTH, HEIGHT = 32, 24
@@ -133,7 +133,7 @@ def main() -> None:
     from bytesplat_ns.distributed import DistributedError, init_distributed
     from bytesplat_ns.distributed.pixel import PixelConfig
 
-    # gloo unless told otherwise (PIXEL_TEST_BACKEND=nccl: tests/test_pixel_gpu.py), also on a GPU host.
+    # gloo unless told otherwise (PIXEL_TEST_BACKEND=nccl: tests/distributed/test_pixel_gpu.py), also on a GPU host.
     device = init_distributed(os.environ.get("PIXEL_TEST_BACKEND", "gloo"), timeout_s=float(os.environ.get("TEST_PG_TIMEOUT", "30")))
     import torch.distributed as dist
 
@@ -218,7 +218,7 @@ def main() -> None:
             cells.tree, cells.cell_of = tree2, cell_of2
             rec["rebalance"]["loss_after"] = pixel_step(params, opts, cells, views, SH_DEGREE).loss
         elif scenario == "nccl":
-            # tests/test_pixel_gpu.py: every rank on its GPU, NCCL; both cell renderers, the pruning
+            # tests/distributed/test_pixel_gpu.py: every rank on its GPU, NCCL; both cell renderers, the pruning
             # modes, training steps and a migration, all with the tensors on the GPU.
             from bytesplat_ns.distributed import make_adam_optimizers
             from bytesplat_ns.distributed.cells import migrate

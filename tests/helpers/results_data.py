@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Dict
 
-RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results"
 
 # ns-eval's output format: not a bytesplat-bench result
 NS_EVAL_OUTPUT = {"experiment_name": "bytesplat-scene", "method_name": "bytesplat", "checkpoint": "step-000000999.ckpt",

@@ -1,4 +1,4 @@
-"""Web splat viewers from the npm registry, served to headless Chromium (tests/browser.py) with an export.
+"""Web splat viewers from the npm registry, served to headless Chromium (tests/helpers/browser.py) with an export.
 
 Two three.js viewers, each installed once into its own folder of ``NPM_CACHE``: @mkkellogg/gaussian-splats-3d
 (PLY, compressed PLY, .splat) and @sparkjsdev/spark (PLY, SPZ, SOG, ...). A page renders one scene file from

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.cli import cli_env, describe, run_cli
+from tests.helpers.cli import cli_env, describe, run_cli
 
 
 def train_tiny(tmp: Path, name: str, iterations: int) -> Path:

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from bytesplat_ns.raster import rasterize
-from tests.test_reference_raster import make_scene
+from tests.helpers.raster_scenes import make_scene
 
 pytestmark = [
     pytest.mark.gpu,

@@ -7,7 +7,7 @@ c ends in lanes c and c + 16), the invariant after every step, the shuffle count
 kernel's atomicAdd pattern (lanes 0..K-1, one add each) fills s_acc like the per-component warp
 sums of the original path, and that the pruning score (component KMAX = 11, combined with max
 instead of +) comes out as the warp max at no extra shuffle, the other components unchanged. The
-kernels themselves are held to the same behaviour on a GPU (tests/test_bwd_reduce_gpu.py: the two
+kernels themselves are held to the same behaviour on a GPU (tests/raster/test_bwd_reduce_gpu.py: the two
 reductions give the same pruning score bit for bit and the same gradients).
 """
 

@@ -1,6 +1,6 @@
 """The backward kernels' two warp reductions (cuda/common.cuh) behave alike on the GPU.
 
-tests/test_butterfly_reduce.py emulates the butterfly reduce-scatter on the CPU (lane mapping,
+tests/raster/test_butterfly_reduce.py emulates the butterfly reduce-scatter on the CPU (lane mapping,
 padding, shuffle counts, the max-combined pruning-score lane). Here the kernels themselves run it:
 with the pruning score gathered (K = 12 components, component 11 combined with max: the
 ``CONTRIB`` path), with and without absgrad (K = 11 / 9), for the fused kernel (one launch, tiles
@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.contribution_scenes import stop_scene_2d
+from tests.helpers.contribution_scenes import stop_scene_2d
 
 pytestmark = [
     pytest.mark.gpu,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-CUDA_DIR = Path(__file__).resolve().parent.parent / "cuda"
+CUDA_DIR = Path(__file__).resolve().parents[2] / "cuda"
 SOURCES = sorted(p.name for p in CUDA_DIR.iterdir() if p.suffix in (".cu", ".cpp"))
 
 

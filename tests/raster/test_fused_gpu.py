@@ -216,13 +216,13 @@ def test_render_kernel_matches_torch_twin():
 def test_warp_culling_changes_nothing(schedule):
     """The kernels skip, per warp, the Gaussians that cannot reach alpha 1/255 at any of its pixels
     (``warp_mask``, cuda/common.cuh). On Gaussians made to sit on that edge
-    (tests/culling_scenes.py: sub-pixel to 30 px, up to 1:300 anisotropy, opacities at the threshold)
+    (tests/helpers/culling_scenes.py: sub-pixel to 30 px, up to 1:300 anisotropy, opacities at the threshold)
     the kernels with culling (the default) and without (``warp_cull=False``) must give the same
     image bit for bit (a pixel makes the same additions in the same order) and the same gradients up
     to the order of the float atomics. ``None``: the plain render pair; otherwise the fused loss in
     that schedule (one launch with a small capacity, so that tiles stream)."""
     from bytesplat_ns.raster.fused import _FusedLoss, _RasterizeFused, bin_tiles
-    from tests.culling_scenes import culling_edge_scene_2d
+    from tests.helpers.culling_scenes import culling_edge_scene_2d
 
     sc = culling_edge_scene_2d(C=2, W=77, H=53, n=300, seed=7, device="cuda")  # ~1/3 of pixels saturate
     W, H = sc["width"], sc["height"]
@@ -516,12 +516,12 @@ def test_contribution_matches_torch_definition(case, schedule):
                                                ("split", None)])
 def test_contribution_counts_the_stopping_gaussian(schedule, capacity):
     """The stop rule, in every schedule and through the streaming path (capacity 32 with up to
-    ~430 Gaussians per tile): tests/contribution_scenes.py puts small opaque Gaussians behind
+    ~430 Gaussians per tile): tests/helpers/contribution_scenes.py puts small opaque Gaussians behind
     walls that leave T ~ 3e-4, so each one stops the pixels at its center, and its score is the
     weight it would have had there (about 2.7e-4; composited at its rim it gets at most ~9e-5).
     Two views, 2D inputs straight into _FusedLoss with the fused binning."""
     from bytesplat_ns.raster.fused import _FusedLoss, bin_tiles
-    from tests.contribution_scenes import stop_scene_2d
+    from tests.helpers.contribution_scenes import stop_scene_2d
 
     sc = stop_scene_2d(C=2, crowd=400, device="cuda")
     C, N = sc["radii"].shape
@@ -794,7 +794,7 @@ def test_model_fused_training_step_matches_gsplat(absgrad):
     """One nerfstudio iteration through ByteSplatModel: fused path (get_outputs -> fused_pending ->
     get_metrics_dict -> _FusedLoss -> DefaultStrategy) vs the gsplat path, from the same Gaussians:
     same loss, parameter gradients, Adam update and strategy statistics (grad2d, count, radii)."""
-    from tests.test_fused_cpu_logic import anisotropic, make_camera, make_model, model_train_step, seed_cloud, target_image
+    from tests.helpers.model_steps import anisotropic, make_camera, make_model, model_train_step, seed_cloud, target_image
 
     seed_points = seed_cloud(2000)
     image, bg = target_image(device="cuda"), torch.tensor([0.3, 0.6, 0.2], device="cuda")
@@ -812,7 +812,7 @@ def test_model_fused_training_step_matches_gsplat(absgrad):
 @needs_gsplat
 def test_model_fused_step_matches_gsplat_after_densification():
     """The same from a state reached by training with gsplat (densified, running statistics)."""
-    from tests.test_fused_cpu_logic import step_at_trained_state
+    from tests.helpers.model_steps import step_at_trained_state
 
     runs = step_at_trained_state("cuda", "gsplat", ["fused", "gsplat"])
     _compare_model_steps(runs["fused"], runs["gsplat"])
@@ -821,7 +821,7 @@ def test_model_fused_step_matches_gsplat_after_densification():
 @needs_gsplat
 def test_model_fused_eval_outputs_match_gsplat():
     """Eval: get_outputs (RGB+ED through rasterize_fused) vs the gsplat backend."""
-    from tests.test_fused_cpu_logic import anisotropic, make_camera, make_model, seed_cloud
+    from tests.helpers.model_steps import anisotropic, make_camera, make_model, seed_cloud
 
     seed_points = seed_cloud(2000)
     outs, params = {}, None

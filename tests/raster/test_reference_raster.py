@@ -1,14 +1,13 @@
 """The pure-PyTorch ``reference`` rasterizer (float32) against the float64 dense oracle.
 
 Every test builds fresh random scenes from fixed seeds, renders them with
-``bytesplat_ns.raster.reference.rasterize_reference`` in float32 and with ``tests.dense_oracle``
+``bytesplat_ns.raster.reference.rasterize_reference`` in float32 and with ``tests.helpers.dense_oracle``
 in float64 (from the same float32-rounded inputs), and compares images (abs err <= 1e-5) and
 gradients of a random linear functional of the outputs (norm-wise relative err <= 1e-4).
 """
 
 from __future__ import annotations
 
-import math
 import time
 
 import pytest
@@ -16,7 +15,8 @@ import torch
 
 from bytesplat_ns.raster import rasterize
 from bytesplat_ns.raster.reference import rasterize_reference
-from tests.dense_oracle import oracle_composite, oracle_render
+from tests.helpers.dense_oracle import oracle_composite, oracle_render
+from tests.helpers.raster_scenes import make_scene
 
 IMG_TOL = 1e-5
 GRAD_TOL = 1e-4
@@ -24,54 +24,6 @@ PARAMS = ("means", "quats", "scales", "opacities", "colors")
 
 
 # ----------------------------------------------------------------------------- scene helpers
-def _look_at(campos: torch.Tensor, target: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """World-to-camera matrix (OpenCV: +z forward) of a camera at ``campos`` facing ``target``."""
-    z = target - campos
-    z = z / z.norm()
-    x = torch.linalg.cross(z, up)
-    x = x / x.norm()
-    y = torch.linalg.cross(z, x)
-    c2w = torch.eye(4, dtype=torch.float64)
-    c2w[:3, 0], c2w[:3, 1], c2w[:3, 2], c2w[:3, 3] = x, y, z, campos
-    return torch.linalg.inv(c2w)
-
-
-def make_scene(seed, N=80, W=37, H=23, C=1, sh_degree=None, n_sh=16, scale_range=(0.04, 0.4),
-               opacity_range=(0.05, 0.98), cam_dist=4.0, focal=0.9):
-    """Random Gaussians around the origin seen by C cameras about ``cam_dist`` away."""
-    g = torch.Generator().manual_seed(seed)
-
-    def rnd(*shape):
-        return torch.rand(*shape, generator=g, dtype=torch.float64)
-
-    def rndn(*shape):
-        return torch.randn(*shape, generator=g, dtype=torch.float64)
-
-    means = rndn(N, 3) * torch.tensor([1.0, 0.8, 0.8], dtype=torch.float64)
-    quats = rndn(N, 4)
-    lo, hi = math.log(scale_range[0]), math.log(scale_range[1])
-    scales = torch.exp(lo + (hi - lo) * rnd(N, 3))
-    opacities = opacity_range[0] + (opacity_range[1] - opacity_range[0]) * rnd(N)
-    if sh_degree is None:
-        colors = rnd(N, 3)
-    else:
-        colors = 0.4 * rndn(N, n_sh, 3)
-    viewmats, Ks = [], []
-    for _ in range(C):
-        d = rndn(3)
-        d = d / d.norm()
-        campos = cam_dist * d * (1.0 + 0.2 * float(rnd(1)))
-        viewmats.append(_look_at(campos, 0.3 * rndn(3), rndn(3)))
-        f = focal * W * (0.9 + 0.2 * float(rnd(1)))
-        cx = W / 2 + (float(rnd(1)) - 0.5) * 0.2 * W
-        cy = H / 2 + (float(rnd(1)) - 0.5) * 0.2 * H
-        Ks.append(torch.tensor([[f, 0, cx], [0, f * (0.95 + 0.1 * float(rnd(1))), cy], [0, 0, 1]],
-                               dtype=torch.float64))
-    return dict(means=means, quats=quats, scales=scales, opacities=opacities, colors=colors,
-                viewmats=torch.stack(viewmats), Ks=torch.stack(Ks), W=W, H=H,
-                sh_degree=sh_degree, gen=g)
-
-
 def _round32(scene):
     """Round every float input to float32 (the oracle then works on exactly the same values)."""
     out = dict(scene)

@@ -1,5 +1,5 @@
 """The multi-camera SH twin (``raster.sh_views.multiview_sh_colors_torch``, the oracle of the
-CUDA kernels in tests/test_sh_views_gpu.py) against the reference rasterizer's color rule."""
+CUDA kernels in tests/raster/test_sh_views_gpu.py) against the reference rasterizer's color rule."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from bytesplat_ns.raster.projection import camera_centers
 from bytesplat_ns.raster.sh import sh_to_color
 from bytesplat_ns.raster.sh_views import multiview_sh_colors_torch
-from tests.distributed_worker import look_at
+from tests.helpers.distributed_worker import look_at
 
 
 def test_twin_is_the_reference_color_rule_per_camera_masked():

@@ -13,7 +13,7 @@ pytestmark = [
 
 
 def _cameras(C, g):
-    from tests.distributed_worker import look_at
+    from tests.helpers.distributed_worker import look_at
 
     eyes = torch.randn(C, 3, generator=g) * 2.0 + torch.tensor([0.0, 0.0, -4.0])
     return torch.stack([look_at(tuple(e.tolist())) for e in eyes])

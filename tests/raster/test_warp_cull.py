@@ -3,12 +3,12 @@ op in float32 for both warp layouts (``thread_pixel``: 16x2 pixel rows, the fuse
 8x4 blocks, the plain render kernels'): it must keep every warp that has a pixel where the
 compositing test passes (``composite_step``: sigma >= 0 and min(0.999, o exp(-sigma)) >= 1/255), or
 culling would change the image; and it must actually cull, or it buys nothing. The GPU tests hold
-the kernels themselves with culling against the kernels without it (tests/test_fused_gpu.py)."""
+the kernels themselves with culling against the kernels without it (tests/raster/test_fused_gpu.py)."""
 
 import pytest
 import torch
 
-from tests.culling_scenes import culling_edge_scene
+from tests.helpers.culling_scenes import culling_edge_scene
 
 TILE, WARPS = 16, 8
 F = torch.float32
