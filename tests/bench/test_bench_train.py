@@ -121,7 +121,7 @@ def test_summary_pairs_each_method_with_the_baseline_by_seed():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
 def test_fused_training_step_never_waits_for_the_gpu(tmp_path):
     """Between densification steps a bytesplat (fused) training iteration makes no host-device
     synchronisation: profile's sync_sources finds none (splatfacto's makes about 17)."""

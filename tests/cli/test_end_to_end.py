@@ -42,11 +42,6 @@ def train(tmp: Path, name: str, iterations: int, extra=()) -> Path:
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("e2e")
-
-
-@pytest.fixture(scope="module")
 def trained(workdir) -> Path:
     return train(workdir, "trained", ITERATIONS)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 import shutil
 import socket
@@ -24,7 +23,7 @@ import numpy as np
 import pytest
 import requests
 
-from tests.helpers.browser import CHROMIUM, Chromium, kill_group
+from tests.helpers.browser import Chromium, kill_group
 from tests.helpers.cli import cli_env, describe, run_cli, tool
 
 pytestmark = pytest.mark.slow
@@ -64,11 +63,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("viewer")
 
 
 @pytest.fixture(scope="module")
@@ -187,14 +181,6 @@ def scene_problems(crop: Optional[np.ndarray]) -> List[str]:
     if distinct < MIN_DISTINCT_COLOURS:
         problems.append(f"{distinct} distinct colours (need {MIN_DISTINCT_COLOURS})")
     return problems
-
-
-@pytest.fixture
-def browser(tmp_path):
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"{CHROMIUM} is not installed (install.sh installs it)")
-    with Chromium(tmp_path / "chromium-profile", *WINDOW) as b:
-        yield b
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.5) -> bool:

@@ -9,10 +9,7 @@ import torch
 
 from tests.helpers.sharded_records import random_records, views_scored_in_one_call_vs_each_alone
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-]
+pytestmark = pytest.mark.gpu
 
 
 def _records(n: int, seed: int, width: int = 70, height: int = 50):
@@ -174,10 +171,9 @@ def test_sharded_forward_reads_the_device_once():
     fwd.local_loss.backward()
 
 
-two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
 
 
-@two_gpus
+@pytest.mark.gpu(count=2)
 def test_nccl_sharded_fused_step_equals_one_process(tmp_path):
     """Two ranks, one GPU each (NCCL): the record exchange with the fused compositor, each rank's
     views padded and scored in one call, gives one process's loss,

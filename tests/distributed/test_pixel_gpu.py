@@ -26,12 +26,8 @@ import torch
 
 from tests.helpers import pixel_worker as P
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-]
+pytestmark = pytest.mark.gpu
 
-two_gpus = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -204,7 +200,7 @@ def test_pipeline_pixel_on_one_gpu(tmp_path):
     _check_pipeline_run(run_dir, 1)
 
 
-@two_gpus
+@pytest.mark.gpu(count=2)
 def test_pipeline_pixel_on_two_gpus_nccl(tmp_path):
     run_dir, _ = _train_cuda(tmp_path, "g2", 2)
     _check_pipeline_run(run_dir, 2)
@@ -228,7 +224,7 @@ def nccl_ranks(tmp_path_factory):
     return [torch.load(out / f"nccl-rank{r}.pt", weights_only=False) for r in range(2)]
 
 
-@two_gpus
+@pytest.mark.gpu(count=2)
 def test_nccl_composite_equals_one_process_with_both_renderers(nccl_ranks):
     from tests.helpers.pixel_results import gathered, oracle
 
@@ -242,7 +238,7 @@ def test_nccl_composite_equals_one_process_with_both_renderers(nccl_ranks):
         assert all(r[key]["stats"]["forward_bytes"] > 0 and r[key]["stats"]["backward_bytes"] > 0 for r in nccl_ranks)
 
 
-@two_gpus
+@pytest.mark.gpu(count=2)
 def test_nccl_pruning_keeps_the_image_and_bytes_match_the_wire(nccl_ranks):
     from tests.helpers.pixel_results import gathered as gathered_of
 
@@ -262,7 +258,7 @@ def test_nccl_pruning_keeps_the_image_and_bytes_match_the_wire(nccl_ranks):
             assert s["forward_bytes"] + s["backward_bytes"] == s["unpruned_bytes"] > 0
 
 
-@two_gpus
+@pytest.mark.gpu(count=2)
 def test_nccl_rank_without_gaussians_training_and_migration(nccl_ranks):
     from tests.helpers.pixel_results import gathered, oracle
 

@@ -41,7 +41,7 @@ def test_bytesplat_method_uses_device_adam_for_every_group():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu
 def test_cuda_parameters_take_the_fused_kernel_and_match_adam():
     torch.manual_seed(0)
     a = [torch.nn.Parameter(torch.randn(1000, 3, device="cuda")), torch.nn.Parameter(torch.randn(50, device="cuda"))]

@@ -32,7 +32,6 @@ from bytesplat_ns.raster.projection import project_gaussians
 from bytesplat_ns.raster.reference import rasterize_reference
 from tests.helpers.raster_scenes import make_scene
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 # H200 (compute capability 9.0): cudaDevAttrMaxSharedMemoryPerBlockOptin, ...PerMultiprocessor,
 # ReservedSharedMemoryPerBlock.
@@ -78,7 +77,7 @@ def test_capacity_arithmetic():
         tile_capacity(40_000, 80_000, 0, 1, **lay)  # (40000-38832)/44 = 26 < 32
 
 
-@needs_cuda
+@pytest.mark.gpu
 @pytest.mark.gpu
 def test_capacity_read_from_device():
     from bytesplat_ns.raster._build import load_extension
@@ -718,7 +717,7 @@ def test_tile_occupancy_counts_like_an_explicit_walk():
 # ----------------------------------------------------------------------------------------------
 
 
-@needs_cuda
+@pytest.mark.gpu
 @pytest.mark.gpu
 def test_pruned_model_renders_identically_through_fused_and_reference(device="cuda"):
     from bytesplat_ns.raster import rasterize

@@ -40,11 +40,6 @@ def checkpoint_params(config: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("export")
-
-
-@pytest.fixture(scope="module")
 def one_step_run(workdir) -> Path:
     """One training step: the Gaussians still sit (within one optimizer step) on the scene's point cloud."""
     return train_tiny(workdir, "one-step", 1)

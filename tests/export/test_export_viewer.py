@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import io
-import os
 import time
 
 import numpy as np
@@ -17,12 +16,13 @@ import torch
 from bytesplat_ns.export import antimatter_splat, gsply_formats, ply, sog
 from bytesplat_ns.export.splats import Splats, normalized_quats
 from bytesplat_ns.raster.reference import rasterize_reference
-from tests.helpers.browser import CHROMIUM, Chromium
+from tests.helpers.browser import Chromium
 from tests.helpers.splat_viewer import ViewerServer, focal_from_fovy, look_at, npm_missing_reason, psnr
 
 pytestmark = pytest.mark.slow
 
 WIDTH, HEIGHT, FOVY = 160, 120, 50.0
+WINDOW = (WIDTH, HEIGHT)  # the browser fixture's window: the canvas is the rendered image's size
 # Measured: about 36 dB for each format against our render with the same SH, 30 dB against our render without the
 # PLY's degree-1 SH (so the bar also proves the viewer reads our SH the way we do), 8.6 dB for the blank canvas.
 PSNR_BAR = 33.0
@@ -64,14 +64,6 @@ def npm_available():
     reason = npm_missing_reason()
     if reason:
         pytest.skip(reason)
-
-
-@pytest.fixture
-def browser(tmp_path):
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"{CHROMIUM} is not installed (install.sh installs it)")
-    with Chromium(tmp_path / "chromium-profile", WIDTH, HEIGHT) as b:
-        yield b
 
 
 def viewer_canvas(browser: Chromium, url: str) -> np.ndarray:

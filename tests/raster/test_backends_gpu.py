@@ -17,10 +17,7 @@ import torch
 from bytesplat_ns.raster import rasterize
 from tests.helpers.raster_scenes import make_scene
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-]
+pytestmark = pytest.mark.gpu
 
 PARAMS = ("means", "quats", "scales", "opacities", "colors")
 

@@ -13,10 +13,7 @@ import time
 import pytest
 import torch
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-]
+pytestmark = pytest.mark.gpu
 
 
 def _scene(C, N, W, H, seed, *, margin=0.5, max_r=40, culled=0.2, huge=0.0, depth_levels=None,

@@ -15,10 +15,7 @@ import torch
 
 from tests.helpers.contribution_scenes import stop_scene_2d
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-]
+pytestmark = pytest.mark.gpu
 
 REDUCE_AB_TOL = 5e-5  # another fp32 order of the same sums; a lane/component mix-up shows as O(1e-2..1)
 

@@ -20,10 +20,7 @@ import torch
 
 from bytesplat_ns.raster.options import FusedOptions
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-]
+pytestmark = pytest.mark.gpu
 
 IMG_TOL = 1e-5
 GRAD_TOL = 1e-4
