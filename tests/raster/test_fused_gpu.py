@@ -589,7 +589,7 @@ def _gsplat_available() -> bool:
 
 
 needs_gsplat = pytest.mark.skipif(not torch.cuda.is_available() or not _gsplat_available(),
-                                  reason="needs gsplat's CUDA extension")
+                                  reason="needs a CUDA GPU and gsplat's CUDA extension")
 
 
 @pytest.mark.parametrize("use_bg", [False, True])
