@@ -1,0 +1,92 @@
+"""bytesplat-bench report: docs/results.md from suite documents, stable, every table with its command, GPU,
+versions and date."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bytesplat_ns.bench import report
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _stage(ms):
+    return {"median_ms": ms, "min_ms": ms - 0.1, "max_ms": ms + 0.1}
+
+
+def _fixture_doc():
+    raster = {"benchmark": "raster", "date": "2026-11-30 08:05 UTC", "gpu": "NVIDIA H200", "width": 1920, "height": 1080,
+              "runs": [{"num_gaussians": 1_000_000, "raster_loss_fused_split": _stage(3.0),
+                        "raster_loss_gsplat": _stage(12.0)}]}
+    runs = [{"label": f"{m}-seed{s}", "method": m, "seed": s, "ms_per_iteration": ms, "num_gaussians": 1000,
+             "eval": {"psnr": psnr, "ssim": 0.9}}
+            for m, ms, psnr in (("bytesplat:fused", 8.0, 32.5), ("splatfacto", 12.0, 32.0)) for s in (1, 2)]
+    train = {"environment": {"date": "2026-11-30 08:12 UTC", "device": "NVIDIA H200"}, "runs": runs}
+    wallclock = {"benchmark": "bytesplat-bench wallclock", "date": "2026-12-01 10:00 UTC",
+                 "runs": [{"method": m, "seed": s, "psnr": psnr + s, "wall_s": wall}
+                          for m, psnr, wall in (("gpu1", 28.0, 60.0), ("sparse2", 28.25, 40.0)) for s in (1, 2)],
+                 "summary": {"gpu1": {"seeds": 2, "wall_s": {"mean": 60.0}, "psnr": {"mean": 29.5}},
+                             "sparse2": {"seeds": 2, "wall_s": {"mean": 40.0}, "psnr": {"mean": 29.75}}}}
+    return {"suite": "fixture", "purpose": "a fixture suite", "gpus_needed": 1, "command": "bytesplat-bench suite fixture",
+            "date": "2026-11-30 08:05 UTC", "gpu": "NVIDIA H200",
+            "versions": {"torch": "2.11.0+cu130", "nerfstudio": "1.1.5", "gsplat": "1.4.0"},
+            "steps": [{"name": "r", "command": "bytesplat-bench raster --num-gaussians 1000000", "status": "ok",
+                       "result": raster},
+                      {"name": "t", "command": "bytesplat-bench train --seeds 1 2", "status": "ok", "result": train},
+                      {"name": "w", "command": "bytesplat-bench wallclock --seeds 1 2", "status": "ok",
+                       "result": wallclock},
+                      {"name": "x", "command": "bytesplat-bench raster --oops", "status": "failed", "result": None}],
+            "plots": ["plots/fixture/raster.png"], "complete": False}
+
+
+def test_report_renders_tables_with_their_command_gpu_versions_and_date(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "fixture.json").write_text(json.dumps(_fixture_doc()))
+    page = tmp_path / "results.md"
+    text = report.render(report.load_suites(results), results, page)
+    assert "## Running a suite on a GPU machine" in text and "source scripts/gpu_setup.sh" in text
+    assert "- Suite command: `bytesplat-bench suite fixture`" in text
+    assert "GPU: NVIDIA H200; versions: torch 2.11.0+cu130, nerfstudio 1.1.5, gsplat 1.4.0; date: 2026-11-30 08:05 UTC" in text
+    assert "| r | 1920x1080 | 1M | 3.00 | 12.00 | 4.00x | - | - | - |" in text
+    # paired by seed: 12/8 = 1.5x faster and +0.5 dB in both seeds
+    assert "| bytesplat:fused | 2 | 8.00 +- 0.00 | 32.50 +- 0.00 |" in text and "| 1.50x +- 0.00x | +0.50 +- 0.00 |" in text
+    assert "| gpu1 | 2 | 60.00 | 29.50 | baseline |" in text and "| sparse2 | 2 | 40.00 | 29.75 | +0.250 +- 0.000 |" in text
+    assert "- Step `x`: `bytesplat-bench raster --oops` (failed)" in text
+    assert "![raster](results/plots/fixture/raster.png)" in text
+    assert report.render(report.load_suites(results), results, page) == text  # stable
+
+
+def test_report_command_writes_the_page_and_rejects_other_json(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "fixture.json").write_text(json.dumps(_fixture_doc()))
+    out = tmp_path / "page.md"
+    cmd = [sys.executable, "-m", "bytesplat_ns.bench.cli", "report", "--results-dir", str(results), "--out", str(out)]
+    assert subprocess.run(cmd, capture_output=True, text=True).returncode == 0
+    first = out.read_text()
+    assert "## fixture" in first
+    assert subprocess.run(cmd, capture_output=True, text=True).returncode == 0
+    assert out.read_text() == first
+    (results / "stray.json").write_text(json.dumps({"runs": []}))
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    assert run.returncode != 0 and "bytesplat: error:" in run.stderr and "stray.json is not a suite document" in run.stderr
+
+
+def test_the_committed_results_page_is_up_to_date():
+    results, page = REPO / "docs" / "results", REPO / "docs" / "results.md"
+    docs = report.load_suites(results)
+    assert {d["suite"] for d in docs} >= {"raster-1080p", "train-seeds", "distributed-counts", "capacity"}
+    assert report.render(docs, results, page) == page.read_text()
+    for doc in docs:
+        assert all((results / p).is_file() for p in doc["plots"])
+
+
+@pytest.mark.parametrize("headline", ["| raster_1 | 1920x1080 | 1M | 2.98 | 11.77 | 3.95x |",
+                                      "| bytesplat:fused | 5 | 8.32 +- 0.63 |", "1.66x +- 0.15x",
+                                      "| 125M | bytesplat | sparse-grad | 2 | ok | 8.58 |"])
+def test_the_results_page_carries_the_readme_headlines(headline):
+    assert headline in (REPO / "docs" / "results.md").read_text()

@@ -1,0 +1,78 @@
+"""No host reads of tensors in the training loop outside logging steps (issue 21).
+
+A read of a tensor's value on the host (``item``, ``tolist``, ``float``, ...) waits for every queued
+GPU kernel. On CPU the spy below counts them in everything the loop runs around the model: the
+datamanager, the trainer loop, schedulers and the writers. The model's own forward/backward and the
+optimizer's step are left out: on CPU they run the reference rasterizer and torch's CPU Adam, which
+are not the GPU path (tests/engine/test_sync_free_step.py covers the GPU step's pieces).
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import traceback
+
+import torch
+
+from bytesplat_ns.bench.train import setup_trainer
+from bytesplat_ns.data.scene import SceneSpec, ensure_scene
+from bytesplat_ns.method_configs.bytesplat import bytesplat_config
+
+READS = ("item", "tolist", "cpu", "numpy", "__float__", "__int__", "__bool__")
+ITERATIONS, LOG_EVERY = 14, 5  # logging steps 0, 5, 10
+
+
+def test_reads_happen_only_at_logging_steps(tmp_path, monkeypatch):
+    scene = ensure_scene(SceneSpec(size="small", num_views=10, width=32), cache_dir=tmp_path / "scenes")
+    config = copy.deepcopy(bytesplat_config)
+    config.logging.steps_per_log = LOG_EVERY
+    trainer, _ = setup_trainer("host-reads", config, scene, ITERATIONS, tmp_path / "out", seed=0, device="cpu")
+    state = {"step": None, "paused": 0}
+    reads = collections.defaultdict(list)
+
+    def spy(name):
+        real = getattr(torch.Tensor, name)
+
+        def read(self, *args, **kwargs):
+            if state["step"] is not None and not state["paused"]:
+                frame = traceback.extract_stack(limit=2)[0]
+                reads[state["step"]].append(f"{name} at {frame.filename}:{frame.lineno}")
+            return real(self, *args, **kwargs)
+
+        return read
+
+    def paused(function):
+        def run(*args, **kwargs):
+            state["paused"] += 1
+            try:
+                return function(*args, **kwargs)
+            finally:
+                state["paused"] -= 1
+
+        return run
+
+    for name in READS:
+        monkeypatch.setattr(torch.Tensor, name, spy(name))
+    model, optimizers = trainer.pipeline.model, trainer.optimizers
+    for name in ("get_outputs", "get_metrics_dict", "get_loss_dict"):
+        monkeypatch.setattr(model, name, paused(getattr(model, name)))
+    monkeypatch.setattr(torch.Tensor, "backward", paused(torch.Tensor.backward))
+    monkeypatch.setattr(optimizers, "optimizer_scaler_step_some", paused(optimizers.optimizer_scaler_step_some))
+    for callback in trainer.callbacks:  # densification: the GPU strategy's own tests cover it
+        monkeypatch.setattr(callback, "run_callback_at_location", paused(callback.run_callback_at_location))
+    real_iteration = type(trainer).train_iteration
+
+    def train_iteration(self, step):
+        state["step"] = step
+        return real_iteration(self, step)
+
+    monkeypatch.setattr(type(trainer), "train_iteration", train_iteration)
+    trainer.train()
+    logging_steps = {s for s in range(ITERATIONS) if s % LOG_EVERY == 0}
+    last = ITERATIONS - 1  # the final checkpoint: the divergence check reads once before every save
+    off_log = {step: where for step, where in reads.items() if step not in logging_steps | {last}}
+    assert off_log == {}, off_log
+    assert [r for r in reads[last] if "divergence.py" in r] and len(reads[last]) == 1, reads[last]
+    # the spy does see the loop: the logged loss is read back at every logging step
+    assert logging_steps <= set(reads), dict(reads)
