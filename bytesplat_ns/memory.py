@@ -5,7 +5,7 @@ the scene, R GPUs, ``n = N / R`` owned per GPU for the sharded strategies, ``B``
 ``v`` the fraction of a GPU's Gaussians a view sees, ``k`` tiles touched per visible Gaussian,
 ``z`` the fraction of 2D gradient records that are non-zero, ``HW`` pixels per view)::
 
-    persistent, per OWNED Gaussian (measured against the real tensors by tests/test_memory.py):
+    persistent, per OWNED Gaussian (measured against the real tensors by tests/engine/test_memory.py):
       parameters        4 * F,  F = 3 means + 3 scales + 4 quats + 1 opacity + 3 S colours
                                     (59 floats at SH degree 3: 236 bytes)
       gradients         4 * F   (.grad of every parameter: 236)

@@ -67,7 +67,7 @@ class SmemLayout:
 
 
 # The fused kernel's layout (cuda/common.cuh SmemGaussians::kBytes, cuda/fused_loss.cu kFixedBytes,
-# kChunk); the extension's fused_smem_layout() returns the same three numbers (tests/test_pruning.py).
+# kChunk); the extension's fused_smem_layout() returns the same three numbers (tests/engine/test_pruning.py).
 FUSED_SMEM_LAYOUT = SmemLayout(bytes_per_gaussian=44, fixed_bytes=38832, granularity=32)
 
 

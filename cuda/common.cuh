@@ -215,7 +215,7 @@ __device__ __forceinline__ void atomic_max_nonneg(float *addr, float v) {
 // the half whose component has bit s equal to b, sends the other half to its partner (lane ^ (1<<s)),
 // and adds what it receives (the partner's copy of the half it keeps).
 //
-// Invariant (checked by tests/test_butterfly_reduce.py, which mirrors this code line by line):
+// Invariant (checked by tests/raster/test_butterfly_reduce.py, which mirrors this code line by line):
 // after step s (values a[j], j < 16 >> (s+1)), a[j] holds component
 //     c = j * 2^(s+1) + (lane & (2^(s+1) - 1))
 // summed over the 2^(s+1) lanes that agree with this lane in every bit above s.
