@@ -133,7 +133,11 @@ def offline_safe_lpips(connect_timeout_s: float = 0.8, download_timeout_s: float
         previous_timeout = socket.getdefaulttimeout()
         socket.setdefaulttimeout(download_timeout_s)  # a connection dropped mid-download must not hang setup
         try:
-            return real_class(*args, **kwargs)
+            # Building the backbone draws its random initial weights before loading the real ones:
+            # keep that off the training's random stream, so a run trains the same with or without
+            # LPIPS weights and network.
+            with torch.random.fork_rng(devices=[]):
+                return real_class(*args, **kwargs)
         except Exception as error:  # noqa: BLE001 - any download/IO failure means "no LPIPS"
             return unavailable(f"{type(error).__name__}: {error}", cached)
         finally:

@@ -71,11 +71,19 @@ def gaussians(state):
     return {n: state["pipeline"][f"_model.gauss_params.{n}"] for n in NAMES}
 
 
-def assert_close(a, b, tol=1e-5):
+def assert_close(a, b, tol=1e-5, per_name=None):
     for n in a:
         assert a[n].shape == b[n].shape, n
         rel = ((a[n] - b[n]).norm() / b[n].norm().clamp_min(1e-12)).item()  # features_rest stays 0 at SH degree 0
-        assert rel <= tol, f"{n}: relative error {rel:.3g}"
+        assert rel <= (per_name or {}).get(n, tol), f"{n}: relative error {rel:.3g}"
+
+
+# Two resumed runs start from checkpoints that differ by float noise (written by 1 and by 4 ranks).
+# Adam's eps of 1e-15 turns noise in a near-zero gradient into a whole +-lr step: a quaternion whose
+# gradient is ~0 moves by up to lr in a direction the noise decides. How many are in that state depends
+# on the run's random draws: 4e-8 with one stream, 2e-5 with another (measured when the offline LPIPS
+# check stopped drawing a backbone's initial weights from it); a real mismatch is orders larger.
+RESUMED_QUATS_TOL = 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +143,7 @@ def test_resume_with_other_rank_counts_gives_the_same_training(runs):
     _, d = train(tmp, "d", 4, 2, ["--load-dir", str(b_dir / "nerfstudio_models")])
     assert c["step"] == d["step"] == 4
     assert gaussians(c)["means"].shape[0] == gaussians(d)["means"].shape[0] == 4000
-    assert_close(gaussians(c), gaussians(d))
+    assert_close(gaussians(c), gaussians(d), per_name={"quats": RESUMED_QUATS_TOL})
     # ... and training moved on after the resume.
     assert (gaussians(c)["means"] - gaussians(a)["means"]).abs().max() > 0
 
