@@ -7,6 +7,7 @@ The single-process base of both bytesplat trainers: ``ns-train bytesplat``'s con
 from __future__ import annotations
 
 import functools
+import gc
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Tuple, Type
@@ -49,6 +50,10 @@ class ByteSplatTrainerConfig(TrainerConfig):
     steps_per_finite_check: int = 50
     """Read the device-side "loss is finite" flag and check every parameter for NaN/inf this often
     (and before every checkpoint): a diverged run stops within this many steps."""
+    gc_freeze_at_train_start: bool = True
+    """Move every Python object alive when training starts (the ~10^6 that torch's, nerfstudio's and
+    their dependencies' imports leave) into the garbage collector's permanent generation, so that
+    full collections scan only what training allocates instead of stalling a step on all of them."""
 
     def __setstate__(self, state: dict) -> None:
         # yaml.Loader (eval_setup reading config.yml) restores the config here, before any checkpoint is loaded.
@@ -179,10 +184,16 @@ class ByteSplatTrainer(Trainer):
         return loss, loss_dict, metrics_dict
 
     def train(self) -> None:
+        frozen = self.config.gc_freeze_at_train_start
+        if frozen:
+            gc.collect()  # what is garbage now is not frozen with the rest
+            gc.freeze()
         try:
             super().train()
         finally:
             self.checkpoint_writer.finish()  # the last write completes (or reports) before we return
+            if frozen:
+                gc.unfreeze()
 
     @check_main_thread
     def save_checkpoint(self, step: int) -> None:

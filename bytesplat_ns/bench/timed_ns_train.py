@@ -15,7 +15,9 @@ summed seconds per phase: ``data`` (dataparser, datasets, image caching/undistor
 (the rest of ``Trainer.setup``: model, optimizers, writers), ``steps`` (train iterations with
 their before/after callbacks, i.e. densification), ``eval`` (in-training eval iterations), ``log``
 (nerfstudio writer calls and ``write_out_storage``), ``save`` (checkpoints), plus the final
-Gaussian count and the peak GPU memory.
+Gaussian count and the peak GPU memory. ``gc`` counts the garbage collector's collections while
+``Trainer.train`` runs, per generation, with their seconds (inside whatever phase they interrupt:
+a full collection that stalls a step is step time).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ PROCESS_START = time.time()  # before the heavy imports: they belong to start-up
 
 import contextlib  # noqa: E402
 import functools  # noqa: E402
+import gc  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
@@ -65,7 +68,30 @@ class PhaseTimers:
         return timed
 
 
-def install(timers: PhaseTimers, record: Dict) -> None:
+class CollectionTimer:
+    """Count and time the garbage collector's collections per generation while ``active``."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+        self.clock = clock
+        self.active = False
+        self.counts = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self._started: Optional[float] = None
+
+    def __call__(self, phase: str, info: Dict) -> None:
+        if phase == "start":
+            self._started = self.clock() if self.active else None
+        elif self._started is not None:
+            generation = info["generation"]
+            self.counts[generation] += 1
+            self.seconds[generation] += self.clock() - self._started
+            self._started = None
+
+    def summary(self) -> Dict[str, List]:
+        return {"collections": list(self.counts), "seconds": list(self.seconds)}
+
+
+def install(timers: PhaseTimers, record: Dict, collections: Optional[CollectionTimer] = None) -> None:
     """Wrap nerfstudio's trainer, datamanager and writer with ``timers``; ``record`` receives stamps
     and the trainer's final state."""
     from nerfstudio.data.datamanagers.full_images_datamanager import FullImageDatamanager
@@ -103,9 +129,13 @@ def install(timers: PhaseTimers, record: Dict) -> None:
 
     def train(self, *args, **kwargs):
         record["train_start"] = time.time()
+        if collections is not None:
+            collections.active = True
         try:
             return real_train(self, *args, **kwargs)
         finally:
+            if collections is not None:
+                collections.active = False
             record["train_end"] = time.time()
 
     Trainer.setup, Trainer.train = setup, train
@@ -135,7 +165,7 @@ def final_state(trainer) -> Dict[str, Optional[float]]:
     return {"num_gaussians": num_gaussians, "peak_gpu_memory_mb": peak}
 
 
-def write_timings(path: Path, timers: PhaseTimers, record: Dict) -> None:
+def write_timings(path: Path, timers: PhaseTimers, record: Dict, collections: Optional[CollectionTimer] = None) -> None:
     trainer = record.pop("trainer", None)
     out = {
         "process_start": PROCESS_START,
@@ -143,6 +173,7 @@ def write_timings(path: Path, timers: PhaseTimers, record: Dict) -> None:
         "process_end": time.time(),
         "seconds": {f"{phase}_s": timers.seconds[phase] for phase in PHASES},
         "calls": timers.calls,
+        **({"gc": collections.summary()} if collections is not None else {}),
         **(final_state(trainer) if trainer is not None else {}),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -159,8 +190,9 @@ def main(argv: Optional[List[str]] = None) -> None:
                          "METHOD [ns-train args]\n")
         sys.exit(2)
     timings_path, ns_train_args = Path(argv[1]), argv[3:]
-    timers, record = PhaseTimers(), {}
-    install(timers, record)
+    timers, record, collections = PhaseTimers(), {}, CollectionTimer()
+    gc.callbacks.append(collections)
+    install(timers, record, collections)
     from nerfstudio.scripts.train import entrypoint
 
     from bytesplat_ns.compat import offline_safe_lpips
@@ -170,7 +202,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         with offline_safe_lpips() if offline_lpips else contextlib.nullcontext():
             entrypoint()
     finally:
-        write_timings(timings_path, timers, record)
+        gc.callbacks.remove(collections)
+        write_timings(timings_path, timers, record, collections)
 
 
 if __name__ == "__main__":

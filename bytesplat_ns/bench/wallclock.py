@@ -30,7 +30,7 @@ from typing import Dict, List, Optional, Sequence
 from bytesplat_ns.errors import BytesplatError
 
 BREAKDOWN = ("startup_s", "data_s", "steps_s", "eval_s", "log_s", "save_s", "other_s")
-SUMMARY_KEYS = ("wall_s", *BREAKDOWN, "psnr", "ssim", "lpips", "num_gaussians", "peak_gpu_memory_mb")
+SUMMARY_KEYS = ("wall_s", *BREAKDOWN, "psnr", "ssim", "lpips", "num_gaussians", "peak_gpu_memory_mb", "gc_full_s")
 NS_EVAL = "from nerfstudio.scripts.eval import entrypoint; entrypoint()"
 # --offline-lpips: every method's LPIPS goes through bytesplat's offline check (no network wait, no crash)
 NS_EVAL_OFFLINE_LPIPS = ("from bytesplat_ns.compat import offline_safe_lpips\n"
@@ -90,6 +90,14 @@ def breakdown(wall_s: float, launch: float, timings: Dict) -> Dict[str, float]:
     return parts
 
 
+def gc_fields(timings: Dict) -> Dict[str, float]:
+    """Full garbage collections while training and their seconds (part of whichever phase they stalled)."""
+    gc = timings.get("gc")
+    if not gc:
+        return {}
+    return {"gc_full_collections": gc["collections"][2], "gc_full_s": gc["seconds"][2], "gc_s": sum(gc["seconds"])}
+
+
 def read_eval(path: Path, lpips_measured: bool = True) -> Dict[str, float]:
     """ns-eval's psnr, ssim and lpips; lpips only where it was really computed (``lpips_measured``:
     False when the offline check stood a placeholder in for it)."""
@@ -122,6 +130,7 @@ def run_one(entry: MethodEntry, seed: int, args: argparse.Namespace) -> Dict:
         # the part of other_s after the trainer finished: interpreter and writer shutdown
         "exit_s": launch + wall_s - timings["process_end"],
         "num_gaussians": timings.get("num_gaussians"), "peak_gpu_memory_mb": timings.get("peak_gpu_memory_mb"),
+        **gc_fields(timings),
         "ns_train_command": "ns-train " + shlex.join(train_args),
         "launched_command": shlex.join(command), "config": str(config),
     }

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from bytesplat_ns.bench import wallclock
-from bytesplat_ns.bench.timed_ns_train import PhaseTimers
+from bytesplat_ns.bench.timed_ns_train import CollectionTimer, PhaseTimers
 from bytesplat_ns.errors import BytesplatError
 
 
@@ -41,6 +41,19 @@ def test_phase_timers_are_exclusive():
     assert timers.seconds["eval"] == pytest.approx(4.0)  # its own 1 + 3 s, not the nested log
     assert timers.seconds["log"] == pytest.approx(2.0)
     assert timers.calls == {"data": 0, "setup": 0, "steps": 0, "eval": 1, "log": 1, "save": 0}
+
+
+def test_collection_timer_counts_only_while_active():
+    clock = FakeClock()
+    timer = CollectionTimer(clock)
+    for active, generation, seconds in ((False, 2, 5.0), (True, 2, 0.5), (True, 0, 0.25), (True, 2, 1.0)):
+        timer.active = active
+        timer("start", {"generation": generation})
+        clock.now += seconds
+        timer("stop", {"generation": generation, "collected": 0, "uncollectable": 0})
+    timer.active = True
+    timer("stop", {"generation": 1})  # a collection that started while inactive is not counted
+    assert timer.summary() == {"collections": [1, 0, 2], "seconds": [0.25, 0.0, 1.5]}
 
 
 def test_method_entries():
@@ -81,6 +94,7 @@ def test_two_configurations_end_to_end(tmp_path):
         # every phase ran: 3 steps, eval images at step 2, the final checkpoint, the writers
         assert min(run["startup_s"], run["data_s"], run["steps_s"], run["eval_s"], run["log_s"], run["save_s"]) > 0
         assert run["num_gaussians"] > 0 and 0 < run["ssim"] <= 1 and run["psnr"] > 5
+        assert run["gc_full_collections"] >= 0 and 0 <= run["gc_full_s"] <= run["gc_s"] < run["wall_s"]
         assert "--machine.seed 1" in run["ns_train_command"] and run["ns_train_command"].startswith("ns-train bytesplat")
         assert run["ns_eval_command"].startswith("ns-eval --load-config")
     ref = result["runs"][0]
@@ -137,7 +151,7 @@ def test_offline_lpips_guards_every_methods_lpips(tmp_path, monkeypatch):
         built.append(LearnedPerceptualImagePatchSimilarity(normalize=True))
 
     monkeypatch.setattr(ns_train, "entrypoint", entrypoint)
-    monkeypatch.setattr(timed_ns_train, "install", lambda timers, record: None)
+    monkeypatch.setattr(timed_ns_train, "install", lambda *args: None)
     with pytest.warns(UserWarning, match="LPIPS is unavailable"):
         timed_ns_train.main(["--timings", str(tmp_path / "t.json"), "--offline-lpips", "--", "splatfacto"])
     assert len(built) == 1 and isinstance(built[0], compat._LpipsPlaceholder)
