@@ -1,7 +1,8 @@
 # The GPU machine's setup, sourced from the repository root before any benchmark:
 #
 #   source scripts/gpu_setup.sh && bytesplat-bench suite raster-1080p --results-dir "$OUT/results"
-#   (device tool: carry [".whl", ".ext"]; SCENES="large medium" also generates those built-in scenes)
+#   (device tool: carry [".whl", ".ext"] and, for the baselines, ".whl_bench"; SCENES="large medium" also
+#   generates those built-in scenes; `wait $BASELINE_PIDS` before timing the baselines)
 #
 # 1. Environment: NVLink multicast off (NCCL_NVLS_ENABLE=0 and the torch/NVSHMEM switches: the lent
 #    machines do not support it), unbuffered output, the extension and scene caches under /tmp.
@@ -12,6 +13,12 @@
 #    machine kind) is loaded as gsplat.csrc, which gsplat tries before its ~3-minute JIT build; a
 #    fresh build is copied to $OUT, to be carried in .ext/ next time.
 # 4. JIT builds of gsplat and of our two extensions in parallel (and the SCENES alongside).
+# 5. Benchmark-only baselines from a carried .whl_bench/ (never on PYTHONPATH for training): each
+#    gsplat-X.Y.Z wheel into /tmp/gsplat-X.Y.Z (`bytesplat-bench raster --gsplat-site /tmp/gsplat-X.Y.Z`
+#    puts it first in a child process), its extension from .ext/gsplat-X.Y.Z_cuda.so[.xz] or built in
+#    the background (copied to $OUT); fussim into /tmp/site, its extension rebuilt from
+#    .whl_bench/fussim_src when its wheel's does not load against this torch.
+# Carried extensions may be xz-compressed (.so.xz), to fit the device's transfer limit.
 set -o pipefail
 OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/log.txt") 2>&1
@@ -28,20 +35,53 @@ if [[ -d .whl ]]; then
   $PY -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --upgrade --target /tmp/site . || return 1
   export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
 fi
-if [[ -f .ext/gsplat_cuda.so ]]; then
-  GS=$($PY -c "import importlib.util as u; print(u.find_spec('gsplat').submodule_search_locations[0])")
-  cat > "$GS/csrc.py" <<PYEOF
+carried_so() {  # carried_so NAME: the path of .ext/NAME (decompressed from .ext/NAME.xz), or nothing
+  if [[ -f .ext/$1 ]]; then echo "$PWD/.ext/$1"
+  elif [[ -f .ext/$1.xz ]]; then mkdir -p /tmp/carried_ext; xz -dc ".ext/$1.xz" > "/tmp/carried_ext/$1" && echo "/tmp/carried_ext/$1"
+  fi
+}
+gsplat_shim() {  # gsplat_shim PACKAGE_DIR SO: gsplat loads SO as gsplat.csrc, which it tries before its JIT build
+  cat > "$1/csrc.py" <<PYEOF
 # Written by scripts/gpu_setup.sh: gsplat's CUDA extension, built on an earlier run of this machine kind.
 import importlib.util, sys
 import torch  # noqa: F401  (the extension links against torch's libraries)
 try:
-    _spec = importlib.util.spec_from_file_location("gsplat_cuda", "$PWD/.ext/gsplat_cuda.so")
+    _spec = importlib.util.spec_from_file_location("gsplat_cuda", "$2")
     _mod = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(_mod)
 except Exception as e:  # gsplat catches ImportError only: then it JIT-builds as usual
     raise ImportError(f"carried gsplat extension unusable: {e}") from e
 sys.modules[__name__] = _mod
 PYEOF
+}
+SO=$(carried_so gsplat_cuda.so)
+if [[ -n "$SO" ]]; then
+  gsplat_shim "$($PY -c "import importlib.util as u; print(u.find_spec('gsplat').submodule_search_locations[0])")" "$SO"
+fi
+BASELINE_PIDS=""
+for whl in .whl_bench/gsplat-*.whl; do
+  [[ -f $whl ]] || continue
+  v=$(basename "$whl" | cut -d- -f2); site=/tmp/gsplat-$v
+  $PY -m pip install -q --no-index --no-deps --no-compile --target "$site" "$whl" || return 1
+  SO=$(carried_so "gsplat-${v}_cuda.so")
+  if [[ -n "$SO" ]]; then gsplat_shim "$site/gsplat" "$SO"
+  else
+    stamp "gsplat $v: building its extension in the background (copied to \$OUT/gsplat-${v}_cuda.so)"
+    ( nice -n 10 env PYTHONPATH=$site:$PYTHONPATH TORCH_EXTENSIONS_DIR=/tmp/ext-gsplat-$v timeout 600 \
+        $PY -c "import gsplat.cuda._backend as b; assert b._C is not None" > "/tmp/gsplat-$v.log" 2>&1 \
+      && cp "/tmp/ext-gsplat-$v/gsplat_cuda/gsplat_cuda.so" "$OUT/gsplat-${v}_cuda.so" ) &
+    BASELINE_PIDS="$BASELINE_PIDS $!"
+  fi
+done
+if compgen -G ".whl_bench/fussim-*.tar.xz" > /dev/null; then
+  tar xJf .whl_bench/fussim-*.tar.xz -C /tmp/site
+  SO=$(carried_so fussim_cuda.so); FUSSIM_SO=/tmp/site/fussim/_cuda_cu130.cpython-312-x86_64-linux-gnu.so
+  if [[ -n "$SO" ]]; then cp "$SO" "$FUSSIM_SO"
+  elif [[ -f .whl_bench/fussim_src/build.py ]]; then
+    stamp "fussim: rebuilding its extension from source in the background (copied to \$OUT/fussim_cuda.so)"
+    ( timeout 600 $PY .whl_bench/fussim_src/build.py /tmp/site > /tmp/fussim_build.log 2>&1 && cp "$FUSSIM_SO" "$OUT/fussim_cuda.so" ) &
+    BASELINE_PIDS="$BASELINE_PIDS $!"
+  fi
 fi
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -63,5 +103,5 @@ SPARSE_BUILD_PID=$!
 wait $GSPLAT_BUILD_PID $FUSED_BUILD_PID $SPARSE_BUILD_PID $!
 tail -n 3 /tmp/gsplat_build.log /tmp/fused_build.log /tmp/sparse_build.log; [[ -n ${SCENES:-} ]] && tail -n 2 /tmp/scenes.log
 so=$TORCH_EXTENSIONS_DIR/gsplat_cuda/gsplat_cuda.so
-if [[ -f "$so" && ! -f .ext/gsplat_cuda.so ]]; then cp "$so" "$OUT/"; fi
+if [[ -f "$so" && -z "$(carried_so gsplat_cuda.so)" ]]; then cp "$so" "$OUT/"; fi
 true  # the caller's `source ... &&` sees this script's last status

@@ -41,7 +41,7 @@ def raster_parser() -> argparse.ArgumentParser:
     from bytesplat_ns.bench.trained import add_scene_options
 
     p = argparse.ArgumentParser(prog="bytesplat-bench raster",
-                                description="gsplat 1.4.0 vs fused: rasterization + loss, forward + backward, "
+                                description="gsplat vs fused: rasterization + loss, forward + backward, "
                                 "on random Gaussians (--num-gaussians) or on a trained scene (--trained)")
     add_scene_options(p, "rendered from one of its train cameras against that view's real image")
     p.add_argument("--trained-view", type=int, default=0, help="--trained: which train view (index in the train split)")
@@ -54,6 +54,13 @@ def raster_parser() -> argparse.ArgumentParser:
     p.add_argument("--projection", choices=["gsplat", "torch"], default="gsplat",
                    help="projection for the fused paths and the shared 2D inputs (gsplat's CUDA one by default)")
     p.add_argument("--raster-only", action="store_true", help="skip the full (projection included) timings")
+    p.add_argument("--baseline-ssim", nargs="*", default=["pytorch_msssim", "fussim"],
+                   choices=["pytorch_msssim", "fussim"],
+                   help="the baselines' SSIM: gsplat + splatfacto's loss with each (a package that does not import: "
+                   "its rows say why)")
+    p.add_argument("--gsplat-site", action="append", default=[], metavar="DIR",
+                   help="also time the gsplat installed in DIR (pip install --target DIR gsplat==1.5.3), in a child "
+                   "process with DIR first on its path; repeatable")
     p.add_argument("--out", type=str, default=None, help="JSON output path")
     return p
 
@@ -75,7 +82,7 @@ def _raster(argv: List[str]) -> int:
     command = "bytesplat-bench raster " + " ".join(shlex.quote(x) for x in argv)
     run(a.num_gaussians or [1_000_000], a.width or 1920, a.height or 1080, a.sh_degree, a.warmup, a.repeats, a.out,
         command, a.skip_gsplat, a.projection, a.raster_only, trained=a.trained, trained_view=a.trained_view,
-        trained_scale=a.trained_scale)
+        trained_scale=a.trained_scale, baseline_ssim=a.baseline_ssim, gsplat_sites=a.gsplat_site)
     return 0
 
 

@@ -17,6 +17,10 @@ Measured per Gaussian count (median ms over ``repeats`` after ``warmup``, CUDA e
 
 The loss values of both paths are reported so the comparison is visibly like for like.
 
+- ``baselines``: gsplat + splatfacto's loss with each SSIM of ``--baseline-ssim`` (pytorch_msssim,
+  fussim), for this process's gsplat and for the gsplat of each ``--gsplat-site`` (another version,
+  timed in a child process on the same random scene): ``bench.baselines``.
+
 The scene is ``synthetic_scene`` (N random Gaussians) or, with ``trained=RUN_DIR``, the Gaussians
 of a finished nerfstudio run rendered from one of its train cameras against that view's real image
 (``bench.trained.raster_scene``; rows say ``"scene": "trained:<run dir>"``).
@@ -31,7 +35,7 @@ import platform
 import statistics
 import sys
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -196,9 +200,32 @@ class StageInputs:
         return loss
 
 
+def baseline_rows(inp: "StageInputs", scene_label: str, gsplat_ok: bool, baseline_ssim: Sequence[str],
+                  gsplat_sites: Sequence[str], warmup: int, repeats: int, raster_only: bool,
+                  fused_loss: Optional[float]) -> List[Dict]:
+    """gsplat + each SSIM (``bench.baselines``): this process's gsplat on ``inp``, and the gsplat of
+    each site in a child on the same random scene; each row's loss against the fused one."""
+    from bytesplat_ns.bench.baselines import measure, measure_in_child
+
+    rows: List[Dict] = []
+    if gsplat_ok and baseline_ssim:
+        rows += measure(inp, baseline_ssim, warmup, repeats, raster_only)
+    for site in gsplat_sites:
+        if scene_label != "synthetic":
+            rows.append({"site": site, "error": "another gsplat version is timed on random scenes only"})
+            continue
+        rows += measure_in_child(site, int(inp.scene["means"].shape[0]), inp.W, inp.H, inp.sh_degree, warmup, repeats,
+                                 baseline_ssim, raster_only, projection="torch")
+    for row in rows:
+        if isinstance(row.get("loss_value"), float) and isinstance(fused_loss, float):
+            row["loss_rel_diff_vs_fused"] = abs(row["loss_value"] - fused_loss) / abs(fused_loss)
+    return rows
+
+
 def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repeats: int,
               skip_gsplat: bool = False, projection: str = "gsplat", raster_only: bool = False,
-              scene: Optional[Dict] = None, scene_label: str = "synthetic") -> Dict:
+              scene: Optional[Dict] = None, scene_label: str = "synthetic", baseline_ssim: Sequence[str] = (),
+              gsplat_sites: Sequence[str] = ()) -> Dict:
     inp = StageInputs(n, width, height, sh_degree, projection, scene=scene)
     scene = None  # inp holds it (freed below)
     s, W, H, sh_degree, args3d = inp.scene, inp.W, inp.H, inp.sh_degree, inp.args3d
@@ -263,6 +290,8 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
 
         if not raster_only:
             _safe(out, "full_gsplat", lambda: time_ms(gsplat_full, warmup, repeats))
+    out["baselines"] = baseline_rows(inp, scene_label, gsplat_ok, baseline_ssim, gsplat_sites, warmup, repeats,
+                                     raster_only, out.get("fused_split_loss_value"))
 
     def fused_full(schedule=None):
         options = FusedOptions(projection=projection, **({"schedule": schedule} if schedule else {}))
@@ -296,7 +325,8 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
 def run(num_gaussians: List[int], width: int, height: int, sh_degree: Optional[int] = 3, warmup: int = 5,
         repeats: int = 20, out: Optional[str] = None, command: Optional[str] = None,
         skip_gsplat: bool = False, projection: str = "gsplat", raster_only: bool = False,
-        trained: Optional[str] = None, trained_view: int = 0, trained_scale: float = 1.0) -> Dict:
+        trained: Optional[str] = None, trained_view: int = 0, trained_scale: float = 1.0,
+        baseline_ssim: Sequence[str] = (), gsplat_sites: Sequence[str] = ()) -> Dict:
     """One row per Gaussian count (synthetic scenes), or one row for the trained run ``trained``
     (its view ``trained_view`` at ``trained_scale`` x its resolution; ``num_gaussians``, ``width``
     and ``height`` are then the run's; ``sh_degree`` None: the model's)."""
@@ -338,13 +368,16 @@ def run(num_gaussians: List[int], width: int, height: int, sh_degree: Optional[i
         "ssim_lambda": 0.2,
         "projection": projection,
         "scene": scene_label,
+        "baseline_ssim": list(baseline_ssim),
+        "gsplat_sites": list(gsplat_sites),
         "runs": [],
     }
     if trained_info is not None:
         result["trained"] = trained_info
     for n in num_gaussians:
         r = bench_one(n, width, height, sh_degree, warmup, repeats, skip_gsplat=skip_gsplat,
-                      projection=projection, raster_only=raster_only, scene=scene, scene_label=scene_label)
+                      projection=projection, raster_only=raster_only, scene=scene, scene_label=scene_label,
+                      baseline_ssim=baseline_ssim, gsplat_sites=gsplat_sites)
         scene = None  # bench_one frees it
         result["runs"].append(r)
         print(json.dumps(r), flush=True)

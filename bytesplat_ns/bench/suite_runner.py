@@ -182,7 +182,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("name", nargs="?", help="the suite to run (--list names them)")
     p.add_argument("--list", action="store_true", help="list the suites with their purpose and GPUs")
     p.add_argument("--dry-run", action="store_true", help="print the steps' commands, run nothing")
-    p.add_argument("--data", type=Path, default=None, help="the dataset path of suites that need one")
+    p.add_argument("--data", type=Path, default=None, help="the path a suite needs: its dataset (raster-baselines: the folder another gsplat version is "
+                   "installed in)")
     p.add_argument("--out-dir", type=Path, default=None,
                    help="step outputs, logs and run directories (default outputs/suites/NAME)")
     p.add_argument("--results-dir", type=Path, default=None,

@@ -103,6 +103,14 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
                  "--skip-one-rank --skip-gsplat", name="capacity_2gpu_125m"),
            _dist("--num-gaussians 140000000 --views 4 --warmup 1 --repeats 2 --communicators pixel --skip-one-rank "
                  "--skip-gsplat", name="capacity_pixel_140m"))),
+    Suite("raster-baselines",
+          "raster + loss and the whole render + loss + backward, fused vs gsplat 1.4.0 and 1.5.3, each with "
+          "pytorch_msssim and with fussim, 1080p, 1M and 4M random Gaussians (--data: the folder gsplat 1.5.3 is "
+          "pip-installed into with --target)",
+          1,
+          (Step("raster", _args("--num-gaussians 1000000 4000000 --width 1920 --height 1080 --warmup 3 --repeats 10 "
+                                "--baseline-ssim pytorch_msssim fussim --gsplat-site {data}"), name="raster_baselines"),),
+          needs_data=True),
     Suite("raster-capacity",
           "the fused split schedule around its per-tile list capacity: 1M to 8M random Gaussians at 1080p",
           1,

@@ -30,7 +30,8 @@ from typing import Dict, List, Optional, Sequence
 from bytesplat_ns.errors import BytesplatError
 
 BREAKDOWN = ("startup_s", "data_s", "steps_s", "eval_s", "log_s", "save_s", "other_s")
-SUMMARY_KEYS = ("wall_s", *BREAKDOWN, "psnr", "ssim", "lpips", "num_gaussians", "peak_gpu_memory_mb", "gc_full_s")
+SUMMARY_KEYS = ("wall_s", *BREAKDOWN, "psnr", "ssim", "lpips", "num_gaussians", "peak_gpu_memory_mb", "gc_full_s",
+                "step_median_ms", "step_p99_ms", "slow_steps", "slow_steps_excess_s")
 NS_EVAL = "from nerfstudio.scripts.eval import entrypoint; entrypoint()"
 # --offline-lpips: every method's LPIPS goes through bytesplat's offline check (no network wait, no crash)
 NS_EVAL_OFFLINE_LPIPS = ("from bytesplat_ns.compat import offline_safe_lpips\n"
@@ -98,6 +99,22 @@ def gc_fields(timings: Dict) -> Dict[str, float]:
     return {"gc_full_collections": gc["collections"][2], "gc_full_s": gc["seconds"][2], "gc_s": sum(gc["seconds"])}
 
 
+SLOW_STEP_FACTOR = 3.0
+
+
+def step_time_fields(step_ms: List[float]) -> Dict[str, float]:
+    """The distribution of single step times: the typical step, its tail, and the steps slower than
+    ``SLOW_STEP_FACTOR`` x the median with the seconds they took beyond a median step."""
+    if not step_ms:
+        return {}
+    ordered = sorted(step_ms)
+    median = statistics.median(ordered)
+    slow = [t for t in ordered if t > SLOW_STEP_FACTOR * median]
+    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+    return {"step_median_ms": median, "step_p90_ms": pick(0.9), "step_p99_ms": pick(0.99), "step_max_ms": ordered[-1],
+            "slow_steps": len(slow), "slow_steps_excess_s": sum(t - median for t in slow) / 1000.0}
+
+
 def read_eval(path: Path, lpips_measured: bool = True) -> Dict[str, float]:
     """ns-eval's psnr, ssim and lpips; lpips only where it was really computed (``lpips_measured``:
     False when the offline check stood a placeholder in for it)."""
@@ -130,7 +147,7 @@ def run_one(entry: MethodEntry, seed: int, args: argparse.Namespace) -> Dict:
         # the part of other_s after the trainer finished: interpreter and writer shutdown
         "exit_s": launch + wall_s - timings["process_end"],
         "num_gaussians": timings.get("num_gaussians"), "peak_gpu_memory_mb": timings.get("peak_gpu_memory_mb"),
-        **gc_fields(timings),
+        **gc_fields(timings), **step_time_fields(timings.get("step_ms") or []),
         "ns_train_command": "ns-train " + shlex.join(train_args),
         "launched_command": shlex.join(command), "config": str(config),
     }

@@ -56,6 +56,13 @@ def test_collection_timer_counts_only_while_active():
     assert timer.summary() == {"collections": [1, 0, 2], "seconds": [0.25, 0.0, 1.5]}
 
 
+def test_step_time_fields():
+    fields = wallclock.step_time_fields([5.0] * 97 + [6.0, 50.0, 605.0])
+    assert fields["step_median_ms"] == 5.0 and fields["step_max_ms"] == 605.0 and fields["step_p90_ms"] == 5.0
+    assert fields["slow_steps"] == 2 and fields["slow_steps_excess_s"] == pytest.approx((45.0 + 600.0) / 1000)
+    assert wallclock.step_time_fields([]) == {}
+
+
 def test_method_entries():
     assert wallclock.MethodEntry.parse("splatfacto") == wallclock.MethodEntry("splatfacto", "splatfacto", ())
     entry = wallclock.MethodEntry.parse("ref=bytesplat --pipeline.model.rasterizer reference")
@@ -94,6 +101,7 @@ def test_two_configurations_end_to_end(tmp_path):
         # every phase ran: 3 steps, eval images at step 2, the final checkpoint, the writers
         assert min(run["startup_s"], run["data_s"], run["steps_s"], run["eval_s"], run["log_s"], run["save_s"]) > 0
         assert run["num_gaussians"] > 0 and 0 < run["ssim"] <= 1 and run["psnr"] > 5
+        assert run["step_median_ms"] > 0 and run["step_max_ms"] >= run["step_p99_ms"] >= run["step_median_ms"]
         assert run["gc_full_collections"] >= 0 and 0 <= run["gc_full_s"] <= run["gc_s"] < run["wall_s"]
         assert "--machine.seed 1" in run["ns_train_command"] and run["ns_train_command"].startswith("ns-train bytesplat")
         assert run["ns_eval_command"].startswith("ns-eval --load-config")

@@ -1,0 +1,172 @@
+r"""The baselines of ``bytesplat-bench raster``: gsplat's rasterizer with splatfacto's loss, its SSIM
+from pytorch_msssim (what splatfacto uses) or from fussim (a fused SSIM kernel, what fast 3DGS
+trainers use), for any installed gsplat version.
+
+The gsplat importable in the benchmark's process (nerfstudio's, 1.4.0) is timed in process; each
+``--gsplat-site DIR`` (a ``pip install --target DIR`` of another version, e.g. 1.5.3) is timed in a
+child process that has DIR first on its path, on the same random scene (``synthetic_scene`` is
+deterministic for a seed in any process) and binned the same way, so that the rows differ only in
+the rasterizer and the SSIM. Every row carries its loss value: the pairs compute one loss.
+
+    python -m bytesplat_ns.bench.baselines --num-gaussians 1000000 --width 1920 --height 1080 \
+        --ssim pytorch_msssim fussim --out baselines.json     (the child's command line)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+SSIM_IMPLEMENTATIONS = ("pytorch_msssim", "fussim")
+
+
+def ssim_function(implementation: str) -> Callable:
+    """``ssim(pred, gt)`` of [B,3,H,W] images in [0, 1], splatfacto's settings (11-tap window,
+    sigma 1.5, valid region, mean): the gradient flows to ``pred``, the first argument."""
+    if implementation == "pytorch_msssim":
+        from pytorch_msssim import ssim
+
+        return lambda pred, gt: ssim(gt, pred, data_range=1.0, size_average=True, win_size=11, win_sigma=1.5)
+    if implementation == "fussim":
+        from fussim import ssim  # its pytorch_msssim-compatible entry point: valid padding, like pytorch_msssim
+
+        return lambda pred, gt: ssim(pred, gt, data_range=1.0, size_average=True, win_size=11, win_sigma=1.5)
+    raise ValueError(f"unknown SSIM implementation {implementation!r} (choose from {SSIM_IMPLEMENTATIONS})")
+
+
+def baseline_loss(render, gt, ssim, ssim_lambda: float = 0.2):
+    """splatfacto's loss of a rasterizer's [C,H,W,3] output (background included) against ``gt``."""
+    import torch
+
+    rgb = torch.clamp(render, 0.0, 1.0)
+    l1 = torch.abs(gt - rgb).mean()
+    return (1.0 - ssim_lambda) * l1 + ssim_lambda * (1.0 - ssim(rgb.permute(0, 3, 1, 2), gt.permute(0, 3, 1, 2)))
+
+
+def gsplat_version() -> str:
+    import gsplat
+
+    return gsplat.__version__
+
+
+def _per_axis_radii(version: str) -> bool:
+    major, minor = (int(x) for x in version.split(".")[:2])
+    return (major, minor) >= (1, 5)  # gsplat 1.5 bins with [..., N, 2] radii (x and y extents)
+
+
+def gsplat_bins(inputs, version: str):
+    """gsplat's tile lists of ``inputs``' projected Gaussians (``raster.StageInputs``), with the same
+    isotropic radii whatever the version, so that every version rasterizes the same lists."""
+    import torch
+    from gsplat.cuda._wrapper import isect_offset_encode, isect_tiles
+
+    radii = inputs.radii
+    if _per_axis_radii(version) and radii.dim() == 2:
+        radii = torch.stack([radii, radii], dim=-1)
+    tw, th = math.ceil(inputs.W / 16), math.ceil(inputs.H / 16)
+    _, isect_ids, flatten_ids = isect_tiles(inputs.m2, radii, inputs.depths, 16, tw, th)
+    return isect_offset_encode(isect_ids, 1, tw, th), flatten_ids
+
+
+def measure(inputs, implementations: Sequence[str], warmup: int, repeats: int, raster_only: bool) -> List[Dict]:
+    """One row per SSIM implementation for the gsplat of this process: ``raster_loss`` (from the
+    shared 2D inputs: rasterize_to_pixels + loss + backward) and, unless ``raster_only``, ``full``
+    (gsplat's ``rasterization`` from the 3D Gaussians + loss + backward)."""
+    from gsplat.cuda._wrapper import rasterize_to_pixels
+    from gsplat.rendering import rasterization
+
+    from bytesplat_ns.bench.raster import _safe, time_ms
+
+    version = gsplat_version()
+    scene = inputs.scene
+    offsets, flatten_ids = gsplat_bins(inputs, version)
+    rows = []
+    for implementation in implementations:
+        row: Dict = {"gsplat": version, "ssim": implementation}
+        try:
+            ssim = ssim_function(implementation)
+        except Exception as e:  # noqa: BLE001  (an SSIM package that does not import: its rows say why)
+            row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            rows.append(row)
+            continue
+
+        def raster_loss():
+            render, _ = rasterize_to_pixels(*inputs.leaves(), inputs.W, inputs.H, 16, offsets, flatten_ids,
+                                            backgrounds=scene["backgrounds"])
+            loss = baseline_loss(render, scene["gt"], ssim)
+            loss.backward()
+            return loss
+
+        def full():
+            render, _, _ = rasterization(*inputs.args3d(), sh_degree=inputs.sh_degree,
+                                         backgrounds=scene["backgrounds"], packed=False)
+            baseline_loss(render, scene["gt"], ssim).backward()
+
+        _safe(row, "loss_value", lambda: raster_loss().item())
+        _safe(row, "raster_loss", lambda: time_ms(raster_loss, warmup, repeats))
+        if not raster_only:
+            _safe(row, "full", lambda: time_ms(full, warmup, repeats))
+        rows.append(row)
+    return rows
+
+
+def child_command(site: str, n: int, width: int, height: int, sh_degree: int, warmup: int, repeats: int,
+                  implementations: Sequence[str], raster_only: bool, projection: str, out: Path) -> Dict:
+    """The command and environment that time the gsplat installed in ``site`` on the same scene."""
+    command = [sys.executable, "-m", "bytesplat_ns.bench.baselines", "--num-gaussians", str(n), "--width", str(width),
+               "--height", str(height), "--sh-degree", str(sh_degree), "--warmup", str(warmup),
+               "--repeats", str(repeats), "--projection", projection, "--ssim", *implementations, "--out", str(out)]
+    if raster_only:
+        command.append("--raster-only")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
+    return {"command": command, "env": env}
+
+
+def measure_in_child(site: str, n: int, width: int, height: int, sh_degree: int, warmup: int, repeats: int,
+                     implementations: Sequence[str], raster_only: bool, projection: str) -> List[Dict]:
+    """``measure`` for the gsplat in ``site``, in a child process; rows carry ``site``, or one row
+    with the error when the child fails."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "rows.json"
+        spec = child_command(site, n, width, height, sh_degree, warmup, repeats, implementations, raster_only,
+                             projection, out)
+        done = subprocess.run(spec["command"], env=spec["env"], capture_output=True, text=True)
+        if done.returncode != 0 or not out.is_file():
+            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
+            return [{"site": site, "error": f"child exited with {done.returncode}: {tail[0][:300]}"}]
+        rows = json.loads(out.read_text())
+    return [dict(row, site=site) for row in rows]
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bytesplat_ns.bench.baselines",
+                                description="time this process's gsplat + each SSIM on one random scene (JSON rows)")
+    p.add_argument("--num-gaussians", type=int, required=True)
+    p.add_argument("--width", type=int, default=1920)
+    p.add_argument("--height", type=int, default=1080)
+    p.add_argument("--sh-degree", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--projection", choices=["gsplat", "torch"], default="torch")
+    p.add_argument("--ssim", nargs="+", default=list(SSIM_IMPLEMENTATIONS), choices=SSIM_IMPLEMENTATIONS)
+    p.add_argument("--raster-only", action="store_true")
+    p.add_argument("--out", type=Path, required=True)
+    a = p.parse_args(argv)
+    from bytesplat_ns.bench.raster import StageInputs
+
+    inputs = StageInputs(a.num_gaussians, a.width, a.height, a.sh_degree, a.projection)
+    rows = measure(inputs, a.ssim, a.warmup, a.repeats, a.raster_only)
+    a.out.write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
