@@ -75,8 +75,34 @@ def raster_table(steps: List[Dict]) -> List[str]:
                 speedup = gsplat / fused if fused and gsplat else None
                 cells += [_f(fused), _f(gsplat), _f(speedup, "{:.2f}x")]
             rows.append(cells)
-    return _table(["step", "size", "Gaussians", "raster+loss fused ms", "gsplat ms", "speed-up",
-                   "whole step fused ms", "gsplat ms", "speed-up"], rows)
+    lines = _table(["step", "size", "Gaussians", "raster+loss fused ms", "gsplat ms", "speed-up",
+                    "whole step fused ms", "gsplat ms", "speed-up"], rows)
+    baselines = baseline_table(steps)
+    return lines + ([""] + baselines if baselines else [])
+
+
+def baseline_table(steps: List[Dict]) -> List[str]:
+    """Each baseline pair (gsplat version x SSIM) against the fused split schedule, per count: the
+    raster + loss from the same 2D inputs and the whole render + loss + backward from 3D, with the
+    pair's loss value relative to the fused one."""
+    rows = []
+    for step in steps:
+        for run in step["result"]["runs"]:
+            fused_raster, fused_full = _ms(run.get("raster_loss_fused_split")), _ms(run.get("full_fused_split"))
+            for b in run.get("baselines") or []:
+                if "error" in b:
+                    rows.append([_count(run["num_gaussians"]), str(b.get("gsplat", b.get("site", "?"))), str(b.get("ssim", "-")),
+                                 "-", "-", "-", "-", "-", b["error"][:80]])
+                    continue
+                raster, full = _ms(b.get("raster_loss")), _ms(b.get("full"))
+                rows.append([_count(run["num_gaussians"]), b["gsplat"], b["ssim"], _f(raster),
+                             _f(raster / fused_raster if raster and fused_raster else None, "{:.2f}x"), _f(full),
+                             _f(full / fused_full if full and fused_full else None, "{:.2f}x"),
+                             _f(b.get("loss_rel_diff_vs_fused"), "{:.1e}"), ""])
+    if not rows:
+        return []
+    return _table(["Gaussians", "gsplat", "SSIM", "raster+loss ms", "fused speed-up", "whole step ms",
+                   "fused speed-up", "loss vs fused (rel.)", "note"], rows)
 
 
 def train_table(steps: List[Dict]) -> List[str]:

@@ -90,3 +90,17 @@ def test_the_committed_results_page_is_up_to_date():
                                       "| 125M | bytesplat | sparse-grad | 2 | ok | 8.58 |"])
 def test_the_results_page_carries_the_readme_headlines(headline):
     assert headline in (REPO / "docs" / "results.md").read_text()
+
+
+def test_baseline_pairs_get_their_own_table_against_the_fused_schedule():
+    from bytesplat_ns.bench.report import raster_table
+
+    run = {"num_gaussians": 1_000_000, "raster_loss_fused_split": {"median_ms": 2.0}, "full_fused_split": {"median_ms": 4.0},
+           "raster_loss_gsplat": {"median_ms": 8.0},
+           "baselines": [{"gsplat": "1.5.3", "ssim": "fussim", "raster_loss": {"median_ms": 5.0}, "full": {"median_ms": 10.0},
+                          "loss_rel_diff_vs_fused": 2e-7},
+                         {"site": "/tmp/gsplat-9", "error": "child exited with 1: boom"}]}
+    lines = raster_table([{"name": "s", "result": {"width": 1920, "height": 1080, "runs": [run]}}])
+    row = next(line for line in lines if "fussim" in line)
+    assert "| 1M | 1.5.3 | fussim | 5.00 | 2.50x | 10.00 | 2.50x | 2.0e-07 |" in row
+    assert any("child exited with 1: boom" in line for line in lines)
