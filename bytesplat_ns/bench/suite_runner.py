@@ -119,6 +119,14 @@ def _batches(suite: Suite) -> List[List[int]]:
     return batches
 
 
+def wallclock_runs(steps: List[Dict]) -> Dict[str, List[Dict]]:
+    """A suite with wallclock steps also lists their runs at the top level (``{"runs": [{"method",
+    "seed", "iterations", "wall_s", "steps_s", "psnr", "ssim", ...}]}``), one row per method and seed."""
+    results = [step.get("result") or {} for step in steps]
+    runs = [run for r in results if r.get("benchmark") == "bytesplat-bench wallclock" for run in r.get("runs", [])]
+    return {"runs": runs} if runs else {}
+
+
 def run_suite(suite: Suite, out_dir: Path, results_dir: Path, data: Optional[Path] = None,
               command: str = "", step_timeout: Optional[float] = None, plots: bool = True, log=print) -> Dict:
     """Run every step of ``suite``, then write ``results_dir/<name>.json`` and its plots."""
@@ -164,6 +172,7 @@ def run_suite(suite: Suite, out_dir: Path, results_dir: Path, data: Optional[Pat
         except PlotInputError as e:
             doc["plots_error"] = str(e)
     doc["complete"] = all(p.status == "ok" for p in pieces)
+    doc.update(wallclock_runs(doc["steps"]))
     path = results_dir / f"{suite.name}.json"
     path.write_text(json.dumps(doc, indent=1))
     log(f"wrote {path}")

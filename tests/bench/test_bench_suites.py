@@ -90,3 +90,11 @@ def test_a_tiny_suite_runs_end_to_end_on_the_cpu(tmp_path):
     assert written["steps"][0]["command"].startswith("bytesplat-bench distributed --num-gaussians 1500")
     assert "invalid choice" in written["steps"][2]["stderr_tail"]
     assert written["plots"] and all((tmp_path / "results" / p).is_file() for p in written["plots"])
+
+
+def test_wallclock_suites_list_their_runs_at_the_top_level():
+    run = {"method": "bytesplat", "seed": 0, "iterations": 5000, "wall_s": 60.0, "steps_s": 30.0, "psnr": 28.1, "ssim": 0.88}
+    steps = [{"name": "w", "result": {"benchmark": "bytesplat-bench wallclock", "runs": [run]}},
+             {"name": "r", "result": {"benchmark": "raster", "runs": [{"num_gaussians": 1}]}}, {"name": "x", "result": None}]
+    assert suite_runner.wallclock_runs(steps) == {"runs": [run]}
+    assert suite_runner.wallclock_runs(steps[1:]) == {}
