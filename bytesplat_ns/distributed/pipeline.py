@@ -7,7 +7,8 @@ each rank also owns only its share's optimizer state, and writes checkpoints fro
 copy. How the ranks split a batch is the pipeline's ``exchange`` (``batch_exchange.py``), chosen by
 ``--pipeline.communicator``: ``dense`` / ``sparse-grad`` (contiguous shards, 2D records travel),
 ``pixel`` (one kd cell per rank, partial images travel; docs/pixel_exchange.md), or ``auto``, which
-picks ``sparse-grad`` or ``pixel`` at start (``auto.choose``; rank 0 prints the reason). A training
+picks ``sparse-grad`` or ``pixel`` at start (``auto.choose``: a time model on the link a start-up probe
+measures, ``link_probe``; rank 0 prints the reason). A training
 step:
 
 - every rank draws the SAME batch of ``views_per_step`` training views (a per-epoch permutation
@@ -87,7 +88,11 @@ class ShardedPipelineConfig(VanillaPipelineConfig):
     communicator: Literal["dense", "sparse-grad", "pixel", "auto"] = "sparse-grad"
     """How ranks share the work of a batch (batch_exchange.py): dense / sparse-grad move 2D Gaussian records (all
     gradients back / non-zero only); pixel (Splaxel) gives each rank a kd cell of Gaussians and moves partial images;
-    auto picks sparse-grad or pixel at start from a cost model of bytes per step (auto.py; the reason is logged)."""
+    auto picks sparse-grad or pixel at start from a model of each one's step time on the ranks' link, measured by a
+    short probe (auto.py, link_probe.py; the reason is logged)."""
+    link_bandwidth_gbps: Optional[float] = None
+    """auto: the link between the ranks in Gb/s for the time model; None measures it at start-up (a probe of a few
+    exchanges). Give it to choose for another link than this one's (e.g. 25 for 25 Gb/s Ethernet between nodes)."""
     pixel_geometric: bool = True
     """pixel: send each cell's partial only inside its projected bounding rectangle (exact)."""
     pixel_transmittance: bool = False
@@ -230,11 +235,14 @@ class ShardedPipeline(VanillaPipeline):
         """``auto``: the cost model of auto.py on the (identical, just broadcast) initial Gaussians and
         the first batch's cameras; every rank computes the same answer, rank 0 logs the reason."""
         from bytesplat_ns.distributed.auto import choose
+        from bytesplat_ns.distributed.link_probe import LinkEstimate, probe_link
 
+        gbps = self.config.link_bandwidth_gbps
+        link = LinkEstimate.from_config(gbps) if gbps is not None else probe_link()  # every rank probes together
         views = self._camera_views(self._sample_views(0), self.datamanager.train_dataset.cameras)
         means = params["means"].detach().cpu()
         scales = torch.exp(params["scales"].detach().cpu())
-        decision = choose(means, scales, views, self.world_size)
+        decision = choose(means, scales, views, self.world_size, link=link)
         self.auto_decision = decision
         self.comm_name = decision.choice
         if self.rank == 0:

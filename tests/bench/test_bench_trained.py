@@ -185,8 +185,9 @@ def test_raster_bench_on_the_trained_scene(monkeypatch, tmp_path, trained):
     seen = {}
 
     def bench_one(n, width, height, sh_degree, warmup, repeats, skip_gsplat=False, projection="gsplat",
-                  raster_only=False, scene=None, scene_label="synthetic"):
+                  raster_only=False, scene=None, scene_label="synthetic", baseline_ssim=(), gsplat_sites=()):
         inp = raster.StageInputs(n, width, height, sh_degree, "torch", scene=scene)
+        seen.update(baseline_ssim=list(baseline_ssim), gsplat_sites=list(gsplat_sites))
         seen.update(n=n, W=inp.W, H=inp.H, sh=inp.sh_degree, visible=int((inp.radii > 0).sum()),
                     lists=int(inp.offsets[-1]), tiles=inp.offsets.numel() - 1)
         return {"scene": scene_label, "num_gaussians": int(scene["means"].shape[0])}
@@ -208,6 +209,7 @@ def test_raster_bench_on_the_trained_scene(monkeypatch, tmp_path, trained):
     assert report["runs"] == [{"scene": f"trained:{run_dir}", "num_gaussians": n}]
     assert (seen["n"], seen["W"], seen["H"], seen["sh"], seen["tiles"]) == (n, 64, 48, 3, 4 * 3)
     assert seen["visible"] > 0 and seen["lists"] >= seen["visible"]
+    assert seen["baseline_ssim"] == ["pytorch_msssim", "fussim"] and seen["gsplat_sites"] == []  # the defaults
 
 
 def test_distributed_bench_one_process_on_the_trained_scene(tmp_path, trained):

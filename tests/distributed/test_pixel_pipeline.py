@@ -125,6 +125,7 @@ def test_auto_logs_its_choice(tmp_path):
     print(line[0])
     assert chosen in ("pixel", "sparse-grad")
     assert "MiB/step" in line[0] and "Gaussians visible per view" in line[0] and "cell pixels per view" in line[0]
+    assert "modelled" in line[0] and "(probe)" in line[0]  # decided on time, over the link the ranks measured
     # The run used the chosen communicator (its bytes are logged under its name).
     assert scalars(run_dir, f"communication/{chosen}/forward_bytes") is not None
 
