@@ -8,13 +8,12 @@ child process that has DIR first on its path, on the same random scene (``synthe
 deterministic for a seed in any process) and binned the same way, so that the rows differ only in
 the rasterizer and the SSIM. Every row carries its loss value: the pairs compute one loss.
 
-    python -m bytesplat_ns.bench.baselines --num-gaussians 1000000 --width 1920 --height 1080 \
+    python -m bytesplat_ns.bench.baseline_child --num-gaussians 1000000 --width 1920 --height 1080 \
         --ssim pytorch_msssim fussim --out baselines.json     (the child's command line)
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -23,6 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
+
+from bytesplat_ns.bench.timing import record_or_error, time_ms
 
 SSIM_IMPLEMENTATIONS = ("pytorch_msssim", "fussim")
 
@@ -82,8 +83,6 @@ def measure(inputs, implementations: Sequence[str], warmup: int, repeats: int, r
     from gsplat.cuda._wrapper import rasterize_to_pixels
     from gsplat.rendering import rasterization
 
-    from bytesplat_ns.bench.raster import _safe, time_ms
-
     version = gsplat_version()
     scene = inputs.scene
     offsets, flatten_ids = gsplat_bins(inputs, version)
@@ -109,10 +108,10 @@ def measure(inputs, implementations: Sequence[str], warmup: int, repeats: int, r
                                          backgrounds=scene["backgrounds"], packed=False)
             baseline_loss(render, scene["gt"], ssim).backward()
 
-        _safe(row, "loss_value", lambda: raster_loss().item())
-        _safe(row, "raster_loss", lambda: time_ms(raster_loss, warmup, repeats))
+        record_or_error(row, "loss_value", lambda: raster_loss().item())
+        record_or_error(row, "raster_loss", lambda: time_ms(raster_loss, warmup, repeats))
         if not raster_only:
-            _safe(row, "full", lambda: time_ms(full, warmup, repeats))
+            record_or_error(row, "full", lambda: time_ms(full, warmup, repeats))
         rows.append(row)
     return rows
 
@@ -120,7 +119,7 @@ def measure(inputs, implementations: Sequence[str], warmup: int, repeats: int, r
 def child_command(site: str, n: int, width: int, height: int, sh_degree: int, warmup: int, repeats: int,
                   implementations: Sequence[str], raster_only: bool, projection: str, out: Path) -> Dict:
     """The command and environment that time the gsplat installed in ``site`` on the same scene."""
-    command = [sys.executable, "-m", "bytesplat_ns.bench.baselines", "--num-gaussians", str(n), "--width", str(width),
+    command = [sys.executable, "-m", "bytesplat_ns.bench.baseline_child", "--num-gaussians", str(n), "--width", str(width),
                "--height", str(height), "--sh-degree", str(sh_degree), "--warmup", str(warmup),
                "--repeats", str(repeats), "--projection", projection, "--ssim", *implementations, "--out", str(out)]
     if raster_only:
@@ -146,27 +145,21 @@ def measure_in_child(site: str, n: int, width: int, height: int, sh_degree: int,
     return [dict(row, site=site) for row in rows]
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bytesplat_ns.bench.baselines",
-                                description="time this process's gsplat + each SSIM on one random scene (JSON rows)")
-    p.add_argument("--num-gaussians", type=int, required=True)
-    p.add_argument("--width", type=int, default=1920)
-    p.add_argument("--height", type=int, default=1080)
-    p.add_argument("--sh-degree", type=int, default=3)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--repeats", type=int, default=20)
-    p.add_argument("--projection", choices=["gsplat", "torch"], default="torch")
-    p.add_argument("--ssim", nargs="+", default=list(SSIM_IMPLEMENTATIONS), choices=SSIM_IMPLEMENTATIONS)
-    p.add_argument("--raster-only", action="store_true")
-    p.add_argument("--out", type=Path, required=True)
-    a = p.parse_args(argv)
-    from bytesplat_ns.bench.raster import StageInputs
-
-    inputs = StageInputs(a.num_gaussians, a.width, a.height, a.sh_degree, a.projection)
-    rows = measure(inputs, a.ssim, a.warmup, a.repeats, a.raster_only)
-    a.out.write_text(json.dumps(rows, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def baseline_rows(inp, scene_label: str, gsplat_ok: bool, baseline_ssim: Sequence[str],
+                  gsplat_sites: Sequence[str], warmup: int, repeats: int, raster_only: bool,
+                  fused_loss: Optional[float]) -> List[Dict]:
+    """gsplat + each SSIM: this process's gsplat on ``inp`` (``raster.StageInputs``), and the gsplat
+    of each site in a child on the same random scene; each row's loss against the fused one."""
+    rows: List[Dict] = []
+    if gsplat_ok and baseline_ssim:
+        rows += measure(inp, baseline_ssim, warmup, repeats, raster_only)
+    for site in gsplat_sites:
+        if scene_label != "synthetic":
+            rows.append({"site": site, "error": "another gsplat version is timed on random scenes only"})
+            continue
+        rows += measure_in_child(site, int(inp.scene["means"].shape[0]), inp.W, inp.H, inp.sh_degree, warmup, repeats,
+                                 baseline_ssim, raster_only, projection="torch")
+    for row in rows:
+        if isinstance(row.get("loss_value"), float) and isinstance(fused_loss, float):
+            row["loss_rel_diff_vs_fused"] = abs(row["loss_value"] - fused_loss) / abs(fused_loss)
+    return rows

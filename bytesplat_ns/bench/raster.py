@@ -32,13 +32,15 @@ import json
 import math
 import os
 import platform
-import statistics
 import sys
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from bytesplat_ns.bench.baselines import baseline_rows
+from bytesplat_ns.bench.timing import record_or_error as _safe
+from bytesplat_ns.bench.timing import time_ms
 from bytesplat_ns.raster.fused import (
     FusedOptions,
     _FusedLoss,
@@ -105,30 +107,6 @@ def synthetic_scene(n: int, width: int, height: int, sh_degree: int = 3, seed: i
     return dict(means=to(out["means"]), quats=to(out["quats"]), scales=to(out["scales"]), opacities=to(out["opacities"]),
                 colors=to(out["colors"]), viewmats=to(viewmats), Ks=to(Ks), gt=to(gt),
                 backgrounds=torch.zeros(1, 3, device=device), width=width, height=height, sh_degree=sh_degree)
-
-
-def time_ms(fn: Callable[[], None], warmup: int, repeats: int) -> Dict[str, float]:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times: List[float] = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times)}
-
-
-def _safe(out: Dict, key: str, fn: Callable[[], object]) -> None:
-    """Record fn()'s result under key, or the error (one failing path must not hide the others)."""
-    try:
-        out[key] = fn()
-    except Exception as e:  # noqa: BLE001
-        out[key] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-        print(f"[bench] {key} failed: {out[key]['error']}", file=sys.stderr, flush=True)
 
 
 def gsplat_extension_error(skip_gsplat: bool = False) -> Optional[str]:
@@ -198,28 +176,6 @@ class StageInputs:
         loss = splatfacto_loss_torch(render, alpha, s["gt"], s["backgrounds"])
         loss.backward()
         return loss
-
-
-def baseline_rows(inp: "StageInputs", scene_label: str, gsplat_ok: bool, baseline_ssim: Sequence[str],
-                  gsplat_sites: Sequence[str], warmup: int, repeats: int, raster_only: bool,
-                  fused_loss: Optional[float]) -> List[Dict]:
-    """gsplat + each SSIM (``bench.baselines``): this process's gsplat on ``inp``, and the gsplat of
-    each site in a child on the same random scene; each row's loss against the fused one."""
-    from bytesplat_ns.bench.baselines import measure, measure_in_child
-
-    rows: List[Dict] = []
-    if gsplat_ok and baseline_ssim:
-        rows += measure(inp, baseline_ssim, warmup, repeats, raster_only)
-    for site in gsplat_sites:
-        if scene_label != "synthetic":
-            rows.append({"site": site, "error": "another gsplat version is timed on random scenes only"})
-            continue
-        rows += measure_in_child(site, int(inp.scene["means"].shape[0]), inp.W, inp.H, inp.sh_degree, warmup, repeats,
-                                 baseline_ssim, raster_only, projection="torch")
-    for row in rows:
-        if isinstance(row.get("loss_value"), float) and isinstance(fused_loss, float):
-            row["loss_rel_diff_vs_fused"] = abs(row["loss_value"] - fused_loss) / abs(fused_loss)
-    return rows
 
 
 def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repeats: int,

@@ -58,7 +58,7 @@ def test_gsplat_15_bins_with_per_axis_radii():
 def test_another_gsplat_runs_in_a_child_with_its_site_first(tmp_path):
     spec = baselines.child_command(str(tmp_path), 1000, 64, 48, 3, 1, 2, ["fussim"], True, "torch", tmp_path / "o.json")
     assert spec["env"]["PYTHONPATH"].split(":")[0] == str(tmp_path)
-    assert spec["command"][1:3] == ["-m", "bytesplat_ns.bench.baselines"]
+    assert spec["command"][1:3] == ["-m", "bytesplat_ns.bench.baseline_child"]
     assert "--raster-only" in spec["command"] and spec["command"][spec["command"].index("--ssim") + 1] == "fussim"
 
 
