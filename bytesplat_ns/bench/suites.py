@@ -140,4 +140,12 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           (Step("wallclock", _args("--data {data} --methods splatfacto bytesplat --iterations 5000 --seeds 0 1 2 "
                                    "--offline-lpips --work-dir {work}/wallclock"), name="wallclock"),),
           needs_data=True),
+    Suite("wallclock-fox-30k",
+          "the same at 30000 iterations, splatfacto's full schedule: one step per seed, each method of a seed run "
+          "back to back (--data)",
+          1,
+          tuple(Step("wallclock", _args(f"--data {{data}} --methods splatfacto bytesplat --iterations 30000 --seeds {seed} "
+                                        "--offline-lpips --work-dir {work}/wallclock"), name=f"wallclock_seed{seed}")
+                for seed in (0, 1, 2)),
+          needs_data=True),
 )}
