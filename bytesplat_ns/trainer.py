@@ -19,6 +19,7 @@ from nerfstudio.utils.decorators import check_eval_enabled, check_main_thread
 from nerfstudio.utils.misc import step_check
 from nerfstudio.utils.rich_utils import CONSOLE
 
+from bytesplat_ns import event_crc
 from bytesplat_ns.checkpoints import (  # noqa: F401  (re-exported: the sharded trainer and the benches use them)
     CHECKPOINT_NAME,
     CheckpointWriter,
@@ -29,7 +30,6 @@ from bytesplat_ns.checkpoints import (  # noqa: F401  (re-exported: the sharded 
     write_checkpoint,
 )
 from bytesplat_ns.divergence import DivergenceGuard
-from bytesplat_ns import event_crc
 from bytesplat_ns.errors import BytesplatError
 from bytesplat_ns.eval_logging import EVAL_METRICS_GROUP, EvalImageLogger, tensorboard_writers
 

@@ -21,34 +21,36 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from bytesplat_ns.bench.timing import record_or_error, time_ms
+from bytesplat_ns.raster.loss import (
+    SSIM_WIN_SIGMA,
+    SSIM_WIN_SIZE,
+    SsimFunction,
+    pytorch_msssim_ssim,
+    splatfacto_loss_torch,
+)
 
 SSIM_IMPLEMENTATIONS = ("pytorch_msssim", "fussim")
 
 
-def ssim_function(implementation: str) -> Callable:
-    """``ssim(pred, gt)`` of [B,3,H,W] images in [0, 1], splatfacto's settings (11-tap window,
-    sigma 1.5, valid region, mean): the gradient flows to ``pred``, the first argument."""
+def ssim_function(implementation: str) -> SsimFunction:
+    """``ssim(pred, gt)`` with splatfacto's settings (11-tap window, sigma 1.5, valid region, mean):
+    the gradient flows to ``pred``, the first argument."""
     if implementation == "pytorch_msssim":
-        from pytorch_msssim import ssim
-
-        return lambda pred, gt: ssim(gt, pred, data_range=1.0, size_average=True, win_size=11, win_sigma=1.5)
+        return pytorch_msssim_ssim
     if implementation == "fussim":
         from fussim import ssim  # its pytorch_msssim-compatible entry point: valid padding, like pytorch_msssim
 
-        return lambda pred, gt: ssim(pred, gt, data_range=1.0, size_average=True, win_size=11, win_sigma=1.5)
+        return lambda pred, gt: ssim(pred, gt, data_range=1.0, size_average=True, win_size=SSIM_WIN_SIZE,
+                                     win_sigma=SSIM_WIN_SIGMA)
     raise ValueError(f"unknown SSIM implementation {implementation!r} (choose from {SSIM_IMPLEMENTATIONS})")
 
 
-def baseline_loss(render, gt, ssim, ssim_lambda: float = 0.2):
+def baseline_loss(render, gt, ssim: SsimFunction):
     """splatfacto's loss of a rasterizer's [C,H,W,3] output (background included) against ``gt``."""
-    import torch
-
-    rgb = torch.clamp(render, 0.0, 1.0)
-    l1 = torch.abs(gt - rgb).mean()
-    return (1.0 - ssim_lambda) * l1 + ssim_lambda * (1.0 - ssim(rgb.permute(0, 3, 1, 2), gt.permute(0, 3, 1, 2)))
+    return splatfacto_loss_torch(render, None, gt, None, ssim=ssim)
 
 
 def gsplat_version() -> str:

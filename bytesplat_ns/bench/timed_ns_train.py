@@ -15,7 +15,7 @@ summed seconds per phase: ``data`` (dataparser, datasets, image caching/undistor
 (the rest of ``Trainer.setup``: model, optimizers, writers), ``steps`` (train iterations with
 their before/after callbacks, i.e. densification), ``eval`` (in-training eval iterations), ``log``
 (nerfstudio writer calls and ``write_out_storage``), ``save`` (checkpoints), ``step_ms`` (each train
-iteration's milliseconds as nerfstudio's own iteration timer measures it, from step 2), plus the final
+iteration's milliseconds as nerfstudio's own iteration timer measures it, from the first), plus the final
 Gaussian count and the peak GPU memory. ``gc`` counts the garbage collector's collections while
 ``Trainer.train`` runs, per generation, with their seconds (inside whatever phase they interrupt:
 a full collection that stalls a step is step time).
@@ -122,7 +122,7 @@ def install(timers: PhaseTimers, record: Dict, collections: Optional[CollectionT
     real_put_time = writer.put_time
 
     def put_time(name, duration, step, *args, **kwargs):
-        # nerfstudio times every train iteration (from step 2 on) for its ETA: keep each one
+        # nerfstudio times every train iteration for its ETA (the first included): keep each one
         if name in (writer.EventName.ITER_TRAIN_TIME, writer.EventName.ITER_TRAIN_TIME.value):
             step_ms.append(round(duration * 1000.0, 4))
         return real_put_time(name, duration, step, *args, **kwargs)

@@ -19,8 +19,14 @@ def images(seed=0, size=(1, 24, 32, 3)):
 
 
 def test_the_pytorch_msssim_baseline_is_splatfactos_loss():
+    from pytorch_msssim import ssim
+
     render, gt = images()
     ours = baselines.baseline_loss(render, gt, baselines.ssim_function("pytorch_msssim"))
+    rgb = render.clamp(0, 1)
+    sim = ssim(gt.permute(0, 3, 1, 2), rgb.permute(0, 3, 1, 2), data_range=1.0, size_average=True, win_size=11, win_sigma=1.5)
+    expected = 0.8 * (gt - rgb).abs().mean() + 0.2 * (1 - sim)  # nerfstudio's splatfacto, written out
+    assert float(ours) == pytest.approx(float(expected), rel=1e-6)
     assert float(ours) == pytest.approx(float(splatfacto_loss_torch(render, None, gt, None)), rel=1e-6)
 
 
