@@ -165,7 +165,7 @@ def wallclock_table(steps: List[Dict]) -> List[str]:
     for step in steps:
         runs = step["result"].get("runs", [])
         first = runs[0]["method"] if runs else None
-        psnr = {(r["method"], r["seed"]): r["psnr"] for r in runs if r.get("psnr") is not None}
+        psnr = {(r["method"], r["seed"]): r["psnr"] for r in runs if r.get("psnr") is not None and not r.get("repeat")}
         for method, row in step["result"].get("summary", {}).items():
             stats = {k: v for k, v in row.items() if isinstance(v, dict) and "mean" in v}
             keys += [k for k in stats if k not in keys]
@@ -173,9 +173,12 @@ def wallclock_table(steps: List[Dict]) -> List[str]:
             paired = "baseline" if method == first else (
                 f"{statistics.fmean(diffs):+.3f} +- {statistics.stdev(diffs) if len(diffs) > 1 else 0.0:.3f}"
                 if diffs else "-")
-            rows.append((method, row.get("seeds"), stats, paired))
-    return _table(["method", "seeds", *keys, "PSNR diff vs the first method, by seed"],
-                  [[m, str(n), *(_f(s[k]["mean"]) if k in s else "-" for k in keys), d] for m, n, s, d in rows])
+            spread = stats.get("psnr")
+            spread = f"{spread['min']:.2f}-{spread['max']:.2f}" if spread else "-"
+            runs_of = f"{row.get('seeds')}" + (f" ({row['runs']} runs)" if row.get("runs", row.get("seeds")) != row.get("seeds") else "")
+            rows.append((method, runs_of, stats, paired, spread))
+    return _table(["method", "seeds", *keys, "PSNR min-max", "PSNR diff vs the first method, by seed"],
+                  [[m, n, *(_f(s[k]["mean"]) if k in s else "-" for k in keys), sp, d] for m, n, s, d, sp in rows])
 
 
 def quality_table(steps: List[Dict]) -> List[str]:

@@ -133,6 +133,16 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           1,
           (Step("wallclock", ("--methods", "bytesplat", "--iterations", "3000", "--seeds", "0", "1", "2",
                               "--dataparser", "", "--work-dir", "{work}/quickstart"), name="quickstart"),)),
+    Suite("quickstart-stability",
+          "the README's quick-start command five times over (same seed: the spread GPU atomics leave), five runs at "
+          "once, then ns-eval; against the same on the scene with a gradient sky to learn (what it had been)",
+          1,
+          (Step("wallclock", ("--methods", "bytesplat", "--iterations", "3000", "--seeds", "42", "--repeats", "5",
+                              "--parallel", "5", "--dataparser", "", "--work-dir", "{work}/stability"),
+                name="transparent_sky"),
+           Step("wallclock", ("--methods", "bytesplat", "--iterations", "3000", "--seeds", "42", "--repeats", "5",
+                              "--parallel", "5", "--dataparser", "bytesplat-scene --scene-sky gradient",
+                              "--work-dir", "{work}/stability-gradient"), name="gradient_sky"))),
     Suite("wallclock-fox",
           "wall-clock time to a trained model with ns-train + ns-eval, splatfacto vs bytesplat, on a real capture "
           "(--data)",

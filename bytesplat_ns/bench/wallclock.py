@@ -54,15 +54,20 @@ class MethodEntry:
         return MethodEntry(label or words[0], words[0], tuple(words[1:]))
 
 
+def run_name(seed: int, repeat: int = 0) -> str:
+    """A run's timestamp folder: ``seed0``, and ``seed0-r1``... for the repeats of one seed."""
+    return f"seed{seed}" + (f"-r{repeat}" if repeat else "")
+
+
 def ns_train_args(entry: MethodEntry, data: Optional[Path], iterations: int, seed: int, out_dir: Path,
-                  dataparser: Sequence[str]) -> List[str]:
+                  dataparser: Sequence[str], repeat: int = 0) -> List[str]:
     """The arguments after ``ns-train``: what a user types, plus where the run goes."""
     args = [entry.method]
     if data is not None:
         args += ["--data", str(data)]
     args += ["--vis", "tensorboard", "--max-num-iterations", str(iterations), "--machine.seed", str(seed),
              "--viewer.quit-on-train-completion", "True", "--output-dir", str(out_dir),
-             "--experiment-name", entry.label, "--timestamp", f"seed{seed}", *entry.extra_args, *dataparser]
+             "--experiment-name", entry.label, "--timestamp", run_name(seed, repeat), *entry.extra_args, *dataparser]
     return args
 
 
@@ -129,20 +134,22 @@ def lpips_weights_cached() -> bool:
     return lpips_weights()[1].is_file()
 
 
-def run_one(entry: MethodEntry, seed: int, args: argparse.Namespace) -> Dict:
-    run_dir = Path(args.work_dir) / f"{entry.label}-seed{seed}"
+def run_one(entry: MethodEntry, seed: int, args: argparse.Namespace, repeat: int = 0) -> Dict:
+    name = run_name(seed, repeat)
+    run_dir = Path(args.work_dir) / f"{entry.label}-{name}"
     run_dir.mkdir(parents=True, exist_ok=True)
     timings_path = run_dir / "timings.json"
-    train_args = ns_train_args(entry, args.data, args.iterations, seed, run_dir, shlex.split(args.dataparser))
+    train_args = ns_train_args(entry, args.data, args.iterations, seed, run_dir, shlex.split(args.dataparser), repeat)
     command = [sys.executable, "-m", "bytesplat_ns.bench.timed_ns_train", "--timings", str(timings_path),
                *(["--offline-lpips"] if args.offline_lpips else []), "--", *train_args]
     launch = time.time()
     wall_s = _run_logged(command, run_dir / "train.log")
     timings = json.loads(timings_path.read_text())
     # OUT/EXPERIMENT/METHOD_NAME/TIMESTAMP: a method's config may name itself unlike its CLI name
-    config = next(iter(sorted(run_dir.glob(f"{entry.label}/*/seed{seed}/config.yml"))), run_dir / "config.yml")
+    config = next(iter(sorted(run_dir.glob(f"{entry.label}/*/{name}/config.yml"))), run_dir / "config.yml")
     record = {
-        "method": entry.label, "ns_method": entry.method, "seed": seed, "iterations": args.iterations,
+        "method": entry.label, "ns_method": entry.method, "seed": seed, "repeat": repeat,
+        "iterations": args.iterations, "concurrent_runs": args.parallel,
         "wall_s": wall_s, **breakdown(wall_s, launch, timings),
         # the part of other_s after the trainer finished: interpreter and writer shutdown
         "exit_s": launch + wall_s - timings["process_end"],
@@ -161,7 +168,7 @@ def run_one(entry: MethodEntry, seed: int, args: argparse.Namespace) -> Dict:
 
 
 def summarize(runs: List[Dict]) -> Dict[str, Dict[str, Dict[str, float]]]:
-    """Per method: mean, median, min and max over seeds of every number the runs have (per method
+    """Per method: mean, median, min and max over its runs of every number they have (per method
     and iteration count, named "METHOD@ITERATIONS", when the runs have several counts)."""
     several = len({r["iterations"] for r in runs}) > 1
 
@@ -171,7 +178,7 @@ def summarize(runs: List[Dict]) -> Dict[str, Dict[str, Dict[str, float]]]:
     summary: Dict[str, Dict[str, Dict[str, float]]] = {}
     for label in dict.fromkeys(map(group, runs)):
         mine = [r for r in runs if group(r) == label]
-        summary[label] = {"seeds": len(mine)}  # type: ignore[dict-item]
+        summary[label] = {"seeds": len({r["seed"] for r in mine}), "runs": len(mine)}  # type: ignore[dict-item]
         for key in SUMMARY_KEYS:
             values = [float(r[key]) for r in mine if r.get(key) is not None]
             if values:
@@ -210,6 +217,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--methods", nargs="+", default=["splatfacto", "bytesplat"],
                    help="METHOD or 'LABEL=METHOD EXTRA ARGS' (default: splatfacto bytesplat)")
     p.add_argument("--seeds", nargs="+", type=int, default=[0])
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs of each (method, seed): the same command again, for the spread that GPU atomics and "
+                   "threaded CPU reductions leave between identical runs")
+    p.add_argument("--parallel", type=int, default=1,
+                   help="runs at once (on one machine: their wall times then measure contention, not the method; "
+                   "for quality and spread only; recorded as concurrent_runs)")
     p.add_argument("--iterations", type=int, default=5000)
     p.add_argument("--data", type=Path, default=None, help="dataset path (omitted: each method's default data)")
     p.add_argument("--dataparser", default="nerfstudio-data",
@@ -239,9 +252,9 @@ def merged(paths: Sequence[Path]) -> Dict:
         if parts[-1].get("benchmark") != "bytesplat-bench wallclock":
             raise BytesplatError(f"wallclock --merge: {path} is not a bytesplat-bench wallclock result")
     runs = [run for part in parts for run in part["runs"]]
-    keys = [(r["method"], r["seed"], r["iterations"]) for r in runs]
+    keys = [(r["method"], r["seed"], r.get("repeat", 0), r["iterations"]) for r in runs]
     if len(set(keys)) != len(keys):
-        raise BytesplatError("wallclock --merge: the files repeat a (method, seed, iterations) run")
+        raise BytesplatError("wallclock --merge: the files repeat a (method, seed, repeat, iterations) run")
     result = {k: v for k, v in parts[0].items() if k not in ("runs", "summary")}
     result["merged_from"] = [str(p) for p in paths]
     result["commands"] = [part.get("command") for part in parts]
@@ -260,7 +273,16 @@ def main(argv: Optional[List[str]] = None) -> Dict:
         raise BytesplatError("wallclock: two method entries share a label", hint="name them: 'LABEL=METHOD ARGS'")
     if args.data is not None and not args.data.exists():
         raise BytesplatError(f"wallclock: data path {args.data} does not exist")
-    runs = [run_one(entry, seed, args) for seed in args.seeds for entry in entries]
+    if args.repeats < 1 or args.parallel < 1:
+        raise BytesplatError("wallclock: --repeats and --parallel must be at least 1")
+    jobs = [(entry, seed, repeat) for seed in args.seeds for repeat in range(args.repeats) for entry in entries]
+    if args.parallel == 1:
+        runs = [run_one(entry, seed, args, repeat) for entry, seed, repeat in jobs]
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(args.parallel) as pool:  # each run is its own process; threads only wait
+            runs = list(pool.map(lambda job: run_one(job[0], job[1], args, job[2]), jobs))
     summary = summarize(runs)
     result = {"benchmark": "bytesplat-bench wallclock", **environment(argv, prog="bytesplat-bench wallclock"),
               "iterations": args.iterations, "data": None if args.data is None else str(args.data),

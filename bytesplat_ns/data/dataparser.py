@@ -82,6 +82,9 @@ class BytesplatSceneDataParserConfig(NerfstudioDataParserConfig):
     """Built-in scene: image width. None: the preset's (height follows at 4:3 if not given)."""
     height: Optional[int] = None
     """Built-in scene: image height. None: the preset's."""
+    scene_sky: Optional[Literal["transparent", "gradient"]] = None
+    """Built-in scene (not city): transparent (RGBA images, no sky to learn) or a gradient sky. None: the
+    preset's (small: transparent; medium, large: gradient)."""
     scene_cache_dir: Optional[Path] = None
     """Where built-in scenes are cached. None: $BYTESPLAT_CACHE/scenes or ~/.cache/bytesplat_ns/scenes."""
     scene_workers: Optional[int] = None
@@ -101,6 +104,7 @@ class BytesplatSceneDataParserConfig(NerfstudioDataParserConfig):
             num_views=self.num_views,
             width=self.width,
             height=self.height,
+            sky=self.scene_sky,
         )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -168,3 +169,43 @@ def test_offline_lpips_guards_every_methods_lpips(tmp_path, monkeypatch):
     results.write_text(json.dumps({"results": {"psnr": 28.0, "ssim": 0.9, "lpips": 0.0}}))
     assert wallclock.read_eval(results, lpips_measured=False) == {"psnr": 28.0, "ssim": 0.9}
     assert wallclock.read_eval(results)["lpips"] == 0.0
+
+
+def test_repeats_run_the_same_command_again_in_parallel(tmp_path, monkeypatch):
+    """--repeats N runs each (method, seed) N times into their own folders; --parallel P keeps up to P
+    runs in flight at once and records it (their wall times measure contention)."""
+    import threading
+    import time as time_module
+
+    active, peak, seen, lock = [0], [0], [], threading.Lock()
+
+    def fake_run_one(entry, seed, args, repeat=0):
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        time_module.sleep(0.2)
+        with lock:
+            active[0] -= 1
+            seen.append((entry.label, seed, repeat))
+        return {"method": entry.label, "seed": seed, "repeat": repeat, "iterations": args.iterations,
+                "concurrent_runs": args.parallel, "wall_s": 1.0 + repeat, "psnr": 20.0 + repeat}
+
+    monkeypatch.setattr(wallclock, "run_one", fake_run_one)
+    monkeypatch.setattr("bytesplat_ns.bench.train.environment", lambda argv, prog: {"device": "cpu", "command": prog})
+    out = tmp_path / "w.json"
+    result = wallclock.main(["--methods", "bytesplat", "--seeds", "42", "--repeats", "5", "--parallel", "3",
+                             "--iterations", "7", "--out", str(out)])
+    assert sorted(seen) == [("bytesplat", 42, k) for k in range(5)] and peak[0] == 3
+    assert [r["repeat"] for r in result["runs"]] == [0, 1, 2, 3, 4]  # in job order, whatever finished first
+    assert result["summary"]["bytesplat"]["seeds"] == 1 and result["summary"]["bytesplat"]["runs"] == 5
+    assert result["summary"]["bytesplat"]["psnr"] == {"mean": 22.0, "median": 22.0, "min": 20.0, "max": 24.0}
+    with pytest.raises(BytesplatError, match="at least 1"):
+        wallclock.main(["--repeats", "0", "--out", str(out)])
+
+
+def test_repeat_runs_get_their_own_folders():
+    entry = wallclock.MethodEntry.parse("bytesplat")
+    first = wallclock.ns_train_args(entry, None, 10, 3, Path("w"), [], repeat=0)
+    again = wallclock.ns_train_args(entry, None, 10, 3, Path("w"), [], repeat=2)
+    assert first[first.index("--timestamp") + 1] == "seed3" and again[again.index("--timestamp") + 1] == "seed3-r2"
+    assert [a for a in first if a != "seed3"] == [a for a in again if a != "seed3-r2"]  # otherwise the same command

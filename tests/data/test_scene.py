@@ -92,12 +92,41 @@ def test_images_are_not_trivial(small_scene):
     meta = json.loads((small_scene / "transforms.json").read_text())
     assert len(meta["frames"]) == 64
     images = [np.asarray(Image.open(small_scene / f["file_path"])) for f in meta["frames"]]
-    assert all(im.shape == (96, 128, 3) and im.dtype == np.uint8 for im in images)
+    assert all(im.shape == (96, 128, 4) and im.dtype == np.uint8 for im in images)  # small: transparent sky
     for im in images:
-        assert im.astype(np.float64).std() > 20.0
-        assert len(np.unique(im.reshape(-1, 3), axis=0)) > 500  # textures and shading, not flat fills
+        rgb, alpha = im[..., :3], im[..., 3]
+        assert rgb[alpha > 0].astype(np.float64).std() > 20.0
+        assert len(np.unique(rgb[alpha > 0], axis=0)) > 500  # textures and shading, not flat fills
+        assert (alpha == 255).mean() > 0.6  # mostly geometry
+    assert sum((im[..., 3] == 0).mean() > 0.2 for im in images) >= 10  # low views see the sky (transparent)
     # Views differ from each other.
     assert np.abs(images[0].astype(int) - images[1].astype(int)).mean() > 10
+
+
+def test_sky_modes():
+    """transparent: alpha is each pixel's sub-ray coverage and rgb the colour of the rays that hit;
+    gradient: opaque, the sky blended in. Both agree wherever every sub-ray hits geometry."""
+    assert SceneSpec().sky == "transparent" and SceneSpec("large").sky == "gradient"
+    assert SceneSpec(sky="gradient").hash != SceneSpec().hash
+    with pytest.raises(BytesplatError):
+        SceneSpec(sky="cloudy")  # type: ignore[arg-type]
+    clear, sky = SceneSpec(width=64, sky="transparent"), SceneSpec(width=64, sky="gradient")
+    scene = build_scene(0)
+    pose = camera_poses(clear, scene)[0]
+    rgb_c, depth_c, alpha_c = render_view(scene, pose, clear)
+    rgb_s, depth_s, alpha_s = render_view(scene, pose, sky)
+    np.testing.assert_array_equal(alpha_c, alpha_s)
+    np.testing.assert_array_equal(depth_c, depth_s)
+    assert set(np.unique(alpha_c)) <= {k / 4 for k in range(5)}  # 2x2 sub-rays per pixel
+    assert np.isinf(depth_c[alpha_c == 0]).all() and np.isfinite(depth_c[alpha_c > 0]).all()
+    full = alpha_c == 1
+    np.testing.assert_allclose(rgb_c[full], rgb_s[full], atol=1e-12)
+    np.testing.assert_allclose(rgb_c[alpha_c == 0], rgb_s[alpha_c == 0], atol=1e-12)  # the sky's own colour
+    # Edges: the gradient pixel is the coverage-weighted blend of the hit colour and the sky's.
+    edge = (alpha_c > 0) & (alpha_c < 1)
+    assert edge.any()
+    sky_part = (rgb_s[edge] - alpha_c[edge, None] * rgb_c[edge]) / (1 - alpha_c[edge, None])
+    assert np.abs(sky_part - rgb_c[alpha_c == 0].mean(axis=0)).mean() < 0.25  # near the sky's colours
 
 
 def test_geometry_occludes_and_depth_varies():
@@ -105,7 +134,7 @@ def test_geometry_occludes_and_depth_varies():
     scene = build_scene(spec.seed)
     poses = camera_poses(spec, scene)
     for i in (0, 20, 40, 63):
-        rgb, depth = render_view(scene, poses[i], spec, supersample=1)
+        rgb, depth, _ = render_view(scene, poses[i], spec, supersample=1)
         finite = np.isfinite(depth)
         assert 0.3 < finite.mean() <= 1.0  # mostly geometry, maybe some sky
         d = depth[finite]
@@ -150,8 +179,8 @@ def test_seed_points_project_onto_matching_pixels(small_scene):
     fx, fy, cx, cy = meta["fl_x"], meta["fl_y"], meta["cx"], meta["cy"]
     frame = meta["frames"][5]
     c2w = np.asarray(frame["transform_matrix"])
-    image = np.asarray(Image.open(small_scene / frame["file_path"])).astype(np.float64)
-    _, depth = render_view(scene, c2w, spec, supersample=1)
+    image = np.asarray(Image.open(small_scene / frame["file_path"])).astype(np.float64)[..., :3]
+    _, depth, _ = render_view(scene, c2w, spec, supersample=1)
     cam = (xyz - c2w[:3, 3]) @ c2w[:3, :3]  # world -> camera (OpenGL: x right, y up, -z forward)
     z = -cam[:, 2]
     u = fx * cam[:, 0] / z + cx
