@@ -174,9 +174,10 @@ def wallclock_table(steps: List[Dict]) -> List[str]:
                 f"{statistics.fmean(diffs):+.3f} +- {statistics.stdev(diffs) if len(diffs) > 1 else 0.0:.3f}"
                 if diffs else "-")
             spread = stats.get("psnr")
-            spread = f"{spread['min']:.2f}-{spread['max']:.2f}" if spread else "-"
+            spread = f"{spread['min']:.2f}-{spread['max']:.2f}" if spread and "min" in spread else "-"
             runs_of = f"{row.get('seeds')}" + (f" ({row['runs']} runs)" if row.get("runs", row.get("seeds")) != row.get("seeds") else "")
-            rows.append((method, runs_of, stats, paired, spread))
+            label = f"{step['name']}: {method}" if len(steps) > 1 else method
+            rows.append((label, runs_of, stats, paired, spread))
     return _table(["method", "seeds", *keys, "PSNR min-max", "PSNR diff vs the first method, by seed"],
                   [[m, n, *(_f(s[k]["mean"]) if k in s else "-" for k in keys), sp, d] for m, n, s, d, sp in rows])
 

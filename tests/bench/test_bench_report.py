@@ -28,7 +28,7 @@ def _fixture_doc():
     wallclock = {"benchmark": "bytesplat-bench wallclock", "date": "2026-12-01 10:00 UTC",
                  "runs": [{"method": m, "seed": s, "psnr": psnr + s, "wall_s": wall}
                           for m, psnr, wall in (("gpu1", 28.0, 60.0), ("sparse2", 28.25, 40.0)) for s in (1, 2)],
-                 "summary": {"gpu1": {"seeds": 2, "wall_s": {"mean": 60.0}, "psnr": {"mean": 29.5}},
+                 "summary": {"gpu1": {"seeds": 2, "wall_s": {"mean": 60.0}, "psnr": {"mean": 29.5, "min": 29.0, "max": 30.0}},
                              "sparse2": {"seeds": 2, "wall_s": {"mean": 40.0}, "psnr": {"mean": 29.75}}}}
     return {"suite": "fixture", "purpose": "a fixture suite", "gpus_needed": 1, "command": "bytesplat-bench suite fixture",
             "date": "2026-11-30 08:05 UTC", "gpu": "NVIDIA H200",
@@ -54,7 +54,8 @@ def test_report_renders_tables_with_their_command_gpu_versions_and_date(tmp_path
     assert "| r | 1920x1080 | 1M | 3.00 | 12.00 | 4.00x | - | - | - |" in text
     # paired by seed: 12/8 = 1.5x faster and +0.5 dB in both seeds
     assert "| bytesplat:fused | 2 | 8.00 +- 0.00 | 32.50 +- 0.00 |" in text and "| 1.50x +- 0.00x | +0.50 +- 0.00 |" in text
-    assert "| gpu1 | 2 | 60.00 | 29.50 | baseline |" in text and "| sparse2 | 2 | 40.00 | 29.75 | +0.250 +- 0.000 |" in text
+    assert "| gpu1 | 2 | 60.00 | 29.50 | 29.00-30.00 | baseline |" in text
+    assert "| sparse2 | 2 | 40.00 | 29.75 | - | +0.250 +- 0.000 |" in text
     assert "- Step `x`: `bytesplat-bench raster --oops` (failed)" in text
     assert "![raster](results/plots/fixture/raster.png)" in text
     assert report.render(report.load_suites(results), results, page) == text  # stable
