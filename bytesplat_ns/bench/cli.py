@@ -125,12 +125,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         from bytesplat_ns.bench.plots import main as plots_main
 
         return plots_main(rest)
+    if cmd == "step":
+        from bytesplat_ns.bench.step import main as step_main
+
+        step_main(rest)
+        return 0
     if cmd == "wallclock":
         from bytesplat_ns.bench.wallclock import main as wallclock_main
 
         wallclock_main(rest)
         return 0
-    print(f"bytesplat-bench: unknown benchmark '{cmd}' (choose raster, train, profile, distributed, matrix, plots, wallclock, suite or report)",
+    print(f"bytesplat-bench: unknown benchmark '{cmd}' (choose raster, step, train, profile, distributed, matrix, plots, wallclock, suite or report)",
           file=sys.stderr)
     return 2
 

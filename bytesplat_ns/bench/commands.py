@@ -20,6 +20,7 @@ STEP_COMMANDS: Dict[str, Tuple[str, str]] = {
     "matrix": ("bytesplat_ns.bench.matrix", "parser"),
     "profile": ("bytesplat_ns.bench.profile_train", "parser"),
     "wallclock": ("bytesplat_ns.bench.wallclock", "parser"),
+    "step": ("bytesplat_ns.bench.step", "parser"),
 }
 
 # the option each subcommand writes its JSON to: the suite runner sets it per step

@@ -111,6 +111,15 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           (Step("raster", _args("--num-gaussians 1000000 4000000 --width 1920 --height 1080 --warmup 3 --repeats 10 "
                                 "--baseline-ssim pytorch_msssim fussim --gsplat-site {data}"), name="raster_baselines"),),
           needs_data=True),
+    Suite("step-baselines",
+          "a whole training step (activations, projection, SH, binning, render, loss, backward, densification "
+          "statistics, optimizer) with its time per stage: splatfacto's (gsplat 1.4.0, pytorch_msssim, Adam), gsplat "
+          "1.5.3's fastest (fussim, SelectiveAdam) and ours, 1080p, 1M and 4M random Gaussians (--data: the folder "
+          "gsplat 1.5.3 is pip-installed into with --target)",
+          1,
+          (Step("step", _args("--num-gaussians 1000000 4000000 --width 1920 --height 1080 --warmup 10 --repeats 50 "
+                              "--implementations splatfacto bytesplat --gsplat-site {data}"), name="step_baselines"),),
+          needs_data=True),
     Suite("raster-capacity",
           "the fused split schedule around its per-tile list capacity: 1M to 8M random Gaussians at 1080p",
           1,

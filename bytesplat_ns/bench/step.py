@@ -1,0 +1,387 @@
+r"""``bytesplat-bench step``: one whole training step, as each trainer runs it, with where its time goes.
+
+    bytesplat-bench step --num-gaussians 1000000 4000000 --gsplat-site /tmp/gsplat-1.5.3 --out step.json
+
+A step is what a trainer does per image after the data is on the GPU: activations, projection, SH,
+binning, rendering, the loss, the backward pass, the densification statistics and the optimizer.
+Every implementation trains the same random Gaussians (``raster.synthetic_scene``: 1920x1080, SH 3,
+one camera) against the same image, in splatfacto's six parameter groups with its learning rates:
+
+- ``splatfacto``: gsplat's ``rasterization`` (this process's gsplat, nerfstudio's 1.4.0), the loss
+  with pytorch_msssim, one ``torch.optim.Adam`` per group, gsplat's ``DefaultStrategy`` statistics.
+- ``gsplat``: the gsplat of each ``--gsplat-site`` (e.g. 1.5.3, in a child process that puts it first
+  on its path) as its own trainer runs it where it is fastest: fussim's fused SSIM, gsplat's
+  ``SelectiveAdam`` (updates only the Gaussians the camera sees) and its strategy's statistics.
+- ``bytesplat``: our fused split schedule (projection, SH, our binning, render + loss + 2D gradients
+  in our kernels), the sync-free statistics and PyTorch's fused Adam, as ``ns-train bytesplat``.
+
+Reported per implementation: ``wall_ms`` (host clock over ``--repeats`` back-to-back steps, the
+GPU drained at both ends: what a training loop gets), the stages' spans (CUDA events at the stage
+boundaries on the host's stream: ``rasterize`` (or ``rasterize+loss`` where the loss is fused into
+it), ``loss``, ``backward``, ``densification``, ``optimizer``) and, from a few steps under
+torch.profiler, the GPU's busy time per kernel category (projection, SH, binning, render, loss,
+optimizer, each forward and backward, and the rest: activations, copies, reductions). ``wall_ms``
+minus ``gpu_busy_ms`` is the time the GPU waited for the host (launches, Python, synchronisations).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+# splatfacto's learning rates (nerfstudio 1.1.5 method_configs) and Adam eps, per parameter group
+LEARNING_RATES = {"means": 1.6e-4, "scales": 5e-3, "quats": 1e-3, "features_dc": 2.5e-3,
+                  "features_rest": 2.5e-3 / 20, "opacities": 5e-2}
+ADAM_EPS = 1e-15
+IMPLEMENTATIONS = ("splatfacto", "gsplat", "bytesplat")
+
+# kernel name -> category; the first pattern that matches wins, "bwd"/"backward" in a name marks it backward
+KERNEL_CATEGORIES: Tuple[Tuple[str, str], ...] = (
+    ("optimizer", r"adam|multi_tensor_apply"),
+    ("sh", r"spherical_harmonics|(^|[^a-z])sh_|_sh_|compute_sh"),
+    ("projection", r"projection|quat_scale_to_covar|world_to_cam|persp_proj"),
+    ("binning", r"isect|intersect|radix|onesweep|bin_tiles|count_kernel|emit_kernel|offsets_kernel"),
+    ("render", r"rasteriz|render_fwd|render_bwd|fused_loss_kernel"),
+    ("loss", r"ssim|loss_grad|conv|cudnn|gemm|xmma|winograd|implicit"),
+)
+BACKWARD = re.compile(r"bwd|backward", re.IGNORECASE)
+
+
+def kernel_category(name: str) -> str:
+    """``"<category> fwd"`` / ``"<category> bwd"`` for a CUDA kernel's name, ``"other kernels"`` when no
+    pattern matches (elementwise activations, copies, reductions, the densification statistics)."""
+    lowered = name.lower()
+    for category, pattern in KERNEL_CATEGORIES:
+        if re.search(pattern, lowered):
+            if category == "optimizer":
+                return category
+            if category == "render" and "fused_loss_kernel" in lowered:
+                return "render+loss fwd+bwd"
+            return f"{category} {'bwd' if BACKWARD.search(name) else 'fwd'}"
+    return "other kernels"
+
+
+def categorize(kernel_us: Dict[str, float], steps: int) -> Dict[str, float]:
+    """Milliseconds per step in each category of ``kernel_us`` (kernel name -> total microseconds over
+    ``steps`` steps), largest first."""
+    out: Dict[str, float] = {}
+    for name, us in kernel_us.items():
+        key = kernel_category(name)
+        out[key] = out.get(key, 0.0) + us / 1000.0 / steps
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+class StageClock:
+    """CUDA events at stage boundaries: ``start()``, then ``mark(stage)`` after each stage's launches."""
+
+    def __init__(self, new_event: Callable[[], "torch.cuda.Event"] = lambda: torch.cuda.Event(enable_timing=True)):
+        self.new_event = new_event
+        self.events: List[Tuple[str, torch.cuda.Event]] = []
+
+    def _record(self, name: str) -> None:
+        event = self.new_event()
+        event.record()
+        self.events.append((name, event))
+
+    def start(self) -> None:
+        self._record("")
+
+    def mark(self, stage: str) -> None:
+        self._record(stage)
+
+    def steps(self) -> List[Dict[str, float]]:
+        """Per step (from one ``start`` to the next), each stage's milliseconds; call after a sync."""
+        out: List[Dict[str, float]] = []
+        for (_, a), (name, b) in zip(self.events, self.events[1:]):
+            if name == "":
+                continue
+            if not out or name in out[-1]:
+                out.append({})
+            out[-1][name] = a.elapsed_time(b)
+        self.events.clear()
+        return out
+
+
+def initial_params(scene: Dict) -> Dict[str, torch.nn.Parameter]:
+    """splatfacto's parameters of ``synthetic_scene``'s Gaussians (log scales, logit opacities, SH
+    split into DC and rest)."""
+    colors = scene["colors"]
+    raw = {"means": scene["means"], "scales": scene["scales"].log(), "quats": scene["quats"],
+           "features_dc": colors[:, 0, :], "features_rest": colors[:, 1:, :],
+           "opacities": torch.logit(scene["opacities"].clamp(1e-6, 1 - 1e-6))[:, None]}
+    return {k: torch.nn.Parameter(v.detach().clone().contiguous()) for k, v in raw.items()}
+
+
+def activated(params: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, ...]:
+    """What splatfacto's get_outputs hands the rasterizer: means, unit quats, scales, opacities, SH."""
+    quats = params["quats"] / params["quats"].norm(dim=-1, keepdim=True)
+    colors = torch.cat([params["features_dc"][:, None, :], params["features_rest"]], dim=1)
+    return (params["means"], quats, torch.exp(params["scales"]), torch.sigmoid(params["opacities"]).squeeze(-1),
+            colors)
+
+
+class TrainingStep:
+    """One implementation's step on ``scene`` (``raster.synthetic_scene``'s dict)."""
+
+    label = ""
+
+    def __init__(self, scene: Dict):
+        self.scene = scene
+        self.params = initial_params(scene)
+        self.W, self.H, self.sh_degree = scene["width"], scene["height"], scene["sh_degree"]
+
+    def adam_groups(self, optimizer: Callable) -> List[torch.optim.Optimizer]:
+        return [optimizer([{"params": [p], "lr": LEARNING_RATES[name], "name": name}])
+                for name, p in self.params.items()]
+
+    def __call__(self, clock: StageClock) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class GsplatStep(TrainingStep):
+    """gsplat's ``rasterization`` + splatfacto's loss (``ssim``) + ``optimizer`` + its strategy."""
+
+    def __init__(self, scene: Dict, ssim: str, selective_adam: bool):
+        super().__init__(scene)
+        import gsplat
+        from gsplat.strategy import DefaultStrategy
+
+        from bytesplat_ns.bench.baselines import ssim_function
+
+        self.version = gsplat.__version__
+        self.ssim = ssim_function(ssim)
+        self.selective = selective_adam
+        if selective_adam:
+            from gsplat.optimizers import SelectiveAdam
+
+            self.optimizers = self.adam_groups(lambda groups: SelectiveAdam(groups, eps=ADAM_EPS, betas=(0.9, 0.999)))
+        else:
+            self.optimizers = self.adam_groups(lambda groups: torch.optim.Adam(groups, eps=ADAM_EPS))
+        self.strategy = DefaultStrategy(verbose=False)
+        self.strategy_state = self.strategy.initialize_state(scene_scale=1.0)
+        self.label = f"gsplat {self.version} + {ssim}" + (" + SelectiveAdam" if selective_adam else " + Adam")
+
+    def __call__(self, clock: StageClock) -> torch.Tensor:
+        from gsplat.rendering import rasterization
+
+        from bytesplat_ns.bench.baselines import baseline_loss
+
+        s = self.scene
+        clock.start()
+        render, _, info = rasterization(*activated(self.params), s["viewmats"], s["Ks"], self.W, self.H,
+                                        sh_degree=self.sh_degree, backgrounds=s["backgrounds"], packed=False)
+        info["means2d"].retain_grad()  # the strategy's step_pre_backward
+        clock.mark("rasterize")
+        loss = baseline_loss(render, s["gt"], self.ssim)
+        clock.mark("loss")
+        loss.backward()
+        clock.mark("backward")
+        self.strategy._update_state(self.params, self.strategy_state, info, packed=False)
+        clock.mark("densification")
+        if self.selective:
+            radii = info["radii"]
+            visible = ((radii > 0).all(-1) if radii.dim() == 3 else radii > 0).any(0)
+            for optimizer in self.optimizers:
+                optimizer.step(visible)
+        else:
+            for optimizer in self.optimizers:
+                optimizer.step()
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        clock.mark("optimizer")
+        return loss
+
+
+class BytesplatStep(TrainingStep):
+    """``raster.fused.fused_render_loss`` (default options) + sync-free statistics + fused Adam."""
+
+    label = "bytesplat (fused split) + fused Adam"
+
+    def __init__(self, scene: Dict):
+        super().__init__(scene)
+        from bytesplat_ns.optim import DeviceAdam
+        from bytesplat_ns.strategy import SyncFreeDefaultStrategy
+
+        self.optimizers = self.adam_groups(lambda groups: DeviceAdam(groups, eps=ADAM_EPS))
+        self.strategy = SyncFreeDefaultStrategy(verbose=False)
+        self.strategy_state = self.strategy.initialize_state(scene_scale=1.0)
+
+    def __call__(self, clock: StageClock) -> torch.Tensor:
+        from bytesplat_ns.raster.fused import fused_render_loss
+
+        s = self.scene
+        clock.start()
+        loss, _, _, info = fused_render_loss(*activated(self.params), s["viewmats"], s["Ks"], self.W, self.H, s["gt"],
+                                             s["backgrounds"], sh_degree=self.sh_degree)
+        info["means2d"].retain_grad()
+        clock.mark("rasterize+loss")
+        loss.backward()
+        clock.mark("backward")
+        self.strategy._update_state(self.params, self.strategy_state, info, packed=False)
+        clock.mark("densification")
+        for optimizer in self.optimizers:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        clock.mark("optimizer")
+        return loss
+
+
+def build_step(implementation: str, scene: Dict) -> TrainingStep:
+    if implementation == "splatfacto":
+        return GsplatStep(scene, "pytorch_msssim", selective_adam=False)
+    if implementation == "gsplat":
+        return GsplatStep(scene, "fussim", selective_adam=True)
+    if implementation == "bytesplat":
+        return BytesplatStep(scene)
+    raise ValueError(f"unknown implementation {implementation!r} (choose from {IMPLEMENTATIONS})")
+
+
+def kernel_times(step: TrainingStep, steps: int) -> Dict[str, float]:
+    """Total device microseconds per kernel name over ``steps`` steps under torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    clock = StageClock()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step(clock)
+        torch.cuda.synchronize()
+    clock.events.clear()
+    out: Dict[str, float] = {}
+    for event in prof.key_averages():
+        us = getattr(event, "self_device_time_total", None)
+        if us is None:
+            us = getattr(event, "self_cuda_time_total", 0.0)
+        if us and event.device_type == torch.autograd.DeviceType.CUDA:
+            out[event.key] = out.get(event.key, 0.0) + float(us)
+    return out
+
+
+def measure(step: TrainingStep, warmup: int, repeats: int, profile_steps: int) -> Dict:
+    """``step``'s wall, stage spans and kernel categories (see the module docstring)."""
+    clock = StageClock()
+    loss0 = float(step(clock))  # the untrained scene's loss: the same for every implementation
+    for _ in range(max(0, warmup - 1)):
+        step(clock)
+    torch.cuda.synchronize()
+    clock.events.clear()
+    losses = []
+    start = time.perf_counter()
+    for _ in range(repeats):
+        losses.append(step(clock).detach())
+    torch.cuda.synchronize()
+    wall_ms = (time.perf_counter() - start) * 1000.0 / repeats
+    spans = clock.steps()
+    stages = {name: statistics.median(s[name] for s in spans) for name in spans[0]}
+    kernels = kernel_times(step, profile_steps)
+    categories = categorize(kernels, profile_steps)
+    busy = sum(categories.values())
+    return {"implementation": step.label, "num_gaussians": int(step.params["means"].shape[0]),
+            "loss_step0": loss0, "loss_last": float(losses[-1]), "steps_trained": max(1, warmup) + repeats,
+            "wall_ms": wall_ms, "stages_ms": stages, "stages_sum_ms": sum(stages.values()),
+            "gpu_busy_ms": busy, "host_gaps_ms": max(0.0, wall_ms - busy), "kernel_categories_ms": categories,
+            "top_kernels_ms": {k: v / 1000.0 / profile_steps for k, v in sorted(kernels.items(), key=lambda kv: -kv[1])[:12]}}
+
+
+def run_here(implementations: Sequence[str], n: int, width: int, height: int, warmup: int, repeats: int,
+             profile_steps: int) -> List[Dict]:
+    """Each implementation's row, each on a fresh copy of the same scene (one failing is its row's error)."""
+    from bytesplat_ns.bench.raster import synthetic_scene
+
+    rows = []
+    for implementation in implementations:
+        try:
+            step = build_step(implementation, synthetic_scene(n, width, height, 3))
+            row = measure(step, warmup, repeats, profile_steps)
+        except Exception as e:  # noqa: BLE001
+            row = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+        rows.append({"name": implementation, **row})
+        step = None
+        torch.cuda.empty_cache()
+    return rows
+
+
+def run_in_site(site: str, implementation: str, n: int, args: argparse.Namespace) -> Dict:
+    """``run_here`` for one implementation in a child process with ``site`` first on its path."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "row.json"
+        command = [sys.executable, "-m", "bytesplat_ns.bench.step", "--implementations", implementation,
+                   "--num-gaussians", str(n), "--width", str(args.width), "--height", str(args.height),
+                   "--warmup", str(args.warmup), "--repeats", str(args.repeats),
+                   "--profile-steps", str(args.profile_steps), "--out", str(out)]
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (site, os.environ.get("PYTHONPATH", "")) if p))
+        done = subprocess.run(command, env=env, capture_output=True, text=True)
+        if done.returncode != 0 or not out.is_file():
+            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
+            return {"name": implementation, "site": site, "error": f"child exited with {done.returncode}: {tail[0][:300]}"}
+        rows = json.loads(out.read_text())["rows"]
+    return dict(rows[0], site=site)
+
+
+def speedups(rows: List[Dict]) -> Dict[str, float]:
+    """bytesplat's wall against each other row's, for one Gaussian count."""
+    ours = next((r for r in rows if r.get("name") == "bytesplat" and "wall_ms" in r), None)
+    if ours is None:
+        return {}
+    return {f"vs {r['implementation']}": r["wall_ms"] / ours["wall_ms"] for r in rows
+            if r is not ours and "wall_ms" in r}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bytesplat-bench step", description=__doc__.split("\n\n")[0].strip(" r\"`"))
+    p.add_argument("--num-gaussians", nargs="+", type=int, default=[1_000_000, 4_000_000])
+    p.add_argument("--width", type=int, default=1920)
+    p.add_argument("--height", type=int, default=1080)
+    p.add_argument("--implementations", nargs="+", default=["splatfacto", "bytesplat"], choices=IMPLEMENTATIONS,
+                   help="timed in this process (gsplat: with this process's gsplat)")
+    p.add_argument("--gsplat-site", action="append", default=[], metavar="DIR",
+                   help="also time the 'gsplat' implementation with the gsplat installed in DIR, in a child process")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--repeats", type=int, default=50)
+    p.add_argument("--profile-steps", type=int, default=5)
+    p.add_argument("--out", type=Path, default=Path("step.json"))
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> Dict:
+    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if not torch.cuda.is_available():
+        from bytesplat_ns.errors import BytesplatError
+
+        raise BytesplatError("bytesplat-bench step needs a CUDA GPU")
+    rows: List[Dict] = []
+    for n in args.num_gaussians:
+        here = run_here(args.implementations, n, args.width, args.height, args.warmup, args.repeats, args.profile_steps)
+        sited = [run_in_site(site, "gsplat", n, args) for site in args.gsplat_site]
+        group = here + sited
+        for row in group:
+            row.setdefault("num_gaussians", n)
+        rows += group
+        print(f"[step] {n:,} Gaussians: " + ", ".join(
+            f"{r.get('implementation', r['name'])} {r['wall_ms']:.2f} ms" if "wall_ms" in r else f"{r['name']}: {r['error']}"
+            for r in group), flush=True)
+    result: Dict = {"benchmark": "bytesplat-bench step", "width": args.width, "height": args.height, "sh_degree": 3,
+                    "rows": rows,
+                    "speedups": {str(n): speedups([r for r in rows if r["num_gaussians"] == n]) for n in args.num_gaussians}}
+    from bytesplat_ns.bench.train import environment
+
+    result.update(environment(list(sys.argv[1:] if argv is None else argv), prog="bytesplat-bench step"))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()

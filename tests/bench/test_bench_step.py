@@ -1,0 +1,94 @@
+"""bytesplat-bench step: the kernel categories, the stage clock's bookkeeping, splatfacto's parameter
+layout (CPU); the steps themselves on a GPU (skipped without one)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bytesplat_ns.bench import step
+from bytesplat_ns.bench.raster import synthetic_scene
+
+
+@pytest.mark.parametrize("name, category", [
+    ("fully_fused_projection_fwd_kernel", "projection fwd"),          # gsplat 1.4.0
+    ("projection_ewa_3dgs_fused_bwd_kernel", "projection bwd"),        # gsplat 1.5.3
+    ("compute_sh_fwd_kernel", "sh fwd"), ("spherical_harmonics_bwd_kernel", "sh bwd"),
+    ("void cub::DeviceRadixSortOnesweepKernel<...>", "binning fwd"), ("isect_offset_encode", "binning fwd"),
+    ("intersect_tile_kernel", "binning fwd"), ("emit_kernel", "binning fwd"),
+    ("rasterize_to_pixels_fwd_kernel", "render fwd"), ("rasterize_to_pixels_3dgs_bwd_kernel", "render bwd"),
+    ("render_fwd_kernel", "render fwd"), ("render_bwd_kernel", "render bwd"), ("loss_grad_kernel", "loss fwd"),
+    ("fusedssim_backwardCUDA", "loss bwd"), ("cudnn::detail::conv2d_grouped_direct_kernel", "loss fwd"),
+    ("void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor>", "optimizer"),
+    ("selective_adam_update_kernel", "optimizer"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>", "other kernels"),
+    ("Memcpy DtoD (Device -> Device)", "other kernels"),
+])
+def test_kernel_categories(name, category):
+    assert step.kernel_category(name) == category
+
+
+def test_categorize_sums_per_step():
+    per_step = step.categorize({"render_fwd_kernel": 3000.0, "render_bwd_kernel": 1000.0, "emit_kernel": 500.0,
+                                "count_kernel": 500.0, "elementwise": 200.0}, steps=2)
+    assert per_step == {"render fwd": 1.5, "render bwd": 0.5, "binning fwd": 0.5, "other kernels": 0.1}
+    assert list(per_step)[0] == "render fwd"  # largest first
+
+
+class FakeEvent:
+    clock = [0.0]
+
+    def record(self):
+        FakeEvent.clock[0] += 1.0
+        self.t = FakeEvent.clock[0] ** 1.5  # uneven spacing: each span differs
+
+    def elapsed_time(self, other):
+        return other.t - self.t
+
+
+def test_stage_clock_splits_steps_at_start():
+    clock = step.StageClock(new_event=FakeEvent)
+    for _ in range(3):
+        clock.start()
+        clock.mark("a")
+        clock.mark("b")
+    steps = clock.steps()
+    assert len(steps) == 3 and all(list(s) == ["a", "b"] for s in steps)
+    assert all(s["a"] > 0 and s["b"] > 0 for s in steps) and steps[0]["a"] != steps[1]["a"]
+    assert clock.events == []
+
+
+def test_splatfacto_parameters_reproduce_the_scene():
+    scene = synthetic_scene(500, 64, 48, 3, seed=1, device="cpu")
+    params = step.initial_params(scene)
+    assert set(params) == set(step.LEARNING_RATES)
+    assert params["features_rest"].shape == (500, 15, 3) and params["opacities"].shape == (500, 1)
+    means, quats, scales, opacities, colors = step.activated(params)
+    torch.testing.assert_close(scales, scene["scales"], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(opacities, scene["opacities"].clamp(1e-6, 1 - 1e-6), rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(colors, scene["colors"])
+    torch.testing.assert_close(quats.norm(dim=-1), torch.ones(500))
+
+
+def test_step_is_a_registered_subcommand_with_a_suite():
+    from bytesplat_ns.bench import suites
+    from bytesplat_ns.bench.commands import step_parser
+
+    assert step_parser("step").parse_args([]).implementations == ["splatfacto", "bytesplat"]
+    assert suites.SUITES["step-baselines"].steps[0].command == "step"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_steps_train_the_same_scene_from_the_same_loss():
+    rows = step.run_here(["splatfacto", "bytesplat"], 20_000, 256, 192, warmup=3, repeats=5, profile_steps=2)
+    assert all("error" not in r for r in rows), rows
+    first = rows[0]["loss_step0"]
+    for row in rows:
+        assert row["loss_step0"] == pytest.approx(first, rel=1e-4)  # one loss, two implementations
+        assert row["loss_last"] < row["loss_step0"]  # the optimizer really trains
+        assert row["wall_ms"] > 0 and row["gpu_busy_ms"] > 0 and sum(row["stages_ms"].values()) > 0
+        assert {"backward", "densification", "optimizer"} <= set(row["stages_ms"])
+        assert "optimizer" in row["kernel_categories_ms"] and "render fwd" in row["kernel_categories_ms"]
+    ours = rows[1]
+    assert "render bwd" in ours["kernel_categories_ms"] and "binning fwd" in ours["kernel_categories_ms"]
