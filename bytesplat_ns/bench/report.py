@@ -199,13 +199,39 @@ def quality_table(steps: List[Dict]) -> List[str]:
                    "SSIM diff", "median ms/step"], rows)
 
 
+STEP_CATEGORIES = ("projection", "sh", "binning", "render", "loss", "optimizer", "other kernels")
+
+
+def step_table(steps: List[Dict]) -> List[str]:
+    """A whole training step per implementation: wall, GPU busy and host gaps, the stages' spans, the
+    GPU time per kernel category (forward + backward), and bytesplat's speed-up against each."""
+    rows = []
+    for step in steps:
+        for row in step["result"]["rows"]:
+            if "wall_ms" not in row:
+                rows.append([_count(row["num_gaussians"]), row.get("name", "?"), f"error: {row.get('error')}"]
+                            + ["-"] * (4 + len(STEP_CATEGORIES)))
+                continue
+            cats = row["kernel_categories_ms"]
+            per = [sum(v for k, v in cats.items() if k == c or k.startswith(c + " ")) for c in STEP_CATEGORIES]
+            stages = ", ".join(f"{k} {v:.2f}" for k, v in row["stages_ms"].items())
+            speedup = step["result"].get("speedups", {}).get(str(row["num_gaussians"]), {}).get(f"vs {row['implementation']}")
+            rows.append([_count(row["num_gaussians"]), row["implementation"], _f(row["wall_ms"]), _f(row["gpu_busy_ms"]),
+                         _f(row["host_gaps_ms"]), stages, *(_f(v) for v in per),
+                         "-" if speedup is None else f"{speedup:.2f}x"])
+    return _table(["Gaussians", "step", "wall ms", "GPU busy ms", "host gaps ms", "stage spans ms",
+                   *(f"{c} ms" for c in STEP_CATEGORIES), "bytesplat faster by"], rows)
+
+
 TABLES = {"raster": raster_table, "train": train_table, "distributed": distributed_table,
-          "wallclock": wallclock_table, "quality": quality_table}
+          "wallclock": wallclock_table, "quality": quality_table, "step": step_table}
 
 
 def _kind(result) -> Optional[str]:
     if isinstance(result, dict) and result.get("benchmark") == "bytesplat-bench wallclock":
         return "wallclock"
+    if isinstance(result, dict) and result.get("benchmark") == "bytesplat-bench step":
+        return "step"
     if isinstance(result, dict) and {"baseline", "runs", "summary"} <= set(result) \
             and all("psnr_diff_mean" in row for row in result["summary"].values()):
         return "quality"
