@@ -2,7 +2,7 @@
 #
 #   source scripts/gpu_setup.sh && bytesplat-bench suite raster-1080p --results-dir "$OUT/results"
 #   (device tool: carry [".whl", ".ext"] and, for the baselines, ".whl_bench"; SCENES="large medium" also
-#   generates those built-in scenes; `wait $BASELINE_PIDS` before timing the baselines)
+#   generates those built-in scenes; `wait_baselines` before timing the baselines)
 #
 # 1. Environment: NVLink multicast off (NCCL_NVLS_ENABLE=0 and the torch/NVSHMEM switches: the lent
 #    machines do not support it), unbuffered output, the extension and scene caches under /tmp.
@@ -59,6 +59,9 @@ if [[ -n "$SO" ]]; then
   gsplat_shim "$($PY -c "import importlib.util as u; print(u.find_spec('gsplat').submodule_search_locations[0])")" "$SO"
 fi
 BASELINE_PIDS=""
+# Waits for the baselines' background builds; a bare `wait` (no builds running) would also wait for
+# the tee of this script's log, which never ends.
+wait_baselines() { [[ -z "$BASELINE_PIDS" ]] || wait $BASELINE_PIDS; }
 for whl in .whl_bench/gsplat-*.whl; do
   [[ -f $whl ]] || continue
   v=$(basename "$whl" | cut -d- -f2); site=/tmp/gsplat-$v
