@@ -126,9 +126,20 @@ def child_command(site: str, n: int, width: int, height: int, sh_degree: int, wa
                "--repeats", str(repeats), "--projection", projection, "--ssim", *implementations, "--out", str(out)]
     if raster_only:
         command.append("--raster-only")
+    return {"command": command, "env": site_env(site)}
+
+
+def site_env(site: str) -> Dict[str, str]:
+    """This process's environment with ``site`` (a ``pip install --target`` folder) first on the path."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH", "")) if p)
-    return {"command": command, "env": env}
+    return env
+
+
+def child_failure(done: "subprocess.CompletedProcess") -> str:
+    """One line saying why a benchmark child failed: its exit status and last output line."""
+    tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
+    return f"child exited with {done.returncode}: {tail[0][:300]}"
 
 
 def measure_in_child(site: str, n: int, width: int, height: int, sh_degree: int, warmup: int, repeats: int,
@@ -141,8 +152,7 @@ def measure_in_child(site: str, n: int, width: int, height: int, sh_degree: int,
                              projection, out)
         done = subprocess.run(spec["command"], env=spec["env"], capture_output=True, text=True)
         if done.returncode != 0 or not out.is_file():
-            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
-            return [{"site": site, "error": f"child exited with {done.returncode}: {tail[0][:300]}"}]
+            return [{"site": site, "error": child_failure(done)}]
         rows = json.loads(out.read_text())
     return [dict(row, site=site) for row in rows]
 

@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import os
 import re
 import statistics
 import subprocess
@@ -315,17 +313,17 @@ def run_here(implementations: Sequence[str], n: int, width: int, height: int, wa
 
 def run_in_site(site: str, implementation: str, n: int, args: argparse.Namespace) -> Dict:
     """``run_here`` for one implementation in a child process with ``site`` first on its path."""
+    from bytesplat_ns.bench.baselines import child_failure, site_env
+
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "row.json"
         command = [sys.executable, "-m", "bytesplat_ns.bench.step", "--implementations", implementation,
                    "--num-gaussians", str(n), "--width", str(args.width), "--height", str(args.height),
                    "--warmup", str(args.warmup), "--repeats", str(args.repeats),
                    "--profile-steps", str(args.profile_steps), "--out", str(out)]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (site, os.environ.get("PYTHONPATH", "")) if p))
-        done = subprocess.run(command, env=env, capture_output=True, text=True)
+        done = subprocess.run(command, env=site_env(site), capture_output=True, text=True)
         if done.returncode != 0 or not out.is_file():
-            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["(no output)"]
-            return {"name": implementation, "site": site, "error": f"child exited with {done.returncode}: {tail[0][:300]}"}
+            return {"name": implementation, "site": site, "error": child_failure(done)}
         rows = json.loads(out.read_text())["rows"]
     return dict(rows[0], site=site)
 
