@@ -276,18 +276,33 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     if args.repeats < 1 or args.parallel < 1:
         raise BytesplatError("wallclock: --repeats and --parallel must be at least 1")
     jobs = [(entry, seed, repeat) for seed in args.seeds for repeat in range(args.repeats) for entry in entries]
+
+    def attempt(job) -> Dict:
+        entry, seed, repeat = job
+        try:
+            return run_one(entry, seed, args, repeat)
+        except BytesplatError as error:  # recorded; the other runs still count
+            return {"method": entry.label, "seed": seed, "repeat": repeat, "iterations": args.iterations,
+                    "error": error.message, "hint": error.hint}
+
     if args.parallel == 1:
-        runs = [run_one(entry, seed, args, repeat) for entry, seed, repeat in jobs]
+        runs = [attempt(job) for job in jobs]
     else:
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(args.parallel) as pool:  # each run is its own process; threads only wait
-            runs = list(pool.map(lambda job: run_one(job[0], job[1], args, job[2]), jobs))
-    summary = summarize(runs)
+            runs = list(pool.map(attempt, jobs))
+    summary = summarize([run for run in runs if "error" not in run])
     result = {"benchmark": "bytesplat-bench wallclock", **environment(argv, prog="bytesplat-bench wallclock"),
               "iterations": args.iterations, "data": None if args.data is None else str(args.data),
               "runs": runs, "summary": summary}
-    return write_result(result, args)
+    write_result(result, args)
+    failed = [run for run in runs if "error" in run]
+    if failed:
+        raise BytesplatError(f"wallclock: {len(failed)} of {len(runs)} runs failed, the others are in {args.out}: "
+                             + "; ".join(run["error"] for run in failed)[:600],
+                             hint=failed[0].get("hint"))
+    return result
 
 
 def write_result(result: Dict, args: argparse.Namespace) -> Dict:

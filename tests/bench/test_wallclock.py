@@ -209,3 +209,24 @@ def test_repeat_runs_get_their_own_folders():
     again = wallclock.ns_train_args(entry, None, 10, 3, Path("w"), [], repeat=2)
     assert first[first.index("--timestamp") + 1] == "seed3" and again[again.index("--timestamp") + 1] == "seed3-r2"
     assert [a for a in first if a != "seed3"] == [a for a in again if a != "seed3-r2"]  # otherwise the same command
+
+
+def test_a_failed_run_keeps_the_others(tmp_path, monkeypatch):
+    """One run of several failing (e.g. killed for memory) is recorded with its error; the others are
+    written and summarized, and the command still ends with one error naming the failure."""
+    def fake_run_one(entry, seed, args, repeat=0):
+        if repeat == 1:
+            raise BytesplatError("wallclock: ns-train ... exited with -9: Killed", hint="the full output is in r1/train.log")
+        return {"method": entry.label, "seed": seed, "repeat": repeat, "iterations": args.iterations,
+                "wall_s": 5.0, "psnr": 30.0 + repeat}
+
+    monkeypatch.setattr(wallclock, "run_one", fake_run_one)
+    monkeypatch.setattr("bytesplat_ns.bench.train.environment", lambda argv, prog: {"device": "cpu", "command": prog})
+    out = tmp_path / "w.json"
+    with pytest.raises(BytesplatError, match="1 of 3 runs failed") as failure:
+        wallclock.main(["--methods", "bytesplat", "--seeds", "42", "--repeats", "3", "--parallel", "3",
+                        "--out", str(out)])
+    assert failure.value.hint == "the full output is in r1/train.log"
+    written = json.loads(out.read_text())
+    assert [("error" in r) for r in written["runs"]] == [False, True, False]
+    assert written["summary"]["bytesplat"]["runs"] == 2 and written["summary"]["bytesplat"]["psnr"]["max"] == 32.0
