@@ -257,7 +257,7 @@ def suite_section(doc: Dict, results_dir: Path, page_dir: Path) -> List[str]:
               for s in doc["steps"]]
     by_kind: Dict[str, List[Dict]] = {}
     for step in doc["steps"]:
-        if step.get("status") == "ok" and step.get("result") is not None:
+        if step.get("status") in ("ok", "partial") and step.get("result") is not None:  # partial: some runs failed
             by_kind.setdefault(_kind(step["result"]) or "other", []).append(step)
     for kind, steps in by_kind.items():
         table = TABLES.get(kind)
