@@ -86,7 +86,11 @@ def test_a_loaded_view_renders_like_the_trained_model(trained, loaded):
         assert (s["width"], s["height"]) == (128, 96) and s["colors"].shape[1:] == (16, 3)
         assert rgb.shape == expected.shape and expected.std() > 0.02
         torch.testing.assert_close(rgb, expected, atol=1e-5, rtol=0)
-        gt = pipeline.datamanager.cached_train[view]["image"].float() / 255  # uint8 cache
+        # the model's own ground truth: the uint8 cache, RGBA composited over the eval background
+        model = pipeline.model
+        gt = model.composite_with_background(model.get_gt_img(pipeline.datamanager.cached_train[view]["image"]),
+                                             s["backgrounds"][0])
+        assert pipeline.datamanager.cached_train[view]["image"].shape[-1] == 4  # the small scene is RGBA
         torch.testing.assert_close(s["gt"][0], gt[..., :3], atol=1e-6, rtol=0)
     assert (ours(6)[1] - expected).abs().mean() > 1e-2  # another camera does not pass for view 40
 
