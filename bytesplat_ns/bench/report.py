@@ -173,9 +173,11 @@ def wallclock_table(steps: List[Dict]) -> List[str]:
             paired = "baseline" if method == first else (
                 f"{statistics.fmean(diffs):+.3f} +- {statistics.stdev(diffs) if len(diffs) > 1 else 0.0:.3f}"
                 if diffs else "-")
-            spread = stats.get("psnr")
-            spread = f"{spread['min']:.2f}-{spread['max']:.2f}" if spread and "min" in spread else "-"
-            runs_of = f"{row.get('seeds')}" + (f" ({row['runs']} runs)" if row.get("runs", row.get("seeds")) != row.get("seeds") else "")
+            psnr_stats = stats.get("psnr", {})
+            spread = f"{psnr_stats['min']:.2f}-{psnr_stats['max']:.2f}" if "min" in psnr_stats else "-"
+            run_count = row.get("runs")
+            runs_of = f"{row.get('seeds')}" + (
+                f" ({run_count} runs)" if run_count is not None and run_count != row.get("seeds") else "")
             label = f"{step['name']}: {method}" if len(steps) > 1 else method
             rows.append((label, runs_of, stats, paired, spread))
     return _table(["method", "seeds", *keys, "PSNR min-max", "PSNR diff vs the first method, by seed"],

@@ -295,13 +295,15 @@ def measure(step: TrainingStep, warmup: int, repeats: int, profile_steps: int) -
 
 def run_here(implementations: Sequence[str], n: int, width: int, height: int, warmup: int, repeats: int,
              profile_steps: int) -> List[Dict]:
-    """Each implementation's row, each on a fresh copy of the same scene (one failing is its row's error)."""
+    """Each implementation's row on the same scene (one failing is its row's error). The scene is
+    drawn once: every step trains its own copy of the parameters (``initial_params``)."""
     from bytesplat_ns.bench.raster import synthetic_scene
 
+    scene = synthetic_scene(n, width, height, 3)
     rows = []
     for implementation in implementations:
         try:
-            step = build_step(implementation, synthetic_scene(n, width, height, 3))
+            step = build_step(implementation, scene)
             row = measure(step, warmup, repeats, profile_steps)
         except Exception as e:  # noqa: BLE001
             row = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
