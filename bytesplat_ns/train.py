@@ -27,19 +27,12 @@ from bytesplat_ns.errors import BytesplatError
 
 
 def _bytesplat_methods() -> Tuple[Dict, Dict]:
-    from nerfstudio.configs.method_configs import all_descriptions, all_methods
-
     from bytesplat_ns.distributed.trainer import sharded_variant
-    from bytesplat_ns.model import ByteSplatModelConfig
+    from bytesplat_ns.method_registry import registered_methods
 
-    methods, descriptions = {}, {}
-    for name, config in all_methods.items():
-        if isinstance(getattr(getattr(config, "pipeline", None), "model", None), ByteSplatModelConfig):
-            methods[name] = sharded_variant(config)
-            descriptions[name] = all_descriptions.get(name, "") + " (sharded over the torchrun ranks)"
-    if not methods:
-        raise BytesplatError("No bytesplat method is registered with nerfstudio (is bytesplat-ns installed?).")
-    return methods, descriptions
+    configs, descriptions = registered_methods()
+    methods = {name: sharded_variant(config) for name, config in configs.items()}
+    return methods, {name: descriptions[name] + " (sharded over the torchrun ranks)" for name in methods}
 
 
 def parse(argv=None):

@@ -1,14 +1,18 @@
 r"""``ns-train`` with timers around nerfstudio's trainer phases, for ``bytesplat-bench wallclock``.
 
-    python -m bytesplat_ns.bench.timed_ns_train --timings TIMINGS.json -- METHOD [ns-train arguments]
+    python -m bytesplat_ns.bench.timed_ns_train --timings TIMINGS.json [--launcher bytesplat-train] \
+        -- METHOD [ns-train arguments]
 
 runs exactly what ``ns-train METHOD ...`` runs (nerfstudio's own ``scripts.train.entrypoint``, the
-method's defaults, the same config.yml), with the trainer's methods wrapped by timers. Each timer is
-exclusive: time spent in a nested timed call counts only for the inner phase (a tensorboard write
-inside an eval iteration is log time, not eval time). The timers read the host clock and do not
-synchronise the GPU, so asynchronous GPU work is counted by whichever phase next waits for it (a
-loss read-back in the logger, an image copy in the eval). Single-process runs only: processes that
-``--machine.num-devices`` spawns are not timed.
+method's defaults, the same config.yml; with ``--launcher bytesplat-train``, bytesplat's launcher
+``bytesplat_ns.launcher.entrypoint`` instead), with the trainer's methods wrapped by timers. Each
+timer is exclusive: time spent in a nested timed call counts only for the inner phase (a
+tensorboard write inside an eval iteration is log time, not eval time). The timers read the host
+clock and do not synchronise the GPU, so asynchronous GPU work is counted by whichever phase next
+waits for it, with one exception: on the steps nerfstudio logs (every ``steps_per_log``, where its
+loss read-back waits for the GPU anyway), the train iteration's timer ends with the GPU drained, so
+the steps' queued GPU work counts as step time, not as the logger's. Single-process runs only:
+processes that ``--machine.num-devices`` spawns are not timed.
 
 TIMINGS.json holds host clock stamps (``time.time()``, comparable with the launcher's) and the
 summed seconds per phase: ``data`` (dataparser, datasets, image caching/undistortion), ``setup``
@@ -39,6 +43,7 @@ from typing import Callable, Dict, List, Optional  # noqa: E402
 PHASES = ("data", "setup", "steps", "eval", "log", "save")
 WRITER_FUNCTIONS = ("put_image", "put_scalar", "put_dict", "put_config", "put_time", "write_out_storage")
 STEP_LOCATIONS = ("BEFORE_TRAIN_ITERATION", "AFTER_TRAIN_ITERATION")
+LAUNCHERS = ("ns-train", "bytesplat-train")
 
 
 class PhaseTimers:
@@ -108,7 +113,8 @@ def install(timers: PhaseTimers, record: Dict, collections: Optional[CollectionT
         for name, phase in (("setup", "setup"), ("train_iteration", "steps"), ("eval_iteration", "eval"),
                             ("save_checkpoint", "save")):
             if name in vars(cls):
-                setattr(cls, name, timers.wrap(phase, vars(cls)[name]))
+                method = vars(cls)[name]
+                setattr(cls, name, timers.wrap(phase, drained_on_logged_steps(method) if phase == "steps" else method))
     real_run = callbacks.TrainingCallback.run_callback_at_location
 
     def run_callback_at_location(self, step, location):
@@ -152,6 +158,24 @@ def install(timers: PhaseTimers, record: Dict, collections: Optional[CollectionT
     Trainer.setup, Trainer.train = setup, train
 
 
+def drained_on_logged_steps(train_iteration: Callable) -> Callable:
+    """``train_iteration`` that waits for the GPU before it returns on the steps nerfstudio logs: their
+    loss read-back would wait there a moment later, inside the log timer."""
+    from nerfstudio.utils.misc import step_check
+
+    @functools.wraps(train_iteration)
+    def drained(self, step, *args, **kwargs):
+        out = train_iteration(self, step, *args, **kwargs)
+        if step_check(step, self.config.logging.steps_per_log, run_at_zero=True):
+            import torch
+
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.synchronize()
+        return out
+
+    return drained
+
+
 def _with_subclasses(cls) -> List[type]:
     # bytesplat's trainers are imported with the method configs, which ns-train loads before it runs.
     import bytesplat_ns.trainer  # noqa: F401
@@ -191,30 +215,43 @@ def write_timings(path: Path, timers: PhaseTimers, record: Dict, collections: Op
     path.write_text(json.dumps(out, indent=2))
 
 
+def parse_own_arguments(argv: List[str]):
+    """This module's options (before ``--``) and the launcher's arguments (after it)."""
+    import argparse
+
+    if "--" not in argv:
+        argv = [*argv, "--"]
+    cut = argv.index("--")
+    p = argparse.ArgumentParser(prog="python -m bytesplat_ns.bench.timed_ns_train",
+                                usage="%(prog)s --timings PATH [--offline-lpips] [--launcher L] -- METHOD [ns-train args]")
+    p.add_argument("--timings", type=Path, required=True)
+    p.add_argument("--offline-lpips", action="store_true")
+    p.add_argument("--launcher", choices=LAUNCHERS, default="ns-train")
+    own = p.parse_args(argv[:cut])
+    if not argv[cut + 1:]:
+        p.error("no METHOD after --")
+    return own, argv[cut + 1:]
+
+
 def main(argv: Optional[List[str]] = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    offline_lpips = "--offline-lpips" in argv[:4]
-    if offline_lpips:
-        argv.remove("--offline-lpips")
-    if len(argv) < 3 or argv[0] != "--timings" or argv[2] != "--":
-        sys.stderr.write("usage: python -m bytesplat_ns.bench.timed_ns_train --timings PATH [--offline-lpips] -- "
-                         "METHOD [ns-train args]\n")
-        sys.exit(2)
-    timings_path, ns_train_args = Path(argv[1]), argv[3:]
+    own, launcher_args = parse_own_arguments(list(sys.argv[1:] if argv is None else argv))
     timers, record, collections = PhaseTimers(), {}, CollectionTimer()
     gc.callbacks.append(collections)
     install(timers, record, collections)
-    from nerfstudio.scripts.train import entrypoint
+    if own.launcher == "bytesplat-train":
+        from bytesplat_ns.launcher import entrypoint
+    else:
+        from nerfstudio.scripts.train import entrypoint
 
     from bytesplat_ns.compat import offline_safe_lpips
 
-    sys.argv = ["ns-train", *ns_train_args]
+    sys.argv = [own.launcher, *launcher_args]
     try:
-        with offline_safe_lpips() if offline_lpips else contextlib.nullcontext():
+        with offline_safe_lpips() if own.offline_lpips else contextlib.nullcontext():
             entrypoint()
     finally:
         gc.callbacks.remove(collections)
-        write_timings(timings_path, timers, record, collections)
+        write_timings(own.timings, timers, record, collections)
 
 
 if __name__ == "__main__":

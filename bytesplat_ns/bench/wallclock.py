@@ -10,8 +10,9 @@ then ``ns-eval`` scores the final checkpoint. ``wall_s`` is measured here, from 
 process to its exit; the breakdown comes from the timers (``other_s`` is what they do not cover).
 
 A method entry is ``METHOD`` or ``LABEL=METHOD EXTRA ARGS`` (e.g. ``"ref=bytesplat
---pipeline.model.rasterizer reference"``) to compare configurations of one method. See
-docs/wallclock.md for what each timer includes.
+--pipeline.model.rasterizer reference"``) to compare configurations of one method; a first word
+naming a launcher picks it (``"fast=bytesplat-train bytesplat"``: bytesplat's own launcher instead of
+``ns-train``). See docs/wallclock.md for what each timer includes.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from bytesplat_ns.bench.timed_ns_train import LAUNCHERS
 from bytesplat_ns.errors import BytesplatError
 
 BREAKDOWN = ("startup_s", "data_s", "steps_s", "eval_s", "log_s", "save_s", "other_s")
@@ -44,14 +46,17 @@ class MethodEntry:
     label: str
     method: str
     extra_args: tuple
+    launcher: str = "ns-train"
 
     @staticmethod
     def parse(text: str) -> "MethodEntry":
         label, _, rest = text.partition("=") if "=" in text.split(" ", 1)[0] else ("", "", text)
         words = shlex.split(rest)
+        launcher = words.pop(0) if words and words[0] in LAUNCHERS else "ns-train"
         if not words:
             raise BytesplatError(f"wallclock: method entry {text!r} names no method")
-        return MethodEntry(label or words[0], words[0], tuple(words[1:]))
+        default_label = words[0] if launcher == "ns-train" else f"{launcher}-{words[0]}"  # not the ns-train run's
+        return MethodEntry(label or default_label, words[0], tuple(words[1:]), launcher)
 
 
 def run_name(seed: int, repeat: int = 0) -> str:
@@ -141,21 +146,21 @@ def run_one(entry: MethodEntry, seed: int, args: argparse.Namespace, repeat: int
     timings_path = run_dir / "timings.json"
     train_args = ns_train_args(entry, args.data, args.iterations, seed, run_dir, shlex.split(args.dataparser), repeat)
     command = [sys.executable, "-m", "bytesplat_ns.bench.timed_ns_train", "--timings", str(timings_path),
-               *(["--offline-lpips"] if args.offline_lpips else []), "--", *train_args]
+               *(["--offline-lpips"] if args.offline_lpips else []), "--launcher", entry.launcher, "--", *train_args]
     launch = time.time()
     wall_s = _run_logged(command, run_dir / "train.log")
     timings = json.loads(timings_path.read_text())
     # OUT/EXPERIMENT/METHOD_NAME/TIMESTAMP: a method's config may name itself unlike its CLI name
     config = next(iter(sorted(run_dir.glob(f"{entry.label}/*/{name}/config.yml"))), run_dir / "config.yml")
     record = {
-        "method": entry.label, "ns_method": entry.method, "seed": seed, "repeat": repeat,
+        "method": entry.label, "ns_method": entry.method, "launcher": entry.launcher, "seed": seed, "repeat": repeat,
         "iterations": args.iterations, "concurrent_runs": args.parallel,
         "wall_s": wall_s, **breakdown(wall_s, launch, timings),
         # the part of other_s after the trainer finished: interpreter and writer shutdown
         "exit_s": launch + wall_s - timings["process_end"],
         "num_gaussians": timings.get("num_gaussians"), "peak_gpu_memory_mb": timings.get("peak_gpu_memory_mb"),
         **gc_fields(timings), **step_time_fields(timings.get("step_ms") or []),
-        "ns_train_command": "ns-train " + shlex.join(train_args),
+        "ns_train_command": f"{entry.launcher} " + shlex.join(train_args),
         "launched_command": shlex.join(command), "config": str(config),
     }
     if args.eval:

@@ -230,3 +230,51 @@ def test_a_failed_run_keeps_the_others(tmp_path, monkeypatch):
     written = json.loads(out.read_text())
     assert [("error" in r) for r in written["runs"]] == [False, True, False]
     assert written["summary"]["bytesplat"]["runs"] == 2 and written["summary"]["bytesplat"]["psnr"]["max"] == 32.0
+
+
+def test_a_method_entry_may_name_bytesplats_launcher():
+    entry = wallclock.MethodEntry.parse("fast=bytesplat-train bytesplat --pipeline.model.sh-degree 2")
+    assert entry == wallclock.MethodEntry("fast", "bytesplat", ("--pipeline.model.sh-degree", "2"), "bytesplat-train")
+    assert wallclock.MethodEntry.parse("bytesplat").launcher == "ns-train"
+    assert wallclock.MethodEntry.parse("bytesplat-train bytesplat").label == "bytesplat-train-bytesplat"
+    with pytest.raises(BytesplatError, match="names no method"):
+        wallclock.MethodEntry.parse("fast=bytesplat-train")
+
+
+def test_the_timed_run_uses_the_launcher_it_is_given(tmp_path, monkeypatch):
+    import nerfstudio.scripts.train as ns_train
+
+    from bytesplat_ns import launcher
+    from bytesplat_ns.bench import timed_ns_train
+
+    called = []
+    monkeypatch.setattr(ns_train, "entrypoint", lambda: called.append(("ns-train", sys.argv[:])))
+    monkeypatch.setattr(launcher, "entrypoint", lambda: called.append(("bytesplat-train", sys.argv[:])))
+    monkeypatch.setattr(timed_ns_train, "install", lambda *args: None)
+    monkeypatch.setattr(sys, "argv", ["x"])
+    for name in ("ns-train", "bytesplat-train"):
+        timed_ns_train.main(["--timings", str(tmp_path / "t.json"), "--launcher", name, "--", "bytesplat", "--a", "1"])
+    assert called == [("ns-train", ["ns-train", "bytesplat", "--a", "1"]),
+                      ("bytesplat-train", ["bytesplat-train", "bytesplat", "--a", "1"])]
+    with pytest.raises(SystemExit):
+        timed_ns_train.main(["--timings", str(tmp_path / "t.json"), "--launcher", "other", "--", "bytesplat"])
+
+
+def test_logged_steps_end_with_the_gpu_drained(monkeypatch):
+    """On the steps nerfstudio logs (its loss read-back waits for the GPU there anyway) the train
+    iteration's timer waits for the GPU, so queued step work is step time, not log time."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from bytesplat_ns.bench.timed_ns_train import drained_on_logged_steps
+
+    syncs = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: syncs.append(steps[-1]))
+    steps = []
+    trainer = SimpleNamespace(config=SimpleNamespace(logging=SimpleNamespace(steps_per_log=10)))
+    iteration = drained_on_logged_steps(lambda self, step: steps.append(step) or step * 2)
+    assert [iteration(trainer, s) for s in range(25)] == [2 * s for s in range(25)]
+    assert syncs == [0, 10, 20]
