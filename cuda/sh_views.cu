@@ -198,9 +198,11 @@ __global__ void sh_views_bwd_kernel(ShArgs a, const float *__restrict__ v_colors
     v_means[3 * i] = vmx, v_means[3 * i + 1] = vmy, v_means[3 * i + 2] = vmz;
 }
 
-// dc [N,3] and rest [N,K-1,3] may be row-strided views (one row's floats contiguous).
+// dc [N,3] and rest [N,K-1,3] may be row-strided views (one row's floats contiguous; a size-1
+// dimension's stride does not matter, as in torch's is_contiguous).
 bool rows_contiguous(const at::Tensor &dc, const at::Tensor &rest) {
-    return dc.stride(1) == 1 && (rest.size(1) == 0 || (rest.stride(2) == 1 && rest.stride(1) == 3));
+    return dc.stride(1) == 1 &&
+           (rest.size(1) == 0 || (rest.stride(2) == 1 && (rest.size(1) == 1 || rest.stride(1) == 3)));
 }
 
 ShArgs check_args(const at::Tensor &means, const at::Tensor &dc, const at::Tensor &rest,

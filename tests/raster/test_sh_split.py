@@ -12,8 +12,17 @@ import torch
 from bytesplat_ns.raster import _wrapper
 from bytesplat_ns.raster import fused as F
 from bytesplat_ns.raster.sh import ShCoefficients, stacked_coefficients
-from bytesplat_ns.raster.sh_views import multiview_sh_colors_torch, split_sh_colors_torch
-from tests.helpers.model_steps import make_camera, make_model, model_train_step, seed_cloud, target_image
+from bytesplat_ns.raster.sh_views import (
+    multiview_sh_colors_torch,
+    split_sh_colors_torch,
+)
+from tests.helpers.model_steps import (
+    make_camera,
+    make_model,
+    model_train_step,
+    seed_cloud,
+    target_image,
+)
 from tests.helpers.sh_split_inputs import split_sh_inputs
 
 
@@ -81,7 +90,7 @@ def test_project_torch_takes_split_coefficients_as_stacked():
     means, dc, rest, viewmats, _ = split_sh_inputs(60, 1, 16, seed=2)
     quats, scales = torch.randn(60, 4), torch.full((60, 3), 0.05)
     Ks = torch.tensor([[[40.0, 0, 32], [0, 40.0, 24], [0, 0, 1]]])
-    args = dict(sh_degree=3, near_plane=0.01, far_plane=1e10, eps2d=0.3, projection="torch")
+    args = {"sh_degree": 3, "near_plane": 0.01, "far_plane": 1e10, "eps2d": 0.3, "projection": "torch"}
     a = F.project(means, quats, scales, torch.rand(60), ShCoefficients(dc, rest), viewmats, Ks, 64, 48, **args)
     b = F.project(means, quats, scales, torch.rand(60), torch.cat((dc[:, None], rest), 1), viewmats, Ks, 64, 48, **args)
     assert torch.equal(a[4], b[4])
