@@ -119,7 +119,7 @@ def test_model_passes_its_sh_parameters_unstacked():
 
 def test_model_trains_as_with_stacked_coefficients():
     """Six reference-backend steps through SH degrees 0, 1 and 2 (sh_degree_interval 2): the same
-    losses, gradients and updates as the model stacking its coefficients each step."""
+    losses and gradients as the model stacking its coefficients each step."""
     image, bg = target_image(), torch.tensor([0.3, 0.6, 0.2])
     runs = {}
     for name in ("split", "stacked"):
@@ -128,10 +128,10 @@ def test_model_trains_as_with_stacked_coefficients():
             model._colors_and_sh_degree = _stacked_colors.__get__(model)
         opts = {n: torch.optim.Adam([p], lr=1e-2, eps=1e-15) for n, p in model.gauss_params.items()}
         runs[name] = [model_train_step(model, make_camera(), image, step, bg, optimizers=opts) for step in range(6)]
-    for s, (a, b) in enumerate(zip(runs["split"], runs["stacked"])):
-        assert a["loss"] == pytest.approx(b["loss"], rel=1e-6, abs=1e-9), s
+    for s, (a, b) in enumerate(zip(runs["split"], runs["stacked"])):  # the same ops: bit for bit
+        assert a["loss"] == b["loss"], s
         for n in a["grads"]:
-            assert torch.allclose(a["grads"][n], b["grads"][n], rtol=1e-5, atol=1e-9), (s, n)
+            assert torch.equal(a["grads"][n], b["grads"][n]), (s, n)
     assert runs["split"][-1]["grads"]["features_rest"][:, :8].abs().sum() > 0  # degree 2 reached
     assert (runs["split"][-1]["grads"]["features_rest"][:, 8:] == 0).all()
     assert runs["split"][-1]["loss"] < runs["split"][0]["loss"]
