@@ -136,7 +136,8 @@ def _sh_kernel_serves(means: Tensor, colors: Union[Tensor, ShCoefficients], view
     keep gsplat's SH) and float32, where the extension builds. ``ShCoefficients`` take it for any
     number of cameras (the training step's one included: gsplat would need them stacked); stacked
     [N,K,3] ones for C > 1 (gsplat needs a [C,N,K,3] broadcast, 2 x 36 GiB at 50M Gaussians, SH 3,
-    4 views, or one call per camera). Culled entries come out 0, as gsplat's masked call gives them."""
+    4 views, or one call per camera). Culled entries come out 0 (gsplat's masked call leaves them
+    unset; neither is rendered)."""
     split = isinstance(colors, ShCoefficients)
     if viewmats.requires_grad or means.dtype != torch.float32:
         return False
