@@ -30,6 +30,7 @@ from bytesplat_ns.raster import rasterize, resolve_backend
 from bytesplat_ns.pruning import HardwarePruner
 from bytesplat_ns.raster.loss import SSIM_WIN_SIZE
 from bytesplat_ns.raster.options import FusedRasterConfig
+from bytesplat_ns.raster.sh import ShCoefficients
 from bytesplat_ns.strategy import SyncFreeDefaultStrategy
 from bytesplat_ns.tile_occupancy import TileOccupancyMonitor
 
@@ -333,11 +334,16 @@ class ByteSplatModel(SplatfactoModel):
             self.gauss_params, self.optimizers, self.strategy_state, step, info, super().step_post_backward
         )
 
-    def _colors_and_sh_degree(self, gaussians: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Optional[int]]:
-        coefficients = torch.cat((gaussians["features_dc"][:, None, :], gaussians["features_rest"]), dim=1)
+    def _colors_and_sh_degree(
+        self, gaussians: Dict[str, torch.Tensor]
+    ) -> Tuple[Union[ShCoefficients, torch.Tensor], Optional[int]]:
+        """The rasterizer's colors and SH degree in use: the DC and rest parameters as they are
+        (``ShCoefficients``: the fused path's SH kernel reads them without a per-step concatenation;
+        the other backends stack them), or, without SH, the activated DC colors [N,3] and None."""
         if self.config.sh_degree > 0:
-            return coefficients, min(self.step // self.config.sh_degree_interval, self.config.sh_degree)
-        return torch.sigmoid(coefficients).squeeze(1), None
+            degree = min(self.step // self.config.sh_degree_interval, self.config.sh_degree)
+            return ShCoefficients(gaussians["features_dc"], gaussians["features_rest"]), degree
+        return torch.sigmoid(gaussians["features_dc"]), None
 
     def _run_fused_step(self, outputs: Dict, batch: Dict) -> None:
         """Render, compute splatfacto's loss and its 2D gradients in the fused kernel (training only)."""

@@ -36,11 +36,11 @@ std::vector<at::Tensor> bin_tiles(const at::Tensor &means2d, const at::Tensor &r
                                   int64_t tile_size, int64_t known_total);
 at::Tensor tile_intersections(const at::Tensor &means2d, const at::Tensor &radii, int64_t width,
                               int64_t height, int64_t tile_size);
-at::Tensor sh_views_fwd(const at::Tensor &means, const at::Tensor &coeffs, const at::Tensor &viewmats,
-                        const at::Tensor &radii, int64_t degree);
-std::vector<at::Tensor> sh_views_bwd(const at::Tensor &means, const at::Tensor &coeffs,
-                                     const at::Tensor &viewmats, const at::Tensor &radii,
-                                     int64_t degree, const at::Tensor &v_colors);
+at::Tensor sh_views_fwd(const at::Tensor &means, const at::Tensor &dc, const at::Tensor &rest,
+                        const at::Tensor &viewmats, const at::Tensor &radii, int64_t degree);
+at::Tensor sh_views_bwd(const at::Tensor &means, const at::Tensor &dc, const at::Tensor &rest,
+                        const at::Tensor &viewmats, const at::Tensor &radii, int64_t degree,
+                        const at::Tensor &v_colors, at::Tensor v_dc, at::Tensor v_rest);
 }  // namespace bytesplat
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -63,7 +63,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("tile_intersections", &bytesplat::tile_intersections,
           "tiles reached per camera [C] int64 (what bin_tiles' total is, per camera)");
     m.def("sh_views_fwd", &bytesplat::sh_views_fwd,
-          "SH colors of N Gaussians from C cameras [C,N,3] (+0.5, clamped at 0; 0 where culled)");
+          "SH colors of N Gaussians from C cameras [C,N,3] (+0.5, clamped at 0; 0 where culled) from "
+          "the DC coefficients [N,3] and the rest [N,K-1,3] (row-strided views allowed)");
     m.def("sh_views_bwd", &bytesplat::sh_views_bwd,
-          "gradients of sh_views_fwd: (coefficients [N,K,3], means [N,3]) summed over the cameras");
+          "gradients of sh_views_fwd summed over the cameras: writes the coefficients' into v_dc / "
+          "v_rest (shaped as dc / rest, row-strided views allowed), returns the means' [N,3]");
 }

@@ -1,5 +1,5 @@
 // Spherical-harmonics colors of N Gaussians seen from C cameras, forward and backward, one launch
-// each (the CUDA twin of `multiview_sh_colors_torch` in bytesplat_ns/raster/_torch_impl.py).
+// each (the CUDA twin of `split_sh_colors_torch` in bytesplat_ns/raster/_torch_impl.py).
 //
 // colors[c, i] = max(sum_k coeffs[i, k] Y_k(d) + 0.5, 0) with d the unit vector from camera c's
 // center (-R^T t of its rigid world-to-camera matrix) to mean i, and 0 where radii[c, i] <= 0
@@ -7,6 +7,11 @@
 // walks the cameras, so its coefficients are read once, not once per camera, and the backward
 // writes each Gaussian's coefficient and mean gradients once, summed over the cameras, with no
 // per-camera temporaries to add up afterwards.
+//
+// The coefficients come as two tensors, the DC term dc [N,3] and the rest [N,K-1,3] (splatfacto's
+// features_dc / features_rest), each with any row stride: the trainer's parameters are read and
+// their gradients written in place, with no [N,K,3] concatenation either way, and a stacked
+// [N,K,3] tensor is the same call on its two views coeffs[:, 0] and coeffs[:, 1:].
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -97,9 +102,15 @@ __device__ __forceinline__ float3 camera_center(const float *__restrict__ viewma
 struct ShArgs {
     int64_t N;
     int C, K, n;  // cameras, coefficients per Gaussian, bases used ((degree+1)^2, the kernels' template n)
-    const float *means, *coeffs, *viewmats;
+    int64_t dc_stride, rest_stride;  // row strides (floats) of dc [N,3] and rest [N,K-1,3]
+    const float *means, *dc, *rest, *viewmats;
     const int32_t *radii;
 };
+
+// Coefficient k (0: DC), channel ch, of Gaussian i; k < n <= K.
+__device__ __forceinline__ float coefficient(const ShArgs &a, int64_t i, int k, int ch) {
+    return k == 0 ? a.dc[i * a.dc_stride + ch] : a.rest[i * a.rest_stride + (k - 1) * 3 + ch];
+}
 
 template <int n>
 __global__ void sh_views_fwd_kernel(ShArgs a, float *__restrict__ colors) {
@@ -107,7 +118,7 @@ __global__ void sh_views_fwd_kernel(ShArgs a, float *__restrict__ colors) {
     if (i >= a.N) return;
     float co[n * 3];
 #pragma unroll
-    for (int k = 0; k < n * 3; ++k) co[k] = a.coeffs[i * a.K * 3 + k];
+    for (int k = 0; k < n * 3; ++k) co[k] = coefficient(a, i, k / 3, k % 3);
     const float mx = a.means[3 * i], my = a.means[3 * i + 1], mz = a.means[3 * i + 2];
     float Y[n];
     for (int c = 0; c < a.C; ++c) {
@@ -132,16 +143,18 @@ __global__ void sh_views_fwd_kernel(ShArgs a, float *__restrict__ colors) {
 
 // v_coeffs[i] = sum_c Y(d_c) v_c and v_means[i] = sum_c (I - d d^T)/|m - center| grad_d, over the
 // cameras where i is visible and its color is not clamped (torch's clamp_min passes the gradient
-// where the input >= 0). Coefficients past the n used get 0.
+// where the input >= 0). Coefficients past the n used get 0. v_dc / v_rest: row strides v_dc_stride
+// / v_rest_stride (floats), each row's floats contiguous.
 template <int n>
-__global__ void sh_views_bwd_kernel(ShArgs a, const float *__restrict__ v_colors,
-                                    float *__restrict__ v_coeffs, float *__restrict__ v_means) {
+__global__ void sh_views_bwd_kernel(ShArgs a, const float *__restrict__ v_colors, float *__restrict__ v_dc,
+                                    int64_t v_dc_stride, float *__restrict__ v_rest, int64_t v_rest_stride,
+                                    float *__restrict__ v_means) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= a.N) return;
     float co[n * 3], vco[n * 3];
 #pragma unroll
     for (int k = 0; k < n * 3; ++k) {
-        co[k] = a.coeffs[i * a.K * 3 + k];
+        co[k] = coefficient(a, i, k / 3, k % 3);
         vco[k] = 0.f;
     }
     const float mx = a.means[3 * i], my = a.means[3 * i + 1], mz = a.means[3 * i + 2];
@@ -177,40 +190,55 @@ __global__ void sh_views_bwd_kernel(ShArgs a, const float *__restrict__ v_colors
         const float ud = ux * x + uy * y + uz * z;
         vmx += (ux - ud * x) * inv, vmy += (uy - ud * y) * inv, vmz += (uz - ud * z) * inv;
     }
+    float *vd = v_dc + i * v_dc_stride, *vr = v_rest + i * v_rest_stride;
+    vd[0] = vco[0], vd[1] = vco[1], vd[2] = vco[2];
 #pragma unroll
-    for (int k = 0; k < n * 3; ++k) v_coeffs[i * a.K * 3 + k] = vco[k];
-    for (int k = n * 3; k < a.K * 3; ++k) v_coeffs[i * a.K * 3 + k] = 0.f;
+    for (int k = 3; k < n * 3; ++k) vr[k - 3] = vco[k];
+    for (int k = n * 3; k < a.K * 3; ++k) vr[k - 3] = 0.f;
     v_means[3 * i] = vmx, v_means[3 * i + 1] = vmy, v_means[3 * i + 2] = vmz;
 }
 
-ShArgs check_args(const at::Tensor &means, const at::Tensor &coeffs, const at::Tensor &viewmats,
-                  const at::Tensor &radii, int64_t degree) {
-    TORCH_CHECK(means.is_cuda() && coeffs.is_cuda() && viewmats.is_cuda() && radii.is_cuda(),
+// dc [N,3] and rest [N,K-1,3] may be row-strided views (one row's floats contiguous; a size-1
+// dimension's stride does not matter, as in torch's is_contiguous).
+bool rows_contiguous(const at::Tensor &dc, const at::Tensor &rest) {
+    return dc.stride(1) == 1 &&
+           (rest.size(1) == 0 || (rest.stride(2) == 1 && (rest.size(1) == 1 || rest.stride(1) == 3)));
+}
+
+ShArgs check_args(const at::Tensor &means, const at::Tensor &dc, const at::Tensor &rest,
+                  const at::Tensor &viewmats, const at::Tensor &radii, int64_t degree) {
+    TORCH_CHECK(means.is_cuda() && dc.is_cuda() && rest.is_cuda() && viewmats.is_cuda() && radii.is_cuda(),
                 "bytesplat: multi-view SH needs CUDA tensors");
     TORCH_CHECK(means.dim() == 2 && means.size(1) == 3, "bytesplat: means must be [N,3]");
-    TORCH_CHECK(coeffs.dim() == 3 && coeffs.size(0) == means.size(0) && coeffs.size(2) == 3,
-                "bytesplat: SH coefficients must be [N,K,3]");
+    TORCH_CHECK(dc.dim() == 2 && dc.size(0) == means.size(0) && dc.size(1) == 3,
+                "bytesplat: SH DC coefficients must be [N,3]");
+    TORCH_CHECK(rest.dim() == 3 && rest.size(0) == means.size(0) && rest.size(2) == 3,
+                "bytesplat: the other SH coefficients must be [N,K-1,3]");
     TORCH_CHECK(viewmats.dim() == 3 && viewmats.size(1) == 4 && viewmats.size(2) == 4,
                 "bytesplat: viewmats must be [C,4,4]");
     TORCH_CHECK(radii.dim() == 2 && radii.size(0) == viewmats.size(0) && radii.size(1) == means.size(0),
                 "bytesplat: radii must be [C,N]");
     TORCH_CHECK(degree >= 0 && degree <= 3, "bytesplat: SH degree must be in 0..3, got ", degree);
     const int64_t n = (degree + 1) * (degree + 1);
-    TORCH_CHECK(coeffs.size(1) >= n, "bytesplat: SH degree ", degree, " needs ", n,
-                " coefficients, got ", coeffs.size(1));
-    TORCH_CHECK(means.scalar_type() == at::kFloat && coeffs.scalar_type() == at::kFloat &&
-                    viewmats.scalar_type() == at::kFloat && radii.scalar_type() == at::kInt,
-                "bytesplat: multi-view SH takes float32 means/coeffs/viewmats and int32 radii");
-    TORCH_CHECK(means.is_contiguous() && coeffs.is_contiguous() && viewmats.is_contiguous() &&
-                    radii.is_contiguous(),
-                "bytesplat: multi-view SH inputs must be contiguous");
+    TORCH_CHECK(1 + rest.size(1) >= n, "bytesplat: SH degree ", degree, " needs ", n,
+                " coefficients, got ", 1 + rest.size(1));
+    TORCH_CHECK(means.scalar_type() == at::kFloat && dc.scalar_type() == at::kFloat &&
+                    rest.scalar_type() == at::kFloat && viewmats.scalar_type() == at::kFloat &&
+                    radii.scalar_type() == at::kInt,
+                "bytesplat: multi-view SH takes float32 means/coefficients/viewmats and int32 radii");
+    TORCH_CHECK(means.is_contiguous() && viewmats.is_contiguous() && radii.is_contiguous() &&
+                    rows_contiguous(dc, rest),
+                "bytesplat: multi-view SH inputs must be contiguous (the coefficients row by row)");
     ShArgs a;
     a.N = means.size(0);
     a.C = (int)viewmats.size(0);
-    a.K = (int)coeffs.size(1);
+    a.K = (int)(1 + rest.size(1));
     a.n = (int)n;
+    a.dc_stride = dc.stride(0);
+    a.rest_stride = rest.stride(0);
     a.means = means.data_ptr<float>();
-    a.coeffs = coeffs.data_ptr<float>();
+    a.dc = dc.data_ptr<float>();
+    a.rest = rest.data_ptr<float>();
     a.viewmats = viewmats.data_ptr<float>();
     a.radii = radii.data_ptr<int32_t>();
     return a;
@@ -233,9 +261,9 @@ void with_bases(int n, F &&f) {
 
 }  // namespace
 
-at::Tensor sh_views_fwd(const at::Tensor &means, const at::Tensor &coeffs, const at::Tensor &viewmats,
-                        const at::Tensor &radii, int64_t degree) {
-    const ShArgs a = check_args(means, coeffs, viewmats, radii, degree);
+at::Tensor sh_views_fwd(const at::Tensor &means, const at::Tensor &dc, const at::Tensor &rest,
+                        const at::Tensor &viewmats, const at::Tensor &radii, int64_t degree) {
+    const ShArgs a = check_args(means, dc, rest, viewmats, radii, degree);
     const at::cuda::CUDAGuard guard(means.device());
     at::Tensor colors = at::empty({a.C, a.N, 3}, means.options());
     if (a.N == 0 || a.C == 0) return colors;
@@ -247,24 +275,31 @@ at::Tensor sh_views_fwd(const at::Tensor &means, const at::Tensor &coeffs, const
     return colors;
 }
 
-std::vector<at::Tensor> sh_views_bwd(const at::Tensor &means, const at::Tensor &coeffs,
-                                     const at::Tensor &viewmats, const at::Tensor &radii,
-                                     int64_t degree, const at::Tensor &v_colors) {
-    const ShArgs a = check_args(means, coeffs, viewmats, radii, degree);
+// Writes the coefficient gradients into v_dc / v_rest (shaped as dc / rest, row-strided views
+// allowed: the caller allocates them, so a stacked [N,K,3] gradient is filled through its two
+// views) and returns the means' [N,3].
+at::Tensor sh_views_bwd(const at::Tensor &means, const at::Tensor &dc, const at::Tensor &rest,
+                        const at::Tensor &viewmats, const at::Tensor &radii, int64_t degree,
+                        const at::Tensor &v_colors, at::Tensor v_dc, at::Tensor v_rest) {
+    const ShArgs a = check_args(means, dc, rest, viewmats, radii, degree);
     TORCH_CHECK(v_colors.is_cuda() && v_colors.scalar_type() == at::kFloat && v_colors.is_contiguous() &&
                     v_colors.dim() == 3 && v_colors.size(0) == a.C && v_colors.size(1) == a.N &&
                     v_colors.size(2) == 3,
                 "bytesplat: v_colors must be contiguous float32 [C,N,3]");
+    TORCH_CHECK(v_dc.is_cuda() && v_rest.is_cuda() && v_dc.scalar_type() == at::kFloat &&
+                    v_rest.scalar_type() == at::kFloat && v_dc.sizes() == dc.sizes() &&
+                    v_rest.sizes() == rest.sizes() && rows_contiguous(v_dc, v_rest),
+                "bytesplat: v_dc / v_rest must be float32 CUDA tensors shaped as dc / rest, rows contiguous");
     const at::cuda::CUDAGuard guard(means.device());
-    at::Tensor v_coeffs = at::empty_like(coeffs);
     at::Tensor v_means = at::empty_like(means);
-    if (a.N == 0) return {v_coeffs, v_means};
+    if (a.N == 0) return v_means;
     with_bases(a.n, [&](auto nb) {
         sh_views_bwd_kernel<decltype(nb)::value><<<sh_blocks(a.N), kShThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
-            a, v_colors.data_ptr<float>(), v_coeffs.data_ptr<float>(), v_means.data_ptr<float>());
+            a, v_colors.data_ptr<float>(), v_dc.data_ptr<float>(), v_dc.stride(0), v_rest.data_ptr<float>(),
+            v_rest.stride(0), v_means.data_ptr<float>());
     });
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    return {v_coeffs, v_means};
+    return v_means;
 }
 
 }  // namespace bytesplat

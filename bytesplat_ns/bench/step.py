@@ -12,8 +12,9 @@ one camera) against the same image, in splatfacto's six parameter groups with it
 - ``gsplat``: the gsplat of each ``--gsplat-site`` (e.g. 1.5.3, in a child process that puts it first
   on its path) as its own trainer runs it where it is fastest: fussim's fused SSIM, gsplat's
   ``SelectiveAdam`` (updates only the Gaussians the camera sees) and its strategy's statistics.
-- ``bytesplat``: our fused split schedule (projection, SH, our binning, render + loss + 2D gradients
-  in our kernels), the sync-free statistics and PyTorch's fused Adam, as ``ns-train bytesplat``.
+- ``bytesplat``: our fused split schedule (projection, SH from the DC and rest parameters as they
+  are, our binning, render + loss + 2D gradients in our kernels), the sync-free statistics and
+  PyTorch's fused Adam, with the inputs ``ns-train bytesplat`` gives it (:func:`model_inputs`).
 
 Reported per implementation: ``wall_ms`` (host clock over ``--repeats`` back-to-back steps, the
 GPU drained at both ends: what a training loop gets), the stages' spans (CUDA events at the stage
@@ -130,6 +131,17 @@ def activated(params: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, ...]:
             colors)
 
 
+def model_inputs(params: Dict[str, torch.Tensor]) -> Tuple:
+    """What ByteSplatModel.get_outputs hands its fused path: :func:`activated` less two per-step
+    copies, the quaternions as they are (both projections normalise them, forward and backward) and
+    the SH coefficients unstacked (``ShCoefficients``: the SH kernel reads DC and rest in place)."""
+    from bytesplat_ns.raster.sh import ShCoefficients
+
+    return (params["means"], params["quats"], torch.exp(params["scales"]),
+            torch.sigmoid(params["opacities"]).squeeze(-1),
+            ShCoefficients(params["features_dc"], params["features_rest"]))
+
+
 class TrainingStep:
     """One implementation's step on ``scene`` (``raster.synthetic_scene``'s dict)."""
 
@@ -221,7 +233,7 @@ class BytesplatStep(TrainingStep):
 
         s = self.scene
         clock.start()
-        loss, _, _, info = fused_render_loss(*activated(self.params), s["viewmats"], s["Ks"], self.W, self.H, s["gt"],
+        loss, _, _, info = fused_render_loss(*model_inputs(self.params), s["viewmats"], s["Ks"], self.W, self.H, s["gt"],
                                              s["backgrounds"], sh_degree=self.sh_degree)
         info["means2d"].retain_grad()
         clock.mark("rasterize+loss")

@@ -19,12 +19,13 @@ Backends:
 from __future__ import annotations
 
 import warnings
-from typing import Dict, Literal, Optional, Tuple
+from typing import Dict, Literal, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
 from bytesplat_ns.raster.options import DEFAULT_OPTIONS, FusedOptions
+from bytesplat_ns.raster.sh import ShCoefficients, stacked_coefficients
 
 Backend = Literal["reference", "gsplat", "fused"]
 BACKENDS: Tuple[str, ...] = ("reference", "gsplat", "fused")
@@ -68,7 +69,7 @@ def rasterize(
     quats: Tensor,
     scales: Tensor,
     opacities: Tensor,
-    colors: Tensor,
+    colors: Union[Tensor, ShCoefficients],
     viewmats: Tensor,
     Ks: Tensor,
     width: int,
@@ -86,7 +87,9 @@ def rasterize(
     fused_options: FusedOptions = DEFAULT_OPTIONS,
 ) -> Tuple[Tensor, Tensor, Dict]:
     """Render C views of N Gaussians with the chosen backend (see module docstring).
-    ``fused_options``: the fused backend's switches; the other backends have none."""
+    ``fused_options``: the fused backend's switches; the other backends have none. ``colors`` may
+    be ``raster.sh.ShCoefficients`` (the model's DC and rest apart): the fused backend reads them
+    as they are, the others get them stacked to [N,K,3]."""
     kwargs = dict(
         sh_degree=sh_degree,
         backgrounds=backgrounds,
@@ -97,6 +100,8 @@ def rasterize(
         eps2d=eps2d,
         tile_size=tile_size,
     )
+    if backend != "fused":  # only the fused backend reads ShCoefficients apart
+        colors = stacked_coefficients(colors)
     args = (means, quats, scales, opacities, colors, viewmats, Ks, width, height)
     if backend == "reference":
         from bytesplat_ns.raster.reference import rasterize_reference

@@ -4,7 +4,8 @@ and what the Python front end falls back to where a kernel is optional.
 - :func:`bin_tiles_torch` / :func:`tile_intersections_torch`: ``cuda/binning.cu`` (the same lists);
 - :func:`render_2d_torch`: the compositing of one set of 2D Gaussians, pixel by pixel (slow; small images);
 - :class:`TorchOps`: the extension's rasterizer entry points, vectorised per tile;
-- :func:`multiview_sh_colors_torch`: ``cuda/sh_views.cu``.
+- :func:`split_sh_colors_torch`: ``cuda/sh_views.cu`` (the DC and other coefficients as two tensors);
+  :func:`multiview_sh_colors_torch`: the same colors from stacked [N,K,3] coefficients.
 """
 
 from __future__ import annotations
@@ -303,4 +304,21 @@ def multiview_sh_colors_torch(means: Tensor, coeffs: Tensor, viewmats: Tensor, r
     C = viewmats.shape[0]
     dirs = means[None] - rigid_camera_centers(viewmats)[:, None]
     colors = sh_to_color(degree, dirs, coeffs.expand(C, -1, -1, -1))
+    return torch.where((radii > 0)[..., None], colors, torch.zeros_like(colors))
+
+
+def split_sh_colors_torch(means: Tensor, dc: Tensor, rest: Tensor, viewmats: Tensor, radii: Tensor,
+                          degree: int) -> Tensor:
+    """:func:`multiview_sh_colors_torch` with the coefficients as ``dc`` [N,3] and ``rest``
+    [N,K-1,3] (never stacked): ``Y_0 dc + sum_{k>=1} Y_k rest[k-1]`` over the first (degree+1)^2
+    bases; the rest past them gets a zero gradient."""
+    from bytesplat_ns.raster.projection import rigid_camera_centers
+    from bytesplat_ns.raster.sh import num_sh_bases, sh_basis
+
+    n = num_sh_bases(degree)
+    if 1 + rest.shape[1] < n:
+        raise ValueError(f"SH degree {degree} needs {n} coefficients, got {1 + rest.shape[1]}")
+    basis = sh_basis(degree, means[None] - rigid_camera_centers(viewmats)[:, None])  # [C,N,n]
+    raw = basis[..., :1] * dc + torch.einsum("cnk,nkd->cnd", basis[..., 1:], rest[:, : n - 1])
+    colors = torch.clamp_min(raw + 0.5, 0.0)
     return torch.where((radii > 0)[..., None], colors, torch.zeros_like(colors))

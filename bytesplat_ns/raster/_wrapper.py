@@ -201,16 +201,38 @@ _FusedLoss.last_kernel_info = {}
 
 
 class _MultiViewSH(torch.autograd.Function):
-    """SH colors of N Gaussians from C cameras (cuda/sh_views.cu); gradients for means and coefficients."""
+    """SH colors of N Gaussians from C cameras (cuda/sh_views.cu) from the DC coefficients ``dc``
+    [N,3] and the rest ``rest`` [N,K-1,3]; gradients for means, dc and rest, each written once into
+    its own tensor. ``rest=None``: ``dc`` is stacked [N,K,3] coefficients, read and given their
+    gradient through its two views (no concatenation either way)."""
 
     @staticmethod
-    def forward(ctx, means, coeffs, viewmats, radii, degree):  # type: ignore[override]
-        args = (means.contiguous(), coeffs.contiguous(), viewmats.contiguous(), radii.to(torch.int32).contiguous())
+    def forward(ctx, means, dc, rest, viewmats, radii, degree):  # type: ignore[override]
+        ctx.stacked = rest is None
+        if ctx.stacked:
+            dc = dc.contiguous()
+            dc, rest = dc[:, 0], dc[:, 1:]
+        args = (means.contiguous(), _rows_contiguous(dc), _rows_contiguous(rest), viewmats.contiguous(),
+                radii.to(torch.int32).contiguous())
         ctx.save_for_backward(*args)
         ctx.degree = degree
         return _ops().sh_views_fwd(*args, int(degree))
 
     @staticmethod
     def backward(ctx, v_colors):  # type: ignore[override]
-        v_coeffs, v_means = _ops().sh_views_bwd(*ctx.saved_tensors, ctx.degree, v_colors.contiguous())
-        return v_means, v_coeffs, None, None, None
+        means, dc, rest = ctx.saved_tensors[:3]
+        if ctx.stacked:
+            v_coeffs = means.new_empty((means.shape[0], 1 + rest.shape[1], 3))
+            v_dc, v_rest = v_coeffs[:, 0], v_coeffs[:, 1:]
+        else:
+            v_dc, v_rest = torch.empty_like(dc, memory_format=torch.contiguous_format), \
+                torch.empty_like(rest, memory_format=torch.contiguous_format)
+        v_means = _ops().sh_views_bwd(*ctx.saved_tensors, ctx.degree, v_colors.contiguous(), v_dc, v_rest)
+        if ctx.stacked:
+            return v_means, v_coeffs, None, None, None, None
+        return v_means, v_dc, v_rest, None, None, None
+
+
+def _rows_contiguous(t: Tensor) -> Tensor:
+    """``t`` itself when each row's floats are contiguous (the SH kernels take any row stride), else a copy."""
+    return t if t[:1].is_contiguous() else t.contiguous()

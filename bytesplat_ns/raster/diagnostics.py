@@ -54,7 +54,7 @@ def compare_with_unfused(
     W, H = raster_args[7], raster_args[8]
 
     def grads(loss: Tensor, means2d: Tensor):
-        # retain_graph: raster_args' own nodes (exp, sigmoid, cat) are shared with the real step
+        # retain_graph: raster_args' own nodes (exp, sigmoid) are shared with the real step
         out = torch.autograd.grad(loss, [means2d] + leaves, allow_unused=True, retain_graph=True)
         return out[0], list(out[1:]), getattr(means2d, "absgrad", None)
 

@@ -21,7 +21,7 @@ PyTorch twins the kernels are tested against in ``raster._torch_impl``, splatfac
 
 from __future__ import annotations
 
-from typing import Dict, Literal, Optional, Tuple
+from typing import Dict, Literal, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -32,6 +32,7 @@ from bytesplat_ns.raster._torch_impl import bin_tiles_torch, render_2d_torch, ti
 from bytesplat_ns.raster._wrapper import RENDER_BATCH, TILE_SIZE, _FusedLoss, _RasterizeFused, ssim_window
 from bytesplat_ns.raster.loss import SSIM_WIN_SIGMA, SSIM_WIN_SIZE, splatfacto_loss_torch
 from bytesplat_ns.raster.options import DEFAULT_OPTIONS, SCHEDULES, FusedOptions
+from bytesplat_ns.raster.sh import ShCoefficients, stacked_coefficients
 
 __all__ = [
     "DEFAULT_OPTIONS", "RENDER_BATCH", "SCHEDULES", "SSIM_WIN_SIGMA", "SSIM_WIN_SIZE", "TILE_SIZE",
@@ -64,7 +65,7 @@ def project(
     quats: Tensor,
     scales: Tensor,
     opacities: Tensor,
-    colors: Tensor,
+    colors: Union[Tensor, ShCoefficients],
     viewmats: Tensor,
     Ks: Tensor,
     width: int,
@@ -78,8 +79,12 @@ def project(
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """3D -> 2D for C cameras. Returns radii [C,N] int32, means2d [C,N,2], depths [C,N],
     conics [C,N,3], colors [C,N,3] (post-activation), opacities [C,N]. ``projection``: gsplat, torch
-    or auto (None: auto; see :func:`resolve_projection`)."""
+    or auto (None: auto; see :func:`resolve_projection`). ``colors``: post-activation [N,3] / [C,N,3]
+    (``sh_degree=None``), SH coefficients [N,K,3] / [C,N,K,3], or ``ShCoefficients`` (DC and rest
+    apart, read without stacking them by the SH kernel where it serves, see :func:`_sh_kernel_serves`)."""
     C = viewmats.shape[0]
+    if isinstance(colors, ShCoefficients) and sh_degree is None:
+        raise ValueError("ShCoefficients are SH coefficients: pass their sh_degree")
     projection = resolve_projection(projection, means.device)
     if projection == "gsplat":
         from gsplat.cuda._wrapper import fully_fused_projection, spherical_harmonics
@@ -90,15 +95,12 @@ def project(
             means, None, quats, scales, viewmats, Ks, width, height,
             eps2d=eps2d, near_plane=near_plane, far_plane=far_plane, packed=False,
         )
-        if sh_degree is not None and colors.dim() == 3 and C > 1 and not viewmats.requires_grad \
-                and colors.dtype == torch.float32 and means.dtype == torch.float32 and _wrapper._optional_ops() is not None:
-            # Shared coefficients, several cameras: one launch each way (raster/sh_views.py), where
-            # gsplat would need them per camera (a [C,N,K,3] broadcast, 2 x 36 GiB for 50M
-            # Gaussians, SH 3, 4 views) or one call per camera. Culled entries come out 0.
+        if sh_degree is not None and _sh_kernel_serves(means, colors, viewmats):
             from bytesplat_ns.raster.sh_views import multiview_sh_colors
 
             rgb = multiview_sh_colors(means, colors, viewmats, radii, sh_degree)
         elif sh_degree is not None:
+            colors = stacked_coefficients(colors)
             dirs = means[None, :, :] - rigid_camera_centers(viewmats)[:, None, :]
             if colors.dim() == 3 and C > 1:  # optimised cameras: one gsplat call per camera
                 rgb = torch.stack([spherical_harmonics(sh_degree, dirs[c], colors, masks=radii[c] > 0) for c in range(C)])
@@ -116,6 +118,7 @@ def project(
         )
         radii, means2d, depths, conics = pr.radii, pr.means2d, pr.depths, pr.conics
         if sh_degree is not None:
+            colors = stacked_coefficients(colors)
             dirs = means[None, :, :] - camera_centers(viewmats)[:, None, :]
             shs = colors.expand(C, -1, -1, -1) if colors.dim() == 3 else colors
             rgb = sh_to_color(sh_degree, dirs, shs)
@@ -125,6 +128,25 @@ def project(
         rgb = colors.expand(C, -1, -1) if colors.dim() == 2 else colors
     opac = opacities.expand(C, -1) if opacities.dim() == 1 else opacities
     return radii, means2d, depths, conics, rgb, opac
+
+
+def _sh_kernel_serves(means: Tensor, colors: Union[Tensor, ShCoefficients], viewmats: Tensor) -> bool:
+    """Whether our SH kernel (raster/sh_views.py) computes the colors after gsplat's projection: for
+    coefficients shared by all cameras, fixed cameras (it has no camera gradient; optimised cameras
+    keep gsplat's SH) and float32, where the extension builds. ``ShCoefficients`` take it for any
+    number of cameras (the training step's one included: gsplat would need them stacked); stacked
+    [N,K,3] ones for C > 1 (gsplat needs a [C,N,K,3] broadcast, 2 x 36 GiB at 50M Gaussians, SH 3,
+    4 views, or one call per camera). Culled entries come out 0 (gsplat's masked call leaves them
+    unset; neither is rendered)."""
+    split = isinstance(colors, ShCoefficients)
+    if viewmats.requires_grad or means.dtype != torch.float32:
+        return False
+    if split:
+        if colors.dc.dtype != torch.float32 or colors.rest.dtype != torch.float32:
+            return False
+    elif colors.dim() != 3 or viewmats.shape[0] == 1 or colors.dtype != torch.float32:
+        return False
+    return _wrapper._optional_ops() is not None
 
 
 def _binning_on_gpu(means2d: Tensor, radii: Tensor, binning: str):
@@ -211,7 +233,7 @@ def rasterize_fused(
     quats: Tensor,
     scales: Tensor,
     opacities: Tensor,
-    colors: Tensor,
+    colors: Union[Tensor, ShCoefficients],
     viewmats: Tensor,
     Ks: Tensor,
     width: int,
@@ -232,6 +254,7 @@ def rasterize_fused(
     With ``render_mode="RGB+ED"`` a 4th channel holds the expected depth (sum w_i z_i / alpha);
     it is rendered by a second pass of the same kernels (``absgrad`` then counts the RGB pass only).
     ``options``: projection, binning, warp culling and backward reduction (``schedule`` is unused).
+    ``colors`` may also be ``ShCoefficients`` (see :func:`project`).
     """
     _check(width, height, tile_size, means.device)
     if render_mode not in ("RGB", "RGB+ED"):
@@ -259,7 +282,7 @@ def fused_render_loss(
     quats: Tensor,
     scales: Tensor,
     opacities: Tensor,
-    colors: Tensor,
+    colors: Union[Tensor, ShCoefficients],
     viewmats: Tensor,
     Ks: Tensor,
     width: int,
@@ -287,8 +310,8 @@ def fused_render_loss(
     ``gt_images`` [C,H,W,3] float in [0,1]; ``backgrounds`` [C,3] (None: black).
 
     Returns ``(loss, rgb [C,H,W,3] detached, alpha [C,H,W,1] detached, info)``; ``loss.backward()``
-    fills the gradients of means/quats/scales/opacities/colors (and viewmats when they require
-    grad) and ``info["means2d"].grad`` / ``.absgrad``. ``info`` also holds ``l1``, ``ssim`` and
+    fills the gradients of means/quats/scales/opacities/colors (``ShCoefficients``: their dc and
+    rest, see :func:`project`; and viewmats when they require grad) and ``info["means2d"].grad`` / ``.absgrad``. ``info`` also holds ``l1``, ``ssim`` and
     ``kernel`` (two_phase, capacity, ...). Advanced: ``capacity`` overrides the Gaussians per tile
     kept on chip (tests use it to force the streaming path); ``blocks_per_sm`` sets the shared
     memory budget per block. ``options.schedule``: ``"split"`` (the default: render_fwd, then the

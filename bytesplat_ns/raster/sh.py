@@ -9,11 +9,17 @@ The 16 bases (unit direction d = (x, y, z)), indexed l^2 + l + m for m = -l..l:
   on the odd-m terms (see ``sh_basis``).
 
 Colors are ``sum_k coeff_k Y_k(d)`` per channel; the caller adds 0.5 and clamps at 0.
+
+Coefficients come either stacked, one tensor [N,K,3], or as :class:`ShCoefficients` (the DC term
+and the rest as two tensors, splatfacto's ``features_dc`` / ``features_rest``), which the fused
+path's SH kernel reads as they are (``raster.sh_views``); :func:`stacked_coefficients` gives the
+[N,K,3] layout to the code that needs it.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple, Union
 
 import torch
 from torch import Tensor
@@ -30,6 +36,25 @@ _K32 = 0.5 * math.sqrt(105.0 / math.pi)  # xyz
 _K31 = 0.25 * math.sqrt(21.0 / (2.0 * math.pi))  # y(5z^2 - 1), x(5z^2 - 1)
 _K30 = 0.25 * math.sqrt(7.0 / math.pi)  # z(5z^2 - 3)
 _K32b = 0.25 * math.sqrt(105.0 / math.pi)  # z(x^2 - y^2)
+
+
+class ShCoefficients(NamedTuple):
+    """SH coefficients as two tensors: ``dc`` [N,3] (basis 0) and ``rest`` [N,K-1,3] (bases 1..K-1).
+
+    The trainer's parameters are already split this way; keeping them apart saves the
+    ``torch.cat`` (and its backward's split) of every step on the path that does not need [N,K,3]."""
+
+    dc: Tensor
+    rest: Tensor
+
+    def stacked(self) -> Tensor:
+        """[N,K,3], basis 0 first."""
+        return torch.cat((self.dc[:, None, :], self.rest), dim=1)
+
+
+def stacked_coefficients(colors: Union[Tensor, ShCoefficients]) -> Tensor:
+    """``colors`` as one tensor: :class:`ShCoefficients` stacked to [N,K,3], a tensor as it is."""
+    return colors.stacked() if isinstance(colors, ShCoefficients) else colors
 
 
 def num_sh_bases(degree: int) -> int:
