@@ -161,5 +161,6 @@ def test_gsplat_projection_normalises_quaternions_itself():
         out[form] = (radii, conics.detach(), q.grad)
     (r_raw, c_raw, g_raw), (r_n, c_n, g_n) = out["raw"], out["normalised"]
     assert torch.equal(r_raw, r_n) and (r_raw > 0).sum() > 3000
-    assert _max_rel(c_raw, c_n) <= 1e-5
+    visible = r_raw > 0  # gsplat leaves the culled entries' conics unwritten
+    assert _max_rel(c_raw[visible], c_n[visible]) <= 1e-5
     assert g_n.abs().sum() > 0 and _max_rel(g_raw, g_n) <= 1e-4
