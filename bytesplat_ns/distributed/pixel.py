@@ -420,9 +420,10 @@ class _PixelExchange(torch.autograd.Function):
                             continue
                         bodies.append(crop(C_in[c][v], runner.rects[(v, c)]).reshape(-1, D).index_select(0, k).reshape(-1))
                 send.append(pack(bodies) if bodies else _empty_msg(dev))
+            kept = {key: int(m.sum()) for key, m in masks.items()}  # read once: the sizes and the sent-pixel count
             sizes = []
             for s in range(world):
-                sizes.append(sum(int(masks[(v, c)].sum()) * D * item for v in runner.views_of_rank[rank] for c in cells_of[s] if (v, c) in masks))
+                sizes.append(sum(kept[(v, c)] * D * item for v in runner.views_of_rank[rank] for c in cells_of[s] if (v, c) in masks))
             recv = _timed_exchange(runner, send, sizes, "pixel exchange: kept colors", "forward_bytes")
             for s in range(world):
                 specs, keys = [], []
@@ -486,7 +487,7 @@ class _PixelExchange(torch.autograd.Function):
                     st.unpruned_bytes += full
                     st.geometric_bytes += a * (D + 1) * item
                     if tmode and (v, c) in masks:
-                        st.sent_pixels += int(masks[(v, c)].sum())
+                        st.sent_pixels += kept[(v, c)]
                     elif not tmode:
                         st.sent_pixels += a
         return loss.detach()
