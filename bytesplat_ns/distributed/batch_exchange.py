@@ -27,15 +27,14 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
-import torch.distributed as dist
 from nerfstudio.utils.rich_utils import CONSOLE
 from torch import Tensor
 
 from bytesplat_ns.distributed.cells import build_global, cell_ranks, rebalance_cells
 from bytesplat_ns.distributed.communicators import CommStats, make_communicator
-from bytesplat_ns.distributed.exchange import ExchangeStats, all_reduce_, comm_device
+from bytesplat_ns.distributed.exchange import ExchangeStats, all_gather_ints
 from bytesplat_ns.distributed.pixel import CellState, PixelConfig, pixel_render_loss
-from bytesplat_ns.distributed.sharding import gather_layout, rebalance
+from bytesplat_ns.distributed.sharding import rebalance
 from bytesplat_ns.distributed.step import Views, assign_views, sharded_render_loss, splatfacto_loss
 
 STRATEGY_ROW_KEYS = ("grad2d", "count", "radii")  # densification statistics with one row per Gaussian
@@ -73,8 +72,9 @@ class BatchExchange(ABC):
 
     @abstractmethod
     def render_loss(self, views: Views, sh_degree: Optional[int], ssim_lambda: float, absgrad: bool,
-                    compositor: str) -> BatchRender:
-        """Render and score this rank's share of the batch (collective)."""
+                    compositor: str, logged: bool = True) -> BatchRender:
+        """Render and score this rank's share of the batch (collective). ``logged``: the pipeline logs
+        this step's statistics (work only they need may be skipped on other steps)."""
 
     @abstractmethod
     def after_step(self, step: int, optimizers: Mapping[str, torch.optim.Optimizer]) -> bool:
@@ -106,7 +106,7 @@ class RecordExchange(BatchExchange):
     def views_to_load(self, num_views: int) -> List[int]:
         return assign_views(num_views, self.world_size)[self.rank]
 
-    def render_loss(self, views, sh_degree, ssim_lambda, absgrad, compositor) -> BatchRender:
+    def render_loss(self, views, sh_degree, ssim_lambda, absgrad, compositor, logged=True) -> BatchRender:
         fwd = sharded_render_loss(
             self.model.gauss_params,
             views,
@@ -149,6 +149,7 @@ class PixelExchange(BatchExchange):
         self._pending = None  # (pixel.PixelStats, meta bytes) of the last step
         self._meta = 0
         self._migration_bytes = 0
+        self._total = 0  # the scene's Gaussian count, from the last partition's size gather
 
     @property
     def my_cell(self) -> int:
@@ -162,14 +163,14 @@ class PixelExchange(BatchExchange):
         # every image of the batch at hand.
         return list(range(num_views))
 
-    def render_loss(self, views, sh_degree, ssim_lambda, absgrad, compositor) -> BatchRender:
+    def render_loss(self, views, sh_degree, ssim_lambda, absgrad, compositor, logged=True) -> BatchRender:
         params = self.model.gauss_params
         n = int(params["means"].shape[0])
         # Every local Gaussian belongs to this rank's cell until the next migration moves it (also
         # one that wandered out of the cell: the composite's order is then approximate for it).
         self.cells.cell_of = torch.full((n,), self.my_cell, dtype=torch.int64, device=params["means"].device)
         cfg = PixelConfig(geometric=self.config.pixel_geometric, transmittance=self.config.pixel_transmittance,
-                          fused=self.model.config.fused.options())
+                          fused=self.model.config.fused.options(), measure_time=logged)
         fwd = pixel_render_loss(
             params, self.cells, views, sh_degree, cfg, functools.partial(splatfacto_loss, ssim_lambda=ssim_lambda),
             absgrad=absgrad, renderer=compositor,
@@ -177,11 +178,11 @@ class PixelExchange(BatchExchange):
         info = fwd.infos.get(self.my_cell)
         if info is None or n == 0:
             info = _empty_info(views, n, params["means"].device)
-        meta = ExchangeStats()
-        layout = gather_layout(n, None, meta)
         # Filled in by the backward (bytes sent back, bytes saved): read after the iteration.
         self._pending, self._meta = fwd.stats, 0  # the pipeline adds meta's bytes with the loss's
-        return BatchRender(fwd.local_loss, info, layout.total, n, meta)
+        # The scene's count is the last partition's (its migration keeps the total, and nothing
+        # changes a count between it and this step): no gather of its own.
+        return BatchRender(fwd.local_loss, info, self._total, n, ExchangeStats())
 
     def add_meta_bytes(self, meta: int) -> None:
         self._meta += meta
@@ -209,32 +210,34 @@ class PixelExchange(BatchExchange):
         if tree is None:
             tree = build_global(params["means"], self.world_size, stats=ex)
             force = False
-        rows = self._strategy_rows()
+        counts, rows = self._sizes_and_strategy_rows(ex)
+        self._total = sum(counts)
         tree, cell_of, rebuilt, _ = rebalance_cells(
-            params, optimizers, tree, ranks_of_cells, self.config.rebalance_threshold, force=force, stats=ex, extra=rows
+            params, optimizers, tree, ranks_of_cells, self.config.rebalance_threshold, force=force, stats=ex, extra=rows,
+            counts=counts,
         )
         self.model.strategy_state.update(rows)
         self.cells = CellState(tree, ranks_of_cells, cell_of)
         return int(ex.payload_bytes + ex.meta_bytes), bool(rebuilt)
 
-    def _strategy_rows(self) -> Dict[str, Tensor]:
-        """Densification statistics with one row per local Gaussian, agreed on by every rank (the
-        migration's wire format needs the same entries everywhere); others are reset to None."""
+    def _sizes_and_strategy_rows(self, stats: ExchangeStats) -> Tuple[List[int], Dict[str, Tensor]]:
+        """Collective, one all_gather: every rank's Gaussian count (the cells' balance) and which
+        densification statistics with one row per local Gaussian every rank has (the migration's
+        wire format needs the same entries everywhere); the others are reset to None. Returns
+        (counts per rank, the agreed statistics)."""
         state = self.model.strategy_state
         n = int(self.model.gauss_params["means"].shape[0])
         keys = [k for k in STRATEGY_ROW_KEYS if k in state]
-        have = [1.0 if isinstance(state.get(k), Tensor) and state[k].dim() > 0 and state[k].shape[0] == n else 0.0 for k in keys]
-        if self.world_size > 1 and keys:
-            flags = torch.tensor(have, dtype=torch.float64, device=comm_device())
-            all_reduce_(flags, dist.ReduceOp.MIN, phase="agreeing on densification statistics")
-            have = flags.cpu().tolist()
+        have = [int(isinstance(state.get(k), Tensor) and state[k].dim() > 0 and state[k].shape[0] == n) for k in keys]
+        table = all_gather_ints([n] + have, None, stats, phase="cell sizes and densification statistics").tolist()
+        counts = [int(row[0]) for row in table]
         rows = {}
-        for k, h in zip(keys, have):
-            if h > 0:
+        for j, k in enumerate(keys):
+            if min(row[1 + j] for row in table) > 0:
                 rows[k] = state[k]
             elif isinstance(state.get(k), Tensor):
                 state[k] = None  # the strategy re-creates it (zeros) at its next step
-        return rows
+        return counts, rows
 
     def step_stats(self):
         got, self._pending = self._pending, None

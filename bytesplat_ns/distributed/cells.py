@@ -370,16 +370,18 @@ def rebalance_cells(
     stats: Optional[ExchangeStats] = None,
     extra: Optional[MutableMapping[str, Tensor]] = None,
     max_samples: int = 1 << 20,
+    counts: Optional[Sequence[int]] = None,
 ) -> Tuple[KdCells, Tensor, bool, int]:
     """Rebalancing of the cells (collective): when the ranks' Gaussian counts differ from their mean
     by more than ``threshold`` (or ``force``), rebuild a balanced tree from every rank's means
     (``build_global``, same number of cells); then migrate every Gaussian that is not on its cell's
     rank (this also moves Gaussians that left their cell under the old tree).
 
+    ``counts``: every rank's Gaussian count, where the caller gathered them already (else gathered here).
     Returns (the tree now in use, the local cell id of every row, whether the tree was rebuilt, the
     number of rows this rank sent away)."""
-    _, world = rank_and_world(group)
-    counts = all_gather_ints([int(params["means"].shape[0])], group, stats, phase="cell sizes")[:, 0].tolist()
+    if counts is None:
+        counts = all_gather_ints([int(params["means"].shape[0])], group, stats, phase="cell sizes")[:, 0].tolist()
     rebuilt = force or rank_imbalance(counts) > threshold
     if rebuilt:
         tree = build_global(params["means"], tree.num_cells, group, max_samples, stats)

@@ -403,7 +403,8 @@ class ShardedPipeline(VanillaPipeline):
         model = self.model
         views = self._batch(step)
         absgrad = bool(getattr(model.strategy, "absgrad", False))
-        out = self.exchange.render_loss(views, self._sh_degree(), model.config.ssim_lambda, absgrad, self.compositor)
+        out = self.exchange.render_loss(views, self._sh_degree(), model.config.ssim_lambda, absgrad, self.compositor,
+                                        logged=self.logs_at(step))
         model.info = out.info
         if getattr(model, "optimizers", None) is not None:
             model.strategy.step_pre_backward(model.gauss_params, model.optimizers, model.strategy_state, step, model.info)

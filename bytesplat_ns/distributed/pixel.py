@@ -126,6 +126,9 @@ class PixelConfig:
     """Balanced, locality-aware view-to-rank assignment (``schedule.py``); False: contiguous blocks."""
     fused: FusedOptions = DEFAULT_OPTIONS
     """The fused renderer's switches (the model's ``fused`` config)."""
+    measure_time: bool = True
+    """Measure render and idle seconds (``PixelStats``), which waits for the device around the
+    render and each exchange; the pipeline asks for it on the steps it logs only."""
 
 
 @dataclass
@@ -290,13 +293,16 @@ def _timed_exchange(runner: _Runner, send, sizes, phase: str, counter: str) -> L
     wire = _wire_device(runner)
     send = [m.to(wire) for m in send]
     # Waiting is measured on the host: queued GPU work (the render) is finished before the clock starts,
-    # and NCCL's asynchronous waits are finished before it stops.
-    _sync(runner.device)
-    _sync(wire)
+    # and NCCL's asynchronous waits are finished before it stops (the exchange itself is stream-ordered).
+    timed = runner.config.measure_time
+    if timed:
+        _sync(runner.device)
+        _sync(wire)
     t0 = time.perf_counter()
     out = exchange(send, sizes, runner.group, ex, phase=phase)
-    _sync(wire)
-    runner.stats.wait_s += time.perf_counter() - t0
+    if timed:
+        _sync(wire)
+        runner.stats.wait_s += time.perf_counter() - t0
     out = [m.to(runner.device) for m in out]
     setattr(runner.stats, counter, getattr(runner.stats, counter) + ex.payload_bytes)
     runner.stats.meta_bytes += ex.meta_bytes
@@ -414,9 +420,10 @@ class _PixelExchange(torch.autograd.Function):
                             continue
                         bodies.append(crop(C_in[c][v], runner.rects[(v, c)]).reshape(-1, D).index_select(0, k).reshape(-1))
                 send.append(pack(bodies) if bodies else _empty_msg(dev))
+            kept = {key: int(m.sum()) for key, m in masks.items()}  # read once: the sizes and the sent-pixel count
             sizes = []
             for s in range(world):
-                sizes.append(sum(int(masks[(v, c)].sum()) * D * item for v in runner.views_of_rank[rank] for c in cells_of[s] if (v, c) in masks))
+                sizes.append(sum(kept[(v, c)] * D * item for v in runner.views_of_rank[rank] for c in cells_of[s] if (v, c) in masks))
             recv = _timed_exchange(runner, send, sizes, "pixel exchange: kept colors", "forward_bytes")
             for s in range(world):
                 specs, keys = [], []
@@ -480,7 +487,7 @@ class _PixelExchange(torch.autograd.Function):
                     st.unpruned_bytes += full
                     st.geometric_bytes += a * (D + 1) * item
                     if tmode and (v, c) in masks:
-                        st.sent_pixels += int(masks[(v, c)].sum())
+                        st.sent_pixels += kept[(v, c)]
                     elif not tmode:
                         st.sent_pixels += a
         return loss.detach()
@@ -721,8 +728,9 @@ def pixel_render_loss(
                     st.leaked_pixels += leak
                     r = _union(r, _nonzero_rect(Cc[v].detach(), Tc[v].detach()))
             rects[(v, c)] = r
-    _sync(dev)  # render_s is the render's time, not its launch time
-    st.render_s += time.perf_counter() - t0
+    if cfg.measure_time:
+        _sync(dev)  # render_s is the render's time, not its launch time
+        st.render_s += time.perf_counter() - t0
     if D is None:  # a rank without cells still takes part in the exchange
         D = 3 if sh_degree is not None else params["features_dc"].shape[-1]
 

@@ -1,10 +1,13 @@
-"""Host work only a sharded run pays, per step (issue 26): collectives counted on 2 gloo ranks.
+"""Host work only a sharded run pays, per step (issue 26): counted on 2 gloo ranks for every exchange.
 
-Between the steps nerfstudio logs, a record-exchange step runs the exchange's own collectives only:
-the all_gathers of the step's layout and view counts and of sparse-grad's gradient sizes, and the
-point-to-point messages. The batch-loss
-and communication-statistics all_reduces run on logged steps only, and the shard-size gather of the
-rebalance only on the densification's refine steps (the only ones that change a shard's size).
+``tests.helpers.collective_counts`` runs ``python -m bytesplat_ns.train`` on 2 ranks and counts, per
+training iteration, the collectives, the host reads of tensor values made by ``bytesplat_ns/distributed``
+code, and the pixel exchange's device syncs. Between the steps nerfstudio logs, a step runs only what
+its math needs (docs/distributed.md, "Host work per step", says why each entry stays): the exchange's
+own collectives and the reads of the sizes they carry. The batch-loss and communication-statistics
+all_reduces, their reads and the pixel exchange's timing syncs run on logged steps only; the record
+exchange's shard-size gather only on the densification's refine steps. On logged steps the values
+written are those of a run that logs every step.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -27,6 +31,102 @@ REPO = Path(__file__).resolve().parents[2]
 ITERS = 7
 STEPS_PER_LOG = 3  # logged: 0, 3, 6 (6 also gathers the final checkpoint)
 REFINE_EVERY = 2  # with 2 training views gsplat pauses for 2 + 2 steps after the step-0 reset: refines at 4, 6
+QUIET = (1, 2, 5)  # neither logged nor a refine step
+
+# Every step of every exchange: the batch's views (an epoch's permutation, drawn every step with 2
+# views and a batch of 2) and the cameras' size (host tensors: no device wait).
+BATCH = {"read pipeline.py:_sample_views": 1, "read pipeline.py:_camera_views": 2}
+# dense / sparse-grad: one all_gather of shard sizes and records per view (the messages' sizes), read
+# once; the forward records and the gradients (point to point); on the CPU only, the renderer
+# checks the records' global-id order (skipped on the GPU).
+RECORDS = {**BATCH, "all_gather": 1, "read exchange.py:all_gather_rows": 1, "batch_isend_irecv": 2,
+           "read sharding.py:gather_layout_and_view_counts": 1, "read step.py:_out_of_gid_order": 1}
+QUIET_WORK = {
+    "dense": RECORDS,
+    # + the sparse gradients' sizes: an all_gather, read once
+    "sparse-grad": {**RECORDS, "all_gather": 2, "read exchange.py:all_gather_rows": 2, "read exchange.py:exchange": 1},
+    # one kd cell per rank, 2 views x 2 cells: the cells' bounds (an all_reduce) and the schedule and
+    # crops computed from them on the host, each view's cell order, the rectangles received, the
+    # render leaking out of its predicted rectangle; the partials' sizes (an all_gather); after the
+    # step, the cells' sizes with the densification statistics every rank has (one all_gather), the
+    # migration's optimizer-state agreement (an all_reduce) and its message sizes (an all_gather)
+    "pixel": {**BATCH, "all_gather": 3, "read exchange.py:all_gather_rows": 3, "read exchange.py:exchange": 2,
+              "all_reduce": 2, "read pixel.py:pixel_render_loss": 18, "read pixel.py:project_box_rect": 22,
+              "read pixel.py:<listcomp>": 2, "read pixel.py:forward": 2, "read pixel.py:_count_outside": 4,
+              "read batch_exchange.py:_sizes_and_strategy_rows": 1, "read cells.py:migrate": 2},
+}
+# On logged steps: the batch loss and the communication statistics summed (two all_reduces, one read
+# of the statistics); the pixel exchange times its render and its 3 exchanges (7 device syncs).
+LOGGED_WORK = {"all_reduce": 2, "read pipeline.py:_log_communication": 2}
+PIXEL_TIMING = {"device sync": 7}
+# The record exchange's refine steps: the shard sizes gathered for the rebalance.
+REFINE_WORK = {"all_gather": 1, "read exchange.py:all_gather_rows": 1, "read sharding.py:gather_layout": 1}
+TIMING_KEYS = ("throughput/", "idle_seconds", "Train Iter", "ETA", "Train Rays", "Train Total")
+
+
+def added(*works):
+    total = Counter()
+    for work in works:
+        total.update(work)
+    return dict(total)
+
+
+def without_messages(counts):
+    """``counts`` without the point-to-point batches (how many depends on what moves: checked apart)."""
+    return {k: v for k, v in counts.items() if k != "batch_isend_irecv"}
+
+
+@pytest.fixture(scope="module")
+def train_runs(tmp_path_factory):
+    """(communicator, steps per log, extra arguments) -> (counts, logged) per rank, each run once."""
+    done = {}
+
+    def run(communicator, steps_per_log=STEPS_PER_LOG, *extra):
+        key = (communicator, steps_per_log, extra)
+        if key not in done:
+            tmp = tmp_path_factory.mktemp(f"{communicator}-{steps_per_log}")
+            done[key] = _train(tmp, communicator, steps_per_log, list(extra))
+        return done[key]
+
+    return run
+
+
+def _train(tmp: Path, communicator: str, steps_per_log: int, extra):
+    out = tmp / "counts"
+    out.mkdir()
+    args = [
+        sys.executable, "-m", "tests.helpers.collective_counts", str(out), "bytesplat",
+        "--output-dir", str(tmp / "out"), "--experiment-name", "c", "--timestamp", "run",
+        "--vis", "tensorboard", "--max-num-iterations", str(ITERS), "--steps-per-save", "1000",
+        "--logging.steps-per-log", str(steps_per_log),
+        "--steps-per-eval-image", "100000", "--steps-per-eval-all-images", "100000", "--steps-per-eval-batch", "0",
+        "--machine.device-type", "cpu", "--pipeline.model.rasterizer", "reference",
+        "--pipeline.model.background-color", "black", "--pipeline.views-per-step", "2",
+        "--pipeline.communicator", communicator, *extra,
+        "--pipeline.model.warmup-length", "0", "--pipeline.model.refine-every", str(REFINE_EVERY),
+        "--pipeline.model.reset-alpha-every", "1000",
+        "bytesplat-scene", "--num-views", "2", "--width", "48",
+    ]
+    env = dict(os.environ, BYTESPLAT_CACHE=str(tmp / "cache"), WANDB_MODE="disabled", OMP_NUM_THREADS="1",
+               PYTHONUNBUFFERED="1", MPLBACKEND="Agg",
+               PYTHONPATH=os.pathsep.join(p for p in [str(REPO), os.environ.get("PYTHONPATH", "")] if p))
+    results = launch_local(args, 2, timeout_s=300, env=env, cwd=tmp)
+    detail = "\n".join(f"--- rank {r.rank} exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}" for r in results)
+    assert all(r.returncode == 0 for r in results), detail
+    runs = []
+    for rank in range(2):
+        counts = {int(s): c for s, c in json.loads((out / f"counts-rank{rank}.json").read_text()).items()}
+        logged = {int(s): v for s, v in json.loads((out / f"logged-rank{rank}.json").read_text()).items()}
+        assert sorted(counts) == list(range(ITERS)), counts
+        runs.append((counts, logged))
+    return runs
+
+
+def exchange_logged(logged) -> str:
+    """The exchange a run used (``auto`` resolves at start): the name in its communication/* keys."""
+    names = {k.split("/")[1] for k in logged[0] if k.startswith("communication/")}
+    assert len(names) == 1, logged[0]
+    return names.pop()
 
 
 def test_refines_at_is_gsplats_rule():
@@ -46,36 +146,29 @@ def test_refines_at_is_gsplats_rule():
     assert seen == [s for s in range(48) if strategy.refines_at(s)] == [8, 12, 16, 28, 32, 36]
 
 
-def test_quiet_steps_run_only_the_exchanges_collectives(tmp_path):
-    out = tmp_path / "counts"
-    out.mkdir()
-    args = [
-        sys.executable, "-m", "tests.helpers.collective_counts", str(out), "bytesplat",
-        "--output-dir", str(tmp_path / "out"), "--experiment-name", "c", "--timestamp", "run",
-        "--vis", "tensorboard", "--max-num-iterations", str(ITERS), "--steps-per-save", "1000",
-        "--logging.steps-per-log", str(STEPS_PER_LOG),
-        "--steps-per-eval-image", "100000", "--steps-per-eval-all-images", "100000", "--steps-per-eval-batch", "0",
-        "--machine.device-type", "cpu", "--pipeline.model.rasterizer", "reference",
-        "--pipeline.model.background-color", "black", "--pipeline.views-per-step", "2",
-        "--pipeline.communicator", "sparse-grad",
-        "--pipeline.model.warmup-length", "0", "--pipeline.model.refine-every", str(REFINE_EVERY),
-        "--pipeline.model.reset-alpha-every", "1000",
-        "bytesplat-scene", "--num-views", "2", "--width", "48",
-    ]
-    env = dict(os.environ, BYTESPLAT_CACHE=str(tmp_path / "cache"), WANDB_MODE="disabled", OMP_NUM_THREADS="1",
-               PYTHONUNBUFFERED="1", MPLBACKEND="Agg",
-               PYTHONPATH=os.pathsep.join(p for p in [str(REPO), os.environ.get("PYTHONPATH", "")] if p))
-    results = launch_local(args, 2, timeout_s=240, env=env, cwd=tmp_path)
-    detail = "\n".join(f"--- rank {r.rank} exit {r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}" for r in results)
-    assert all(r.returncode == 0 for r in results), detail
+@pytest.mark.parametrize("communicator", ["dense", "sparse-grad", "pixel", "auto"])
+def test_quiet_steps_do_only_the_steps_own_work(train_runs, communicator):
+    extra = ("--pipeline.link-bandwidth-gbps", "0.01") if communicator == "auto" else ()
+    for rank, (counts, logged) in enumerate(train_runs(communicator, STEPS_PER_LOG, *extra)):
+        used = exchange_logged(logged)
+        assert used == communicator or (communicator == "auto" and used in ("sparse-grad", "pixel")), used
+        quiet = QUIET_WORK[used]
+        for step in QUIET:
+            assert without_messages(counts[step]) == without_messages(quiet), (rank, step, counts[step])
+            assert counts[step]["batch_isend_irecv"] >= 2, (rank, step, counts[step])  # forward, then backward
+        logged_step = added(quiet, LOGGED_WORK, PIXEL_TIMING if used == "pixel" else {})
+        assert without_messages(counts[3]) == without_messages(logged_step), (rank, counts[3])
+        refine = REFINE_WORK if used != "pixel" else {}  # the cells' sizes are gathered every step anyway
+        assert without_messages(counts[4]) == without_messages(added(quiet, refine)), (rank, counts[4])
+
+
+@pytest.mark.parametrize("communicator", ["sparse-grad", "pixel"])
+def test_logged_steps_log_what_a_run_logging_every_step_logs(train_runs, communicator):
+    sparse, every = train_runs(communicator, STEPS_PER_LOG), train_runs(communicator, 1)
     for rank in range(2):
-        counts = {int(s): c for s, c in json.loads((out / f"counts-rank{rank}.json").read_text()).items()}
-        assert sorted(counts) == list(range(ITERS)), counts
-        # sparse-grad's own all_gathers: the step's layout and view counts, the gradient sizes
-        own = 2
-        for step in (1, 2, 5):  # neither logged nor a refine step
-            assert counts[step].get("all_reduce", 0) == 0, (rank, step, counts[step])
-            assert counts[step]["all_gather"] == own, (rank, step, counts[step])
-            assert counts[step]["batch_isend_irecv"] >= 2, (rank, step, counts[step])  # records forward, gradients back
-        assert counts[3]["all_reduce"] == 2 and counts[3]["all_gather"] == own, counts[3]  # logged: loss + statistics
-        assert counts[4].get("all_reduce", 0) == 0 and counts[4]["all_gather"] == own + 1, counts[4]  # refine: shard sizes
+        for step in (0, 3, 6):
+            got, want = ({k: v for k, v in run[rank][1][step].items() if not any(t in k for t in TIMING_KEYS)}
+                         for run in (sparse, every))
+            for key in (f"communication/{communicator}/forward_bytes", "Train Loss", "Train Metrics Dict/gaussian_count"):
+                assert key in got, (rank, step, got)
+            assert got == want, (rank, step)
