@@ -139,7 +139,8 @@ __device__ __forceinline__ void for_each_in_tile(int rows, F &&f) {
 // Gaussian i0 + r's n used coefficients (DC first) into row r of s_co, its mean into
 // s_means[3r..3r+2], with asynchronous copies (cp.async on sm_80+): they go to shared memory
 // without staging in registers, so all of a thread's loads are in flight at once whatever the
-// register count. Visible to the block after wait_tile() and a barrier.
+// register count. The caller commits the copies as one group (with camera 0's inputs, load_camera);
+// they are visible to the block after waiting for that group and a barrier.
 template <int n>
 __device__ __forceinline__ void load_tile(const ShArgs &a, int64_t i0, int rows, float *s_co, float *s_means) {
     constexpr int P = tile_pitch<n>();
@@ -153,10 +154,38 @@ __device__ __forceinline__ void load_tile(const ShArgs &a, int64_t i0, int rows,
             __pipeline_memcpy_async(s_co + r * P + 3 + j, rest + r * a.rest_stride + j, sizeof(float));
         });
     }
-    __pipeline_commit();
 }
 
-__device__ __forceinline__ void wait_tile() { __pipeline_wait_prior(0); }
+// Camera c's inputs of the block's Gaussians, asynchronously as load_tile: the radii into
+// s_radii[r] and, with v_colors, the color gradients into s_vcolors[3r..3r+2]. The kernels fetch
+// camera c + 1's while they compute camera c, into the other of two buffers.
+__device__ __forceinline__ void load_camera(const ShArgs &a, int c, int64_t i0, int rows, int32_t *s_radii,
+                                            const float *v_colors = nullptr, float *s_vcolors = nullptr) {
+    const int64_t ci0 = (int64_t)c * a.N + i0;
+    for_each_in_tile<1>(rows, [&](int r, int) {
+        __pipeline_memcpy_async(s_radii + r, a.radii + ci0 + r, sizeof(int32_t));
+    });
+    if (v_colors != nullptr) {
+        for_each_in_tile<3>(rows, [&](int r, int j) {
+            __pipeline_memcpy_async(s_vcolors + r * 3 + j, v_colors + ci0 * 3 + r * 3 + j, sizeof(float));
+        });
+    }
+}
+
+// Before computing camera c of C: fetches camera c + 1's inputs (a new copy group) and waits for
+// every earlier group, camera c's included, then a barrier makes all threads' copies visible. The
+// buffer camera c + 1 goes to was last read for camera c - 1, before that iteration's last barrier.
+template <typename Fetch>
+__device__ __forceinline__ void next_camera(int c, int C, Fetch &&fetch_next) {
+    if (c + 1 < C) {
+        fetch_next();
+        __pipeline_commit();
+        __pipeline_wait_prior(1);
+    } else {
+        __pipeline_wait_prior(0);
+    }
+    __syncthreads();
+}
 
 // Gaussians of block blockIdx.x that exist: kShGaussians except in the last block.
 __device__ __forceinline__ int tile_rows(int64_t N, int64_t i0) {
@@ -176,22 +205,24 @@ template <int n>
 __global__ void __launch_bounds__(kShGaussians) sh_views_fwd_kernel(ShArgs a, float *__restrict__ colors) {
     constexpr int P = tile_pitch<n>();
     __shared__ float s_co[kShGaussians * P], s_means[kShGaussians * 3];
-    // two buffers: a camera's colors are written while the previous camera's may still be stored,
-    // so one barrier per camera suffices
+    // two buffers each: camera c + 1's radii arrive while camera c's are read, and camera c's colors
+    // are written while camera c - 1's may still be stored
+    __shared__ int32_t s_radii[2][kShGaussians];
     __shared__ float s_colors[2][kShGaussians * 3];
     const int t = threadIdx.x;
     const int64_t i0 = (int64_t)blockIdx.x * kShGaussians;
     const int rows = tile_rows(a.N, i0);
     load_tile<n>(a, i0, rows, s_co, s_means);
-    wait_tile();
-    __syncthreads();
+    if (a.C > 0) load_camera(a, 0, i0, rows, s_radii[0]);
+    __pipeline_commit();
     const float *co = s_co + t * P;
     float Y[n];
     for (int c = 0; c < a.C; ++c) {
+        next_camera(c, a.C, [&] { load_camera(a, c + 1, i0, rows, s_radii[(c + 1) & 1]); });
         float *out = s_colors[c & 1];
         if (t < rows) {
             float *o = out + 3 * t;
-            if (a.radii[(int64_t)c * a.N + i0 + t] <= 0) {
+            if (s_radii[c & 1][t] <= 0) {
                 o[0] = o[1] = o[2] = 0.f;
             } else {
                 float inv;
@@ -226,25 +257,26 @@ __global__ void __launch_bounds__(kShGaussians)
     constexpr int P = tile_pitch<n>(), kRest = (n - 1) * 3;
     __shared__ float s_co[kShGaussians * P], s_vco[kShGaussians * P];
     __shared__ float s_means[kShGaussians * 3];  // the means in, their gradients out
+    __shared__ int32_t s_radii[2][kShGaussians];  // two buffers: camera c + 1's arrive while c's are read
+    __shared__ float s_vcolors[2][kShGaussians * 3];
     const int t = threadIdx.x;
     const int64_t i0 = (int64_t)blockIdx.x * kShGaussians;
     const int rows = tile_rows(a.N, i0);
     load_tile<n>(a, i0, rows, s_co, s_means);
+    if (a.C > 0) load_camera(a, 0, i0, rows, s_radii[0], v_colors, s_vcolors[0]);
+    __pipeline_commit();
     const float *co = s_co + t * P;
     float *vco = s_vco + t * P;
 #pragma unroll
     for (int k = 0; k < n * 3; ++k) vco[k] = 0.f;  // this thread's row only, while the tile loads
-    wait_tile();
-    __syncthreads();
-    if (t < rows) {
-        const float mx = s_means[3 * t], my = s_means[3 * t + 1], mz = s_means[3 * t + 2];
-        float vmx = 0.f, vmy = 0.f, vmz = 0.f;
-        float Y[n], gx[n], gy[n], gz[n];
-        for (int c = 0; c < a.C; ++c) {
-            const int64_t ci = (int64_t)c * a.N + i0 + t;
-            if (a.radii[ci] <= 0) continue;
+    float vmx = 0.f, vmy = 0.f, vmz = 0.f;
+    float Y[n], gx[n], gy[n], gz[n];
+    for (int c = 0; c < a.C; ++c) {
+        const int b = c & 1;
+        next_camera(c, a.C, [&] { load_camera(a, c + 1, i0, rows, s_radii[b ^ 1], v_colors, s_vcolors[b ^ 1]); });
+        if (t < rows && s_radii[b][t] > 0) {
             float inv;
-            const float3 d = view_direction(a.viewmats, c, mx, my, mz, inv);
+            const float3 d = view_direction(a.viewmats, c, s_means[3 * t], s_means[3 * t + 1], s_means[3 * t + 2], inv);
             const float x = d.x, y = d.y, z = d.z;
             sh_bases<true, n>(x, y, z, Y, gx, gy, gz);
             float v[3];
@@ -254,23 +286,30 @@ __global__ void __launch_bounds__(kShGaussians)
                 float raw = 0.5f;
 #pragma unroll
                 for (int k = 0; k < n; ++k) raw += Y[k] * co[k * 3 + ch];
-                v[ch] = raw >= 0.f ? v_colors[ci * 3 + ch] : 0.f;
+                v[ch] = raw >= 0.f ? s_vcolors[b][3 * t + ch] : 0.f;
                 any |= v[ch] != 0.f;
             }
-            if (!any) continue;
-            float ux = 0.f, uy = 0.f, uz = 0.f;  // dL / d(unit direction)
+            if (any) {
+                float ux = 0.f, uy = 0.f, uz = 0.f;  // dL / d(unit direction)
 #pragma unroll
-            for (int k = 0; k < n; ++k) {
-                const float s = co[k * 3] * v[0] + co[k * 3 + 1] * v[1] + co[k * 3 + 2] * v[2];
-                ux += s * gx[k], uy += s * gy[k], uz += s * gz[k];
-                vco[k * 3] += Y[k] * v[0], vco[k * 3 + 1] += Y[k] * v[1], vco[k * 3 + 2] += Y[k] * v[2];
+                for (int k = 0; k < n; ++k) {
+                    const float s = co[k * 3] * v[0] + co[k * 3 + 1] * v[1] + co[k * 3 + 2] * v[2];
+                    ux += s * gx[k], uy += s * gy[k], uz += s * gz[k];
+                    vco[k * 3] += Y[k] * v[0], vco[k * 3 + 1] += Y[k] * v[1], vco[k * 3 + 2] += Y[k] * v[2];
+                }
+                // through the normalisation d / |d|: (u - (u . d) d) / |d|
+                const float ud = ux * x + uy * y + uz * z;
+                vmx += (ux - ud * x) * inv, vmy += (uy - ud * y) * inv, vmz += (uz - ud * z) * inv;
             }
-            // through the normalisation d / |d|: (u - (u . d) d) / |d|
-            const float ud = ux * x + uy * y + uz * z;
-            vmx += (ux - ud * x) * inv, vmy += (uy - ud * y) * inv, vmz += (uz - ud * z) * inv;
         }
-        s_means[3 * t] = vmx, s_means[3 * t + 1] = vmy, s_means[3 * t + 2] = vmz;  // read above, by this thread only
+        if (c + 1 < a.C) __syncthreads();  // camera c's buffers read before camera c + 2's overwrite them
     }
+    if (a.C == 0) {  // (else the last camera's wait and barrier did this) no copy lands on the gradients
+        __pipeline_wait_prior(0);
+        __syncthreads();
+    }
+    // this thread's row: only this thread read it while computing
+    if (t < rows) s_means[3 * t] = vmx, s_means[3 * t + 1] = vmy, s_means[3 * t + 2] = vmz;
     __syncthreads();
     for_each_in_tile<3>(rows, [&](int r, int j) {
         v_dc[(i0 + r) * v_dc_stride + j] = s_vco[r * P + j];
