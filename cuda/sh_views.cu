@@ -13,13 +13,14 @@
 // Mapping: a block takes 64 consecutive Gaussians. Its threads first copy their coefficient rows
 // (and means) into shared memory together, consecutive threads on consecutive floats, so each warp
 // reads whole 128-byte lines; then each thread computes one Gaussian from its shared row for every
-// camera; the backward sums the coefficient gradients into a second shared tile and the block
-// stores it the same coalesced way. A thread reading or writing its own 48-float row in global
-// memory (192 bytes apart from its neighbour's) would make every warp access touch 32 sectors for
-// 128 useful bytes, and the gradient stores partial sectors. A thread per Gaussian (not per
-// channel) keeps the means gradient, which all three channels feed, in one thread: no cross-thread
-// reduction or atomics; the coefficients are read from DRAM once per block, not once per camera,
-// and each gradient is written once, summed over the cameras.
+// camera (the next camera's radii and color gradients arrive meanwhile); the backward sums the
+// coefficient gradients into a second shared tile and the block stores it the same coalesced way.
+// A thread reading or writing its own 48-float row in global memory (192 bytes from its
+// neighbour's) makes every warp access touch 32 sectors for 128 useful bytes, and the gradient
+// stores partial sectors. A thread per Gaussian (not per channel) keeps the means gradient, which
+// all three channels feed, in one thread: no cross-thread reduction or atomics. The coefficients
+// are read from DRAM once per block, not once per camera, and each gradient is written once,
+// summed over the cameras.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
