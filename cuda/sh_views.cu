@@ -3,18 +3,28 @@
 //
 // colors[c, i] = max(sum_k coeffs[i, k] Y_k(d) + 0.5, 0) with d the unit vector from camera c's
 // center (-R^T t of its rigid world-to-camera matrix) to mean i, and 0 where radii[c, i] <= 0
-// (culled). Basis and signs: bytesplat_ns/raster/sh.py (gsplat 1.4.0's). One thread per Gaussian
-// walks the cameras, so its coefficients are read once, not once per camera, and the backward
-// writes each Gaussian's coefficient and mean gradients once, summed over the cameras, with no
-// per-camera temporaries to add up afterwards.
+// (culled). Basis and signs: bytesplat_ns/raster/sh.py (gsplat 1.4.0's).
 //
 // The coefficients come as two tensors, the DC term dc [N,3] and the rest [N,K-1,3] (splatfacto's
 // features_dc / features_rest), each with any row stride: the trainer's parameters are read and
 // their gradients written in place, with no [N,K,3] concatenation either way, and a stacked
 // [N,K,3] tensor is the same call on its two views coeffs[:, 0] and coeffs[:, 1:].
+//
+// Mapping: a block takes 64 consecutive Gaussians. Its threads first copy their coefficient rows
+// (and means) into shared memory together, consecutive threads on consecutive floats, so each warp
+// reads whole 128-byte lines; then each thread computes one Gaussian from its shared row for every
+// camera (the next camera's radii and color gradients arrive meanwhile); the backward sums the
+// coefficient gradients into a second shared tile and the block stores it the same coalesced way.
+// A thread reading or writing its own 48-float row in global memory (192 bytes from its
+// neighbour's) makes every warp access touch 32 sectors for 128 useful bytes, and the gradient
+// stores partial sectors. A thread per Gaussian (not per channel) keeps the means gradient, which
+// all three channels feed, in one thread: no cross-thread reduction or atomics. The coefficients
+// are read from DRAM once per block, not once per camera, and each gradient is written once,
+// summed over the cameras.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_pipeline_primitives.h>
 
 #include <type_traits>
 #include <vector>
@@ -23,7 +33,6 @@ namespace bytesplat {
 
 namespace {
 
-constexpr int kShThreads = 128;
 constexpr int kMaxBases = 16;
 
 // Normalisation constants of the real bases (see raster/sh.py for their derivation).
@@ -107,95 +116,215 @@ struct ShArgs {
     const int32_t *radii;
 };
 
-// Coefficient k (0: DC), channel ch, of Gaussian i; k < n <= K.
-__device__ __forceinline__ float coefficient(const ShArgs &a, int64_t i, int k, int ch) {
-    return k == 0 ? a.dc[i * a.dc_stride + ch] : a.rest[i * a.rest_stride + (k - 1) * 3 + ch];
+// Gaussians (= threads) per block. The backward's two coefficient tiles (below) take 2 * 64 * 49
+// floats, 25 KB of shared memory, under the 48 KB a block may have statically.
+constexpr int kShGaussians = 64;
+
+// Floats from one Gaussian's row to the next in a block's coefficient tile in shared memory: the
+// n*3 used coefficients, padded to an odd count so that the 32 threads of a warp, one row each,
+// read and write 32 different banks.
+template <int n>
+constexpr int tile_pitch() {
+    return (n * 3) % 2 == 1 ? n * 3 : n * 3 + 1;
+}
+
+// Rows r < rows of a block's tile, W floats each: calls f(r, j) once per float j, consecutive
+// threads on consecutive floats, so that a warp's global loads or stores of rows laid out one after
+// another cover one contiguous span (split at row ends when the row stride is wider).
+template <int W, typename F>
+__device__ __forceinline__ void for_each_in_tile(int rows, F &&f) {
+#pragma unroll 4
+    for (int e = threadIdx.x; e < rows * W; e += kShGaussians) f(e / W, e % W);
+}
+
+// Gaussian i0 + r's n used coefficients (DC first) into row r of s_co, its mean into
+// s_means[3r..3r+2], with asynchronous copies (cp.async on sm_80+): they go to shared memory
+// without staging in registers, so all of a thread's loads are in flight at once whatever the
+// register count. The caller commits the copies as one group (with camera 0's inputs, load_camera);
+// they are visible to the block after waiting for that group and a barrier.
+template <int n>
+__device__ __forceinline__ void load_tile(const ShArgs &a, int64_t i0, int rows, float *s_co, float *s_means) {
+    constexpr int P = tile_pitch<n>();
+    const float *dc = a.dc + i0 * a.dc_stride, *rest = a.rest + i0 * a.rest_stride, *means = a.means + i0 * 3;
+    for_each_in_tile<3>(rows, [&](int r, int j) {
+        __pipeline_memcpy_async(s_co + r * P + j, dc + r * a.dc_stride + j, sizeof(float));
+        __pipeline_memcpy_async(s_means + r * 3 + j, means + r * 3 + j, sizeof(float));
+    });
+    if constexpr (n > 1) {
+        for_each_in_tile<(n - 1) * 3>(rows, [&](int r, int j) {
+            __pipeline_memcpy_async(s_co + r * P + 3 + j, rest + r * a.rest_stride + j, sizeof(float));
+        });
+    }
+}
+
+// Camera c's inputs of the block's Gaussians, asynchronously as load_tile: the radii into
+// s_radii[r] and, with v_colors, the color gradients into s_vcolors[3r..3r+2]. The kernels fetch
+// camera c + 1's while they compute camera c, into the other of two buffers.
+__device__ __forceinline__ void load_camera(const ShArgs &a, int c, int64_t i0, int rows, int32_t *s_radii,
+                                            const float *v_colors = nullptr, float *s_vcolors = nullptr) {
+    const int64_t ci0 = (int64_t)c * a.N + i0;
+    for_each_in_tile<1>(rows, [&](int r, int) {
+        __pipeline_memcpy_async(s_radii + r, a.radii + ci0 + r, sizeof(int32_t));
+    });
+    if (v_colors != nullptr) {
+        for_each_in_tile<3>(rows, [&](int r, int j) {
+            __pipeline_memcpy_async(s_vcolors + r * 3 + j, v_colors + ci0 * 3 + r * 3 + j, sizeof(float));
+        });
+    }
+}
+
+// Before computing camera c of C: fetches camera c + 1's inputs (a new copy group) and waits for
+// every earlier group, camera c's included, then a barrier makes all threads' copies visible. The
+// buffer camera c + 1 goes to was last read for camera c - 1, before that iteration's last barrier.
+template <typename Fetch>
+__device__ __forceinline__ void next_camera(int c, int C, Fetch &&fetch_next) {
+    if (c + 1 < C) {
+        fetch_next();
+        __pipeline_commit();
+        __pipeline_wait_prior(1);
+    } else {
+        __pipeline_wait_prior(0);
+    }
+    __syncthreads();
+}
+
+// Gaussians of block blockIdx.x that exist: kShGaussians except in the last block.
+__device__ __forceinline__ int tile_rows(int64_t N, int64_t i0) {
+    return N - i0 < kShGaussians ? (int)(N - i0) : kShGaussians;
+}
+
+// Unit direction from camera c's center to mean m, and 1 / the distance (zero direction: 0, finite).
+__device__ __forceinline__ float3 view_direction(const float *__restrict__ viewmats, int c, float mx, float my,
+                                                 float mz, float &inv) {
+    const float3 cc = camera_center(viewmats, c);
+    const float dx = mx - cc.x, dy = my - cc.y, dz = mz - cc.z;
+    inv = 1.f / fmaxf(sqrtf(dx * dx + dy * dy + dz * dz), 1e-20f);
+    return make_float3(dx * inv, dy * inv, dz * inv);
 }
 
 template <int n>
-__global__ void sh_views_fwd_kernel(ShArgs a, float *__restrict__ colors) {
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= a.N) return;
-    float co[n * 3];
-#pragma unroll
-    for (int k = 0; k < n * 3; ++k) co[k] = coefficient(a, i, k / 3, k % 3);
-    const float mx = a.means[3 * i], my = a.means[3 * i + 1], mz = a.means[3 * i + 2];
+__global__ void __launch_bounds__(kShGaussians) sh_views_fwd_kernel(ShArgs a, float *__restrict__ colors) {
+    constexpr int P = tile_pitch<n>();
+    __shared__ float s_co[kShGaussians * P], s_means[kShGaussians * 3];
+    // two buffers each: camera c + 1's radii arrive while camera c's are read, and camera c's colors
+    // are written while camera c - 1's may still be stored
+    __shared__ int32_t s_radii[2][kShGaussians];
+    __shared__ float s_colors[2][kShGaussians * 3];
+    const int t = threadIdx.x;
+    const int64_t i0 = (int64_t)blockIdx.x * kShGaussians;
+    const int rows = tile_rows(a.N, i0);
+    load_tile<n>(a, i0, rows, s_co, s_means);
+    if (a.C > 0) load_camera(a, 0, i0, rows, s_radii[0]);
+    __pipeline_commit();
+    const float *co = s_co + t * P;
     float Y[n];
     for (int c = 0; c < a.C; ++c) {
-        float *out = colors + ((int64_t)c * a.N + i) * 3;
-        if (a.radii[(int64_t)c * a.N + i] <= 0) {
-            out[0] = out[1] = out[2] = 0.f;
-            continue;
-        }
-        const float3 cc = camera_center(a.viewmats, c);
-        float dx = mx - cc.x, dy = my - cc.y, dz = mz - cc.z;
-        const float inv = 1.f / fmaxf(sqrtf(dx * dx + dy * dy + dz * dz), 1e-20f);
-        sh_bases<false, n>(dx * inv, dy * inv, dz * inv, Y, nullptr, nullptr, nullptr);
+        next_camera(c, a.C, [&] { load_camera(a, c + 1, i0, rows, s_radii[(c + 1) & 1]); });
+        float *out = s_colors[c & 1];
+        if (t < rows) {
+            float *o = out + 3 * t;
+            if (s_radii[c & 1][t] <= 0) {
+                o[0] = o[1] = o[2] = 0.f;
+            } else {
+                float inv;
+                const float3 d = view_direction(a.viewmats, c, s_means[3 * t], s_means[3 * t + 1],
+                                                s_means[3 * t + 2], inv);
+                sh_bases<false, n>(d.x, d.y, d.z, Y, nullptr, nullptr, nullptr);
 #pragma unroll
-        for (int ch = 0; ch < 3; ++ch) {
-            float v = 0.5f;
+                for (int ch = 0; ch < 3; ++ch) {
+                    float v = 0.5f;
 #pragma unroll
-            for (int k = 0; k < n; ++k) v += Y[k] * co[k * 3 + ch];
-            out[ch] = fmaxf(v, 0.f);
+                    for (int k = 0; k < n; ++k) v += Y[k] * co[k * 3 + ch];
+                    o[ch] = fmaxf(v, 0.f);
+                }
+            }
         }
+        __syncthreads();
+        float *dst = colors + ((int64_t)c * a.N + i0) * 3;
+        for_each_in_tile<3>(rows, [&](int r, int j) { dst[r * 3 + j] = out[r * 3 + j]; });
     }
 }
 
 // v_coeffs[i] = sum_c Y(d_c) v_c and v_means[i] = sum_c (I - d d^T)/|m - center| grad_d, over the
 // cameras where i is visible and its color is not clamped (torch's clamp_min passes the gradient
 // where the input >= 0). Coefficients past the n used get 0. v_dc / v_rest: row strides v_dc_stride
-// / v_rest_stride (floats), each row's floats contiguous.
+// / v_rest_stride (floats), each row's floats contiguous. Each thread sums its Gaussian's
+// coefficient gradients in its own row of s_vco; the block then stores the tile as load_tile read it.
 template <int n>
-__global__ void sh_views_bwd_kernel(ShArgs a, const float *__restrict__ v_colors, float *__restrict__ v_dc,
-                                    int64_t v_dc_stride, float *__restrict__ v_rest, int64_t v_rest_stride,
-                                    float *__restrict__ v_means) {
-    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= a.N) return;
-    float co[n * 3], vco[n * 3];
+__global__ void __launch_bounds__(kShGaussians)
+    sh_views_bwd_kernel(ShArgs a, const float *__restrict__ v_colors, float *__restrict__ v_dc,
+                        int64_t v_dc_stride, float *__restrict__ v_rest, int64_t v_rest_stride,
+                        float *__restrict__ v_means) {
+    constexpr int P = tile_pitch<n>(), kRest = (n - 1) * 3;
+    __shared__ float s_co[kShGaussians * P], s_vco[kShGaussians * P];
+    __shared__ float s_means[kShGaussians * 3];  // the means in, their gradients out
+    __shared__ int32_t s_radii[2][kShGaussians];  // two buffers: camera c + 1's arrive while c's are read
+    __shared__ float s_vcolors[2][kShGaussians * 3];
+    const int t = threadIdx.x;
+    const int64_t i0 = (int64_t)blockIdx.x * kShGaussians;
+    const int rows = tile_rows(a.N, i0);
+    load_tile<n>(a, i0, rows, s_co, s_means);
+    if (a.C > 0) load_camera(a, 0, i0, rows, s_radii[0], v_colors, s_vcolors[0]);
+    __pipeline_commit();
+    const float *co = s_co + t * P;
+    float *vco = s_vco + t * P;
 #pragma unroll
-    for (int k = 0; k < n * 3; ++k) {
-        co[k] = coefficient(a, i, k / 3, k % 3);
-        vco[k] = 0.f;
-    }
-    const float mx = a.means[3 * i], my = a.means[3 * i + 1], mz = a.means[3 * i + 2];
+    for (int k = 0; k < n * 3; ++k) vco[k] = 0.f;  // this thread's row only, while the tile loads
     float vmx = 0.f, vmy = 0.f, vmz = 0.f;
     float Y[n], gx[n], gy[n], gz[n];
     for (int c = 0; c < a.C; ++c) {
-        const int64_t ci = (int64_t)c * a.N + i;
-        if (a.radii[ci] <= 0) continue;
-        const float3 cc = camera_center(a.viewmats, c);
-        const float dx = mx - cc.x, dy = my - cc.y, dz = mz - cc.z;
-        const float len = fmaxf(sqrtf(dx * dx + dy * dy + dz * dz), 1e-20f), inv = 1.f / len;
-        const float x = dx * inv, y = dy * inv, z = dz * inv;
-        sh_bases<true, n>(x, y, z, Y, gx, gy, gz);
-        float v[3];
-        bool any = false;
+        const int b = c & 1;
+        next_camera(c, a.C, [&] { load_camera(a, c + 1, i0, rows, s_radii[b ^ 1], v_colors, s_vcolors[b ^ 1]); });
+        if (t < rows && s_radii[b][t] > 0) {
+            float inv;
+            const float3 d = view_direction(a.viewmats, c, s_means[3 * t], s_means[3 * t + 1], s_means[3 * t + 2], inv);
+            const float x = d.x, y = d.y, z = d.z;
+            sh_bases<true, n>(x, y, z, Y, gx, gy, gz);
+            float v[3];
+            bool any = false;
 #pragma unroll
-        for (int ch = 0; ch < 3; ++ch) {
-            float raw = 0.5f;
+            for (int ch = 0; ch < 3; ++ch) {
+                float raw = 0.5f;
 #pragma unroll
-            for (int k = 0; k < n; ++k) raw += Y[k] * co[k * 3 + ch];
-            v[ch] = raw >= 0.f ? v_colors[ci * 3 + ch] : 0.f;
-            any |= v[ch] != 0.f;
+                for (int k = 0; k < n; ++k) raw += Y[k] * co[k * 3 + ch];
+                v[ch] = raw >= 0.f ? s_vcolors[b][3 * t + ch] : 0.f;
+                any |= v[ch] != 0.f;
+            }
+            if (any) {
+                float ux = 0.f, uy = 0.f, uz = 0.f;  // dL / d(unit direction)
+#pragma unroll
+                for (int k = 0; k < n; ++k) {
+                    const float s = co[k * 3] * v[0] + co[k * 3 + 1] * v[1] + co[k * 3 + 2] * v[2];
+                    ux += s * gx[k], uy += s * gy[k], uz += s * gz[k];
+                    vco[k * 3] += Y[k] * v[0], vco[k * 3 + 1] += Y[k] * v[1], vco[k * 3 + 2] += Y[k] * v[2];
+                }
+                // through the normalisation d / |d|: (u - (u . d) d) / |d|
+                const float ud = ux * x + uy * y + uz * z;
+                vmx += (ux - ud * x) * inv, vmy += (uy - ud * y) * inv, vmz += (uz - ud * z) * inv;
+            }
         }
-        if (!any) continue;
-        float ux = 0.f, uy = 0.f, uz = 0.f;  // dL / d(unit direction)
-#pragma unroll
-        for (int k = 0; k < n; ++k) {
-            const float s = co[k * 3] * v[0] + co[k * 3 + 1] * v[1] + co[k * 3 + 2] * v[2];
-            ux += s * gx[k], uy += s * gy[k], uz += s * gz[k];
-            vco[k * 3] += Y[k] * v[0], vco[k * 3 + 1] += Y[k] * v[1], vco[k * 3 + 2] += Y[k] * v[2];
-        }
-        // through the normalisation d / |d|: (u - (u . d) d) / |d|
-        const float ud = ux * x + uy * y + uz * z;
-        vmx += (ux - ud * x) * inv, vmy += (uy - ud * y) * inv, vmz += (uz - ud * z) * inv;
+        if (c + 1 < a.C) __syncthreads();  // camera c's buffers read before camera c + 2's overwrite them
     }
-    float *vd = v_dc + i * v_dc_stride, *vr = v_rest + i * v_rest_stride;
-    vd[0] = vco[0], vd[1] = vco[1], vd[2] = vco[2];
-#pragma unroll
-    for (int k = 3; k < n * 3; ++k) vr[k - 3] = vco[k];
-    for (int k = n * 3; k < a.K * 3; ++k) vr[k - 3] = 0.f;
-    v_means[3 * i] = vmx, v_means[3 * i + 1] = vmy, v_means[3 * i + 2] = vmz;
+    if (a.C == 0) {  // (else the last camera's wait and barrier did this) no copy lands on the gradients
+        __pipeline_wait_prior(0);
+        __syncthreads();
+    }
+    // this thread's row: only this thread read it while computing
+    if (t < rows) s_means[3 * t] = vmx, s_means[3 * t + 1] = vmy, s_means[3 * t + 2] = vmz;
+    __syncthreads();
+    for_each_in_tile<3>(rows, [&](int r, int j) {
+        v_dc[(i0 + r) * v_dc_stride + j] = s_vco[r * P + j];
+        v_means[(i0 + r) * 3 + j] = s_means[r * 3 + j];
+    });
+    if constexpr (kRest > 0) {
+        for_each_in_tile<kRest>(
+            rows, [&](int r, int j) { v_rest[(i0 + r) * v_rest_stride + j] = s_vco[r * P + 3 + j]; });
+    }
+    const int unused = (a.K - n) * 3;  // floats of the rest past the bases in use: gradient 0
+    for (int e = t; e < rows * unused; e += kShGaussians) {
+        const int r = e / unused;
+        v_rest[(i0 + r) * v_rest_stride + kRest + e % unused] = 0.f;
+    }
 }
 
 // dc [N,3] and rest [N,K-1,3] may be row-strided views (one row's floats contiguous; a size-1
@@ -245,7 +374,7 @@ ShArgs check_args(const at::Tensor &means, const at::Tensor &dc, const at::Tenso
 }
 
 inline unsigned int sh_blocks(int64_t n) {
-    return (unsigned int)((n + kShThreads - 1) / kShThreads);
+    return (unsigned int)((n + kShGaussians - 1) / kShGaussians);
 }
 
 // Calls f(std::integral_constant<int, n>) for the bases in use.
@@ -269,7 +398,7 @@ at::Tensor sh_views_fwd(const at::Tensor &means, const at::Tensor &dc, const at:
     if (a.N == 0 || a.C == 0) return colors;
     with_bases(a.n, [&](auto nb) {
         sh_views_fwd_kernel<decltype(nb)::value>
-            <<<sh_blocks(a.N), kShThreads, 0, at::cuda::getCurrentCUDAStream()>>>(a, colors.data_ptr<float>());
+            <<<sh_blocks(a.N), kShGaussians, 0, at::cuda::getCurrentCUDAStream()>>>(a, colors.data_ptr<float>());
     });
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return colors;
@@ -294,7 +423,7 @@ at::Tensor sh_views_bwd(const at::Tensor &means, const at::Tensor &dc, const at:
     at::Tensor v_means = at::empty_like(means);
     if (a.N == 0) return v_means;
     with_bases(a.n, [&](auto nb) {
-        sh_views_bwd_kernel<decltype(nb)::value><<<sh_blocks(a.N), kShThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+        sh_views_bwd_kernel<decltype(nb)::value><<<sh_blocks(a.N), kShGaussians, 0, at::cuda::getCurrentCUDAStream()>>>(
             a, v_colors.data_ptr<float>(), v_dc.data_ptr<float>(), v_dc.stride(0), v_rest.data_ptr<float>(),
             v_rest.stride(0), v_means.data_ptr<float>());
     });

@@ -50,6 +50,9 @@ def test_split_kernel_equals_the_twin(degree, K, C):
         assert (gr_c[:, n - 1:] == 0).all()  # the rest past the degree in use
     if n > 1:
         assert _max_rel(gr_c, gr_t) <= 1e-4 and _max_rel(gm_c, gm_t) <= 1e-4
+        # the last Gaussian sits at camera 0's center (a means gradient near 1e20 where it is seen):
+        # the others on their own scale
+        assert _max_rel(gm_c[:-1], gm_t[:-1]) <= 1e-4
     else:
         assert (gm_c == 0).all()
     assert (gd_c[(radii > 0).sum(0) == 0] == 0).all()  # culled in every view: no gradient
@@ -164,3 +167,81 @@ def test_gsplat_projection_normalises_quaternions_itself():
     visible = r_raw > 0  # gsplat leaves the culled entries' conics unwritten
     assert _max_rel(c_raw[visible], c_n[visible]) <= 1e-5
     assert g_n.abs().sum() > 0 and _max_rel(g_raw, g_n) <= 1e-4
+
+
+def _padded_rows(N, K, fill):
+    """A [N, K+3, 3] buffer of ``fill`` and its views dc = [:, 1] and rest = [:, 3:K+2]: rows with
+    a float3 of padding before the DC, between the DC and the rest, and after the rest."""
+    buf = torch.full((N, K + 3, 3), fill, device="cuda")
+    return buf, buf[:, 1], buf[:, 3:K + 2]
+
+
+_SHAPES = [(3, 16, 1), (3, 16, 3), (2, 9, 1), (2, 16, 3), (1, 4, 1), (1, 16, 1), (0, 1, 1), (0, 16, 3)]
+# N around the 64-Gaussian blocks of cuda/sh_views.cu, then a large odd N (many blocks, a partial last one)
+_TILE_CASES = [(N, layout, *shape) for N in (1, 63, 64, 65, 130) for layout in ("contiguous", "padded")
+               for shape in _SHAPES] + [(100_003, "padded", 3, 16, 1), (100_003, "contiguous", 2, 16, 3)]
+
+
+@pytest.mark.parametrize("N,layout,degree,K,C", _TILE_CASES)
+def test_kernel_tiles_at_block_edges_and_row_strides(N, layout, degree, K, C):
+    """The kernels copy a block's rows (64 Gaussians) through shared memory: every N around a block
+    edge, every K, several cameras, rows contiguous or padded with NaN on both sides (read from
+    and written into in place) give the twin's colors and gradients, read no padding (the outputs
+    stay finite), write every gradient float (outputs start as NaN) and no padding (it stays NaN)."""
+    from bytesplat_ns.raster._wrapper import _ops
+    from bytesplat_ns.raster.sh_views import split_sh_colors_torch
+
+    means, dc, rest, viewmats, radii = split_sh_inputs(N, C, K, seed=N + 7 * K + C, device="cuda")
+    means[N - 1] += 0.5  # off camera 0's center: every means gradient of ordinary size
+    v_colors = torch.randn(C, N, 3, generator=torch.Generator().manual_seed(2)).cuda()
+    m, d, r = (t.clone().requires_grad_(True) for t in (means, dc, rest))
+    col_t = split_sh_colors_torch(m, d, r, viewmats, radii, degree)
+    (col_t * v_colors).sum().backward()
+    gm_t = m.grad if m.grad is not None else torch.zeros_like(means)  # degree 0: no direction in the graph
+
+    nan = float("nan")
+    if layout == "padded":
+        buf, dc_k, rest_k = _padded_rows(N, K, nan)
+        dc_k.copy_(dc), rest_k.copy_(rest)
+        vbuf, v_dc, v_rest = _padded_rows(N, K, nan)
+        assert dc_k.stride(0) == rest_k.stride(0) == (K + 3) * 3
+    else:
+        dc_k, rest_k = dc, rest
+        v_dc, v_rest = torch.full_like(dc, nan), torch.full_like(rest, nan)
+    ops = _ops()
+    col_k = ops.sh_views_fwd(means, dc_k, rest_k, viewmats, radii, degree)
+    gm_k = ops.sh_views_bwd(means, dc_k, rest_k, viewmats, radii, degree, v_colors, v_dc, v_rest)
+    assert all(torch.isfinite(t).all() for t in (col_k, gm_k, v_dc, v_rest))
+    assert (col_k - col_t.detach()).abs().max().item() <= 1e-5
+    assert (col_k[radii <= 0] == 0).all()
+    assert _max_rel(v_dc, d.grad) <= 1e-4
+    n = (degree + 1) ** 2
+    assert (v_rest[:, n - 1:] == 0).all()  # past the bases in use
+    if n > 1:
+        assert _max_rel(v_rest, r.grad) <= 1e-4 and _max_rel(gm_k, gm_t) <= 1e-4
+        assert gm_k.abs().max() < 1e6  # no Gaussian at a camera center here: ordinary gradients only
+    else:
+        assert (gm_k == 0).all()
+    if layout == "padded":  # the padding is neither read (above: finite) nor written
+        assert torch.isnan(vbuf[:, 0]).all() and torch.isnan(vbuf[:, 2]).all() and torch.isnan(vbuf[:, K + 2]).all()
+
+
+def test_kernel_on_the_stacked_views_of_one_tensor_equals_the_split_call():
+    """A stacked [N,K,3] tensor passed as its two views (row stride K*3 for both, the DC and the
+    rest interleaved row by row) in and out gives exactly the split contiguous call's results."""
+    from bytesplat_ns.raster._wrapper import _ops
+
+    N, C, K = 1000, 2, 16
+    means, dc, rest, viewmats, radii = split_sh_inputs(N, C, K, seed=11, device="cuda")
+    v_colors = torch.randn(C, N, 3, generator=torch.Generator().manual_seed(4)).cuda()
+    ops = _ops()
+    col = ops.sh_views_fwd(means, dc, rest, viewmats, radii, 3)
+    v_dc, v_rest = torch.empty_like(dc), torch.empty_like(rest)
+    gm = ops.sh_views_bwd(means, dc, rest, viewmats, radii, 3, v_colors, v_dc, v_rest)
+    stacked = torch.cat((dc[:, None], rest), 1)
+    v_stacked = torch.full_like(stacked, float("nan"))
+    col_s = ops.sh_views_fwd(means, stacked[:, 0], stacked[:, 1:], viewmats, radii, 3)
+    gm_s = ops.sh_views_bwd(means, stacked[:, 0], stacked[:, 1:], viewmats, radii, 3, v_colors,
+                            v_stacked[:, 0], v_stacked[:, 1:])
+    assert torch.equal(col_s, col) and torch.equal(gm_s, gm)
+    assert torch.equal(v_stacked[:, 0], v_dc) and torch.equal(v_stacked[:, 1:], v_rest)
