@@ -1,24 +1,26 @@
 // One Adam step over one float32 parameter tensor (bytesplat_ns/optim.py DeviceAdam), with exactly
-// torch.optim.Adam's arithmetic for amsgrad=False, weight_decay=0, maximize=False, in the operation
-// order of torch's fused CUDA kernel (scalars in double, as it promotes them; tensors in float):
-//   step      = *step_count                 (already incremented by the caller, as torch does)
-//   m         = beta1 * m + (1 - beta1) * g
-//   v         = beta2 * v + (1 - beta2) * g * g
-//   bc1       = 1 - beta1^step,  bc2_sqrt = sqrt(1 - beta2^step)
+// torch.optim.Adam's arithmetic for amsgrad=False, weight_decay=0, maximize=False, written as the
+// fused CUDA kernel of the installed torch writes it (ATen/native/cuda/fused_adam_utils.cuh, torch
+// 2.14: every scalar cast to float, the moments as two fmas), so both round the same way:
+//   t         = *step_count                 (already incremented by the caller, as torch does)
+//   m         = fma(beta1, m, fma(-beta1, g, g))                 = beta1 m + (1 - beta1) g
+//   v         = fma(beta2, v, fma(-beta2, g*g, g*g))             = beta2 v + (1 - beta2) g^2
+//   bc1       = 1 - beta1^t,  bc2_sqrt = sqrt(1 - beta2^t)
 //   param    -= (lr / bc1) * m / (sqrt(v) / bc2_sqrt + eps)
 //
 // Why it is faster than torch's fused Adam on a few huge tensors: Adam is bound by DRAM traffic, 28
 // bytes per float (read param, grad, m, v; write param, m, v), and this kernel moves nothing else:
 // every thread streams float4s of the four arrays (16-byte loads, a scalar tail when a pointer is
 // not 16-byte aligned or the size is not a multiple of 4), the bias corrections are computed once
-// per thread rather than per element, and a grid-stride loop over a grid sized to fill the GPU
-// replaces per-chunk blocks and their tensor-list metadata.
+// per thread, and one grid-stride wave sized to the GPU replaces torch's block per 64K-element chunk
+// and its tensor-list metadata.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 namespace bytesplat {
@@ -26,10 +28,9 @@ namespace bytesplat {
 namespace {
 
 constexpr int kAdamThreads = 256;
-constexpr int kAdamBlocksPerSm = 8;  // 2048 resident threads per SM on sm_80/sm_90
 
 struct AdamScalars {
-    double lr, beta1, beta2, eps;
+    float lr, beta1, beta2, eps;  // cast from the optimizer's doubles, as torch casts them
 };
 
 struct AdamFactors {
@@ -38,18 +39,18 @@ struct AdamFactors {
 };
 
 __device__ __forceinline__ AdamFactors adam_factors(const AdamScalars &s, const float *step_count) {
-    const double step = static_cast<double>(*step_count);
-    // torch keeps both corrections as float (opmath) before using them.
-    const float bc1 = static_cast<float>(1.0 - ::pow(s.beta1, step));
-    const float bc2 = static_cast<float>(1.0 - ::pow(s.beta2, step));
-    return {static_cast<float>(s.lr / bc1), ::sqrtf(bc2)};
+    const float t = *step_count;
+    const float bc1 = 1.f - ::powf(s.beta1, t);
+    const float bc2 = 1.f - ::powf(s.beta2, t);
+    return {s.lr / bc1, ::sqrtf(bc2)};
 }
 
 __device__ __forceinline__ void adam_update(float &p, float g, float &m, float &v, const AdamScalars &s,
                                             const AdamFactors &f) {
-    m = static_cast<float>(s.beta1 * m + (1.0 - s.beta1) * g);
-    v = static_cast<float>(s.beta2 * v + (1.0 - s.beta2) * g * g);
-    const float denom = static_cast<float>(::sqrtf(v) / f.bc2_sqrt + s.eps);
+    m = ::fmaf(s.beta1, m, ::fmaf(-s.beta1, g, g));
+    const float g2 = g * g;
+    v = ::fmaf(s.beta2, v, ::fmaf(-s.beta2, g2, g2));
+    const float denom = ::sqrtf(v) / f.bc2_sqrt + s.eps;
     p -= f.step_size * m / denom;
 }
 
@@ -100,6 +101,27 @@ void check_operand(const at::Tensor &t, const at::Tensor &param, const char *nam
                 param.numel());
 }
 
+using AdamKernel = void (*)(float *, const float *, float *, float *, int64_t, const float *, AdamScalars);
+
+// Blocks of `kernel` the whole GPU holds at once: the grid-stride grid is exactly one full wave (a
+// larger grid would leave a partly filled second wave holding an equal share of the work). Cached
+// per variant and device: six launches a training step need not query the runtime each time.
+int64_t resident_blocks(AdamKernel kernel, bool vec, int device) {
+    constexpr int kCachedDevices = 16;
+    static std::atomic<int64_t> cache[2][kCachedDevices] = {};
+    const bool cached = device >= 0 && device < kCachedDevices;
+    if (cached) {
+        const int64_t known = cache[vec][device].load(std::memory_order_relaxed);
+        if (known > 0) return known;
+    }
+    int sms = 0, per_sm = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kAdamThreads, 0));
+    const int64_t blocks = static_cast<int64_t>(std::max(sms, 1)) * std::max(per_sm, 1);
+    if (cached) cache[vec][device].store(blocks, std::memory_order_relaxed);
+    return blocks;
+}
+
 bool aligned16(const at::Tensor &t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; }
 
 }  // namespace
@@ -118,13 +140,13 @@ void adam_step(at::Tensor param, const at::Tensor &grad, at::Tensor exp_avg, at:
     const at::cuda::CUDAGuard guard(param.device());
     const bool vec = aligned16(param) && aligned16(grad) && aligned16(exp_avg) && aligned16(exp_avg_sq);
     const int64_t items = vec ? (n + 3) / 4 : n;
-    int sms = 0;
-    C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, param.device().index()));
-    const int64_t wanted = (items + kAdamThreads - 1) / kAdamThreads;
-    const int blocks = static_cast<int>(std::min<int64_t>(wanted, static_cast<int64_t>(sms) * kAdamBlocksPerSm));
-    const AdamScalars s{lr, beta1, beta2, eps};
-    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
     auto kernel = vec ? adam_step_kernel<true> : adam_step_kernel<false>;
+    const int64_t wanted = (items + kAdamThreads - 1) / kAdamThreads;
+    const int64_t resident = resident_blocks(kernel, vec, param.device().index());
+    const int blocks = static_cast<int>(std::min<int64_t>(wanted, resident));
+    const AdamScalars s{static_cast<float>(lr), static_cast<float>(beta1), static_cast<float>(beta2),
+                        static_cast<float>(eps)};
+    const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
     kernel<<<blocks, kAdamThreads, 0, stream>>>(param.data_ptr<float>(), grad.const_data_ptr<float>(),
                                                 exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>(), n,
                                                 step.const_data_ptr<float>(), s);

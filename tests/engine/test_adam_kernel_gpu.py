@@ -16,6 +16,10 @@ pytestmark = pytest.mark.gpu
 
 EPS = 1e-15  # nerfstudio's splatfacto eps
 SHAPES = [(1,), (3,), (5,), (1000003,), (2001, 15, 3)]
+# Against torch's fused Adam, whose arithmetic the kernel repeats: 1e-6. Against its foreach Adam:
+# fused casts beta2 to float before 1 - beta2 ((1 - f32(0.999)) is 1.3e-5 below 0.001) where foreach
+# keeps it in double, so exp_avg_sq (and, halved, the step) differ by that much between torch's two.
+RTOL = {"fused": 1e-6, "foreach": 3e-5}
 
 
 @pytest.fixture
@@ -50,17 +54,16 @@ def _train(opt, params, steps, first=0, lr0=1e-2):
         opt.step()
 
 
-def _close(x, y):
-    """Within 1e-6 of each value, or of the tensor's largest for values that cross zero (torch's
-    foreach Adam rounds its lerp / addcdiv differently from the fused arithmetic)."""
-    torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-6 * float(y.abs().max()) if y.numel() else 0.0)
+def _close(x, y, rtol):
+    """Within rtol of each value, or of the tensor's largest for values that cross zero."""
+    torch.testing.assert_close(x, y, rtol=rtol, atol=rtol * float(y.abs().max()) if y.numel() else 0.0)
 
 
-def _assert_same(ours, a, theirs, b):
+def _assert_same(ours, a, theirs, b, rtol=RTOL["fused"]):
     for x, y in zip(a, b):
-        _close(x.detach(), y.detach())
+        _close(x.detach(), y.detach(), rtol)
         for key in ("exp_avg", "exp_avg_sq"):
-            _close(ours.state[x][key], theirs.state[y][key])
+            _close(ours.state[x][key], theirs.state[y][key], rtol)
         assert ours.state[x]["step"].item() == theirs.state[y]["step"].item()
 
 
@@ -73,7 +76,7 @@ def test_kernel_matches_torch_adam(shape, reference, kernel_calls):
     _train(ours, a, 20)
     _train(theirs, b, 20)
     assert len(kernel_calls) == 20
-    _assert_same(ours, a, theirs, b)
+    _assert_same(ours, a, theirs, b, RTOL[reference])
     step = ours.state[a[0]]["step"]
     assert step.dtype == torch.float32 and step.device == a[0].device and step.item() == 20.0
 
@@ -139,7 +142,7 @@ def test_state_dict_moves_between_ours_and_torchs(reference, kernel_calls):
     _train(theirs, c, 10, first=10)
     _train(ours, d, 10, first=10)
     assert len(kernel_calls) == calls + 10
-    _assert_same(ours, d, theirs, c)
+    _assert_same(ours, d, theirs, c, RTOL[reference])
     assert ours.state[d[0]]["step"].is_cuda and ours.state[d[0]]["step"].dtype == torch.float32
 
 
