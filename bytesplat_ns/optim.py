@@ -104,6 +104,9 @@ class DeviceAdam(torch.optim.Adam):
         super().__init__(params, **kwargs)
         self.implementation = "torch" if chosen else implementation
 
+    def __getstate__(self):  # torch's keeps only defaults, state and param_groups
+        return {**super().__getstate__(), "implementation": self.implementation}
+
     @torch.no_grad()
     def step(self, closure=None):
         amp = getattr(self, "grad_scale", None) is not None or getattr(self, "found_inf", None) is not None

@@ -7,6 +7,7 @@ torch's Adam; tests/engine/test_adam_kernel_gpu.py holds the real kernel against
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 
@@ -202,6 +203,12 @@ def test_step_hooks_run_once_per_step(twin_kernel):
         opt.register_step_post_hook(lambda *args: seen.append("post"))
         _train(opt, a, steps=2)
         assert seen == ["pre", "post", "pre", "post"], implementation
+
+
+def test_a_copy_keeps_its_implementation():
+    for implementation in ("bytesplat", "torch"):
+        opt = DeviceAdam(_params(), implementation=implementation, lr=1e-2)
+        assert copy.deepcopy(opt).implementation == implementation
 
 
 def test_unknown_implementation_is_a_user_error():
