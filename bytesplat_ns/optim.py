@@ -1,22 +1,41 @@
-"""Adam that takes PyTorch's fused CUDA implementation when its parameters live on a GPU.
+"""Adam for the Gaussians' parameters: ``torch.optim.Adam`` with bytesplat's update kernel on the GPU.
 
-nerfstudio builds one ``torch.optim.Adam`` per Gaussian attribute (six per step), and the default
-(``foreach``) update launches about nine kernels for each: on a scene the fused rasterizer trains in
-a few milliseconds per step, those launches and their Python are a visible share of the iteration
-(`bytesplat-bench profile`). ``fused=True`` does the whole update of a group in one kernel: the
-same Adam arithmetic, rounded differently in the last bits. On CPU (tests, CPU training) nothing
-changes: the default implementation is kept, so CPU runs stay comparable with earlier ones.
-``fused_on_gpu=False`` (``--optimizers.<group>.optimizer.fused-on-gpu False``) keeps the default
-implementation on the GPU too (A/B runs).
+nerfstudio builds one ``torch.optim.Adam`` per Gaussian attribute (six per step, one tensor each,
+millions of rows). :class:`DeviceAdam` is that optimizer with the same options, state layout
+(``step`` / ``exp_avg`` / ``exp_avg_sq`` per parameter) and state_dict, so checkpoints load into
+either and gsplat's densification edits its state as usual; only where the update runs is chosen
+by ``implementation``:
+
+- ``"bytesplat"`` (default): the bundled kernel (cuda/adam.cu, one launch per tensor, exactly
+  torch's Adam arithmetic) for every group whose parameters are contiguous float32 CUDA tensors and
+  whose options it supports (amsgrad, weight_decay, maximize, differentiable, capturable off, plain
+  float lr and betas); any other group, or every group when the extension cannot be built here,
+  takes torch's fused Adam on the GPU and torch's default Adam on the CPU.
+- ``"torch-fused"``: torch's fused Adam (one kernel per group) when every parameter is on the GPU.
+- ``"torch"``: torch's default Adam everywhere (A/B runs).
+
+On the GPU the groups are created ``fused=True`` under the first two, so the state is torch's fused
+layout (a float32 ``step`` on the parameter's device) whichever path runs. On the CPU nothing
+changes: torch's default Adam, so CPU runs stay comparable with earlier ones. An explicit ``fused``
+or ``foreach`` argument means torch's implementation as asked.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
-from typing import Iterable, Type
+from typing import Callable, Iterable, List, Literal, Optional, Type
 
 import torch
 from nerfstudio.engine.optimizers import AdamOptimizerConfig
+from torch import Tensor
+
+from bytesplat_ns.errors import SettingError
+
+AdamImplementation = Literal["bytesplat", "torch-fused", "torch"]
+IMPLEMENTATIONS = ("bytesplat", "torch-fused", "torch")
+
+_kernel_error: Optional[str] = None  # why the extension could not be loaded in this process
 
 
 def _all_on_cuda(params: list) -> bool:
@@ -24,16 +43,117 @@ def _all_on_cuda(params: list) -> bool:
     return bool(tensors) and all(isinstance(t, torch.Tensor) and t.is_cuda and t.is_floating_point() for t in tensors)
 
 
-class DeviceAdam(torch.optim.Adam):
-    """``torch.optim.Adam``, fused when ``fused_on_gpu``, every parameter is a CUDA float tensor and
-    the caller chose no implementation itself (``fused`` / ``foreach`` given explicitly are respected)."""
+def _adam_kernel() -> Optional[Callable]:
+    """``raster._wrapper.adam_step``, or None (one warning per process) when the extension cannot be
+    built or loaded here; the failure is remembered so no step retries the build."""
+    global _kernel_error
+    if _kernel_error is not None:
+        return None
+    from bytesplat_ns.raster import _wrapper
+    from bytesplat_ns.raster._build import CudaBuildError
 
-    def __init__(self, params: Iterable, fused_on_gpu: bool = True, **kwargs):
+    try:
+        _wrapper._ops()
+    except CudaBuildError as e:
+        _kernel_error = str(e)
+        warnings.warn(f"bytesplat: CUDA kernels unavailable, Adam steps with torch's fused kernel ({e})")
+        return None
+    return _wrapper.adam_step
+
+
+def _kernel_tensor(t: Optional[Tensor], like: Tensor) -> bool:
+    return (isinstance(t, Tensor) and t.is_cuda and t.device == like.device and t.dtype == torch.float32
+            and t.layout == torch.strided and t.is_contiguous() and t.shape == like.shape)
+
+
+def _kernel_fits(group: dict, state) -> bool:
+    """Whether the kernel computes exactly what torch's Adam would for this group."""
+    if group["amsgrad"] or group["weight_decay"] != 0 or group["maximize"] or group["differentiable"]:
+        return False
+    if group["capturable"] or any(isinstance(v, Tensor) for v in (group["lr"], *group["betas"], group["eps"])):
+        return False
+    for p in group["params"]:
+        if p.grad is None:
+            continue  # skipped, as torch skips it
+        if not (_kernel_tensor(p, p) and _kernel_tensor(p.grad, p)):
+            return False
+        s = state.get(p)
+        if s and not (_kernel_tensor(s.get("exp_avg"), p) and _kernel_tensor(s.get("exp_avg_sq"), p)):
+            return False
+    return True
+
+
+def _torch_adam_step() -> Callable:
+    """``torch.optim.Adam.step`` without the step-hook wrapper torch adds to a class on its first
+    instance (this optimizer's own ``step`` already runs the hooks once)."""
+    step = torch.optim.Adam.step
+    return step.__wrapped__ if getattr(step, "hooked", False) else step
+
+
+class DeviceAdam(torch.optim.Adam):
+    """``torch.optim.Adam`` whose update runs where ``implementation`` says (module docstring)."""
+
+    def __init__(self, params: Iterable, implementation: AdamImplementation = "bytesplat", **kwargs):
+        if implementation not in IMPLEMENTATIONS:
+            raise SettingError(f"unknown Adam implementation {implementation!r}",
+                               hint=f"use one of {', '.join(IMPLEMENTATIONS)}")
         params = list(params)
         chosen = kwargs.get("fused") is not None or kwargs.get("foreach") is not None
-        if not chosen and fused_on_gpu and _all_on_cuda(params):
-            kwargs["fused"] = True
+        if not chosen and implementation != "torch" and _all_on_cuda(params):
+            kwargs["fused"] = True  # torch's fused state layout; also the fallback path on the GPU
         super().__init__(params, **kwargs)
+        self.implementation = "torch" if chosen else implementation
+
+    def __getstate__(self):  # torch's keeps only defaults, state and param_groups
+        return {**super().__getstate__(), "implementation": self.implementation}
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        amp = getattr(self, "grad_scale", None) is not None or getattr(self, "found_inf", None) is not None
+        kernel_groups: List[dict] = []
+        if getattr(self, "implementation", "torch") == "bytesplat" and not amp:
+            kernel_groups = [g for g in self.param_groups if _kernel_fits(g, self.state)]
+        kernel = _adam_kernel() if kernel_groups else None
+        if kernel is None:
+            return _torch_adam_step()(self, closure)
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in kernel_groups:
+            self._kernel_step(group, kernel)
+        rest = [g for g in self.param_groups if not any(g is k for k in kernel_groups)]
+        if rest:  # torch's own step over the other groups only
+            groups, self.param_groups = self.param_groups, rest
+            try:
+                _torch_adam_step()(self)
+            finally:
+                self.param_groups = groups
+        return loss
+
+    def _kernel_step(self, group: dict, kernel: Callable) -> None:
+        todo = []
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            state = self.state[p]
+            if len(state) == 0:  # as torch's fused Adam initialises it
+                state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            elif not (state["step"].device == p.device and state["step"].dtype == torch.float32):
+                # a state from torch's non-fused Adam (step on the host): once, to the fused layout
+                state["step"] = state["step"].to(device=p.device, dtype=torch.float32)
+            todo.append((p, state))
+        if not todo:
+            return
+        # one launch for the group's counts, as torch's fused Adam; the kernel reads its count there
+        torch._foreach_add_([state["step"] for _, state in todo], 1)
+        beta1, beta2 = group["betas"]
+        for p, state in todo:
+            kernel(p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"], group["lr"], beta1, beta2,
+                   group["eps"])
+        torch.autograd.graph.increment_version([p for p, _ in todo])  # written through raw pointers
 
 
 @dataclass
@@ -41,5 +161,14 @@ class DeviceAdamOptimizerConfig(AdamOptimizerConfig):
     """nerfstudio's Adam config (same fields, same checkpoints) building a :class:`DeviceAdam`."""
 
     _target: Type = field(default_factory=lambda: DeviceAdam)
-    fused_on_gpu: bool = True
-    """Use PyTorch's fused Adam (one kernel per group) when every parameter is on the GPU; False keeps the default."""
+    implementation: AdamImplementation = "bytesplat"
+    """Where the Adam update runs on the GPU: 'bytesplat' (the bundled kernel, exact torch Adam arithmetic;
+    torch's fused Adam where it does not apply), 'torch-fused' (torch's fused Adam) or 'torch' (torch's
+    default Adam). CPU parameters always take torch's default Adam."""
+
+    def __setstate__(self, state: dict) -> None:
+        # config.yml written before `implementation` had `fused_on_gpu` (True was the default);
+        # False meant torch's default Adam on the GPU.
+        if state.pop("fused_on_gpu", True) is False:
+            state.setdefault("implementation", "torch")
+        self.__dict__.update(state)

@@ -41,6 +41,9 @@ at::Tensor sh_views_fwd(const at::Tensor &means, const at::Tensor &dc, const at:
 at::Tensor sh_views_bwd(const at::Tensor &means, const at::Tensor &dc, const at::Tensor &rest,
                         const at::Tensor &viewmats, const at::Tensor &radii, int64_t degree,
                         const at::Tensor &v_colors, at::Tensor v_dc, at::Tensor v_rest);
+// Adam step (cuda/adam.cu)
+void adam_step(at::Tensor param, const at::Tensor &grad, at::Tensor exp_avg, at::Tensor exp_avg_sq,
+               const at::Tensor &step, double lr, double beta1, double beta2, double eps);
 }  // namespace bytesplat
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -68,4 +71,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("sh_views_bwd", &bytesplat::sh_views_bwd,
           "gradients of sh_views_fwd summed over the cameras: writes the coefficients' into v_dc / "
           "v_rest (shaped as dc / rest, row-strided views allowed), returns the means' [N,3]");
+    // Adam step (cuda/adam.cu)
+    m.def("adam_step", &bytesplat::adam_step,
+          "one torch.optim.Adam step (amsgrad/weight_decay/maximize off) of one contiguous float32 "
+          "tensor in place: param, exp_avg, exp_avg_sq; step: its float32 count, already incremented");
 }

@@ -14,7 +14,8 @@ one camera) against the same image, in splatfacto's six parameter groups with it
   ``SelectiveAdam`` (updates only the Gaussians the camera sees) and its strategy's statistics.
 - ``bytesplat``: our fused split schedule (projection, SH from the DC and rest parameters as they
   are, our binning, render + loss + 2D gradients in our kernels), the sync-free statistics and
-  PyTorch's fused Adam, with the inputs ``ns-train bytesplat`` gives it (:func:`model_inputs`).
+  ``optim.DeviceAdam`` (by default our Adam kernel, cuda/adam.cu), with the inputs ``ns-train
+  bytesplat`` gives it (:func:`model_inputs`).
 
 Reported per implementation: ``wall_ms`` (host clock over ``--repeats`` back-to-back steps, the
 GPU drained at both ends: what a training loop gets), the stages' spans (CUDA events at the stage
@@ -215,9 +216,9 @@ class GsplatStep(TrainingStep):
 
 
 class BytesplatStep(TrainingStep):
-    """``raster.fused.fused_render_loss`` (default options) + sync-free statistics + fused Adam."""
+    """``raster.fused.fused_render_loss`` (default options) + sync-free statistics + DeviceAdam (our Adam kernel)."""
 
-    label = "bytesplat (fused split) + fused Adam"
+    label = "bytesplat (fused split) + bytesplat Adam"
 
     def __init__(self, scene: Dict):
         super().__init__(scene)

@@ -840,7 +840,7 @@ def make_adam_optimizers(
     eps: float = 1e-15,
 ) -> Dict[str, torch.optim.Optimizer]:
     """One Adam per parameter (nerfstudio's layout), learning rates and betas scaled for the batch;
-    fused on the GPU (optim.DeviceAdam: also no parameter-sized temporaries, which count at 100M)."""
+    on the GPU optim.DeviceAdam's kernel (also no parameter-sized temporaries, which count at 100M)."""
     from bytesplat_ns.optim import DeviceAdam
 
     out = {}

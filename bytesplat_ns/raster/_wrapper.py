@@ -2,7 +2,8 @@
 
 Each Function takes plain tensors and the switches of its launch as arguments (nothing is read from
 the environment): :class:`_RasterizeFused` (render_fwd / render_bwd), :class:`_FusedLoss` (the loss
-and its 2D gradients in one of three schedules) and :class:`_MultiViewSH` (cuda/sh_views.cu). The
+and its 2D gradients in one of three schedules) and :class:`_MultiViewSH` (cuda/sh_views.cu);
+:func:`adam_step` (cuda/adam.cu) is the optimizer's in-place update, used by ``optim.DeviceAdam``. The
 public front end is ``raster.fused``; the PyTorch twins are in ``raster._torch_impl``.
 """
 
@@ -236,3 +237,12 @@ class _MultiViewSH(torch.autograd.Function):
 def _rows_contiguous(t: Tensor) -> Tensor:
     """``t`` itself when each row's floats are contiguous (the SH kernels take any row stride), else a copy."""
     return t if t[:1].is_contiguous() else t.contiguous()
+
+
+def adam_step(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step: Tensor, lr: float,
+              beta1: float, beta2: float, eps: float) -> None:
+    """One ``torch.optim.Adam`` step of one contiguous float32 CUDA tensor, in place (cuda/adam.cu).
+
+    ``step`` is the tensor's float32 step count on its device, already incremented for this step
+    (read by the kernel, so no host sync); the scalars are plain floats (no tensor ``lr``)."""
+    _ops().adam_step(param, grad, exp_avg, exp_avg_sq, step, float(lr), float(beta1), float(beta2), float(eps))

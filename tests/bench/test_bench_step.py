@@ -21,6 +21,8 @@ from bytesplat_ns.bench.raster import synthetic_scene
     ("fusedssim_backwardCUDA", "loss bwd"), ("cudnn::detail::conv2d_grouped_direct_kernel", "loss fwd"),
     ("void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor>", "optimizer"),
     ("selective_adam_update_kernel", "optimizer"),
+    ("void bytesplat::(anonymous namespace)::adam_step_kernel<true>(float*, float const*, float*, float*, long, "
+     "float const*, bytesplat::(anonymous namespace)::AdamScalars)", "optimizer"),
     ("void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>", "other kernels"),
     ("Memcpy DtoD (Device -> Device)", "other kernels"),
 ])

@@ -18,7 +18,7 @@ FUSED_FLAGS = ["--pipeline.model.fused.schedule", "one_launch", "--pipeline.mode
                "--pipeline.model.fused.binning", "torch", "--pipeline.model.fused.check-every", "7"]
 FUSED_SET = FusedOptions(schedule="one_launch", warp_cull=False, bwd_reduce="shuffle", projection="torch",
                          binning="torch")
-OTHER_FLAGS = ["--optimizers.means.optimizer.fused-on-gpu", "False"]
+OTHER_FLAGS = ["--optimizers.means.optimizer.implementation", "torch-fused"]
 DATAPARSER_FLAGS = ["bytesplat-scene", "--scene-workers", "3"]  # nerfstudio: the dataparser is a subcommand
 SHARDED_FLAGS = ["--pipeline.rank-timeout", "123", "--pipeline.sparse-kernels", "False"]
 
@@ -41,11 +41,11 @@ def _written_config(config, tmp_path):
 
 def test_switches_land_in_config_yml(tmp_path):
     text, loaded = _written_config(_parse(["bytesplat", *FUSED_FLAGS, *OTHER_FLAGS, *DATAPARSER_FLAGS]), tmp_path / "a")
-    assert "FusedRasterConfig" in text and "fused_on_gpu" in text and "scene_workers" in text
+    assert "FusedRasterConfig" in text and "implementation: torch-fused" in text and "scene_workers" in text
     fused = loaded.pipeline.model.fused
     assert isinstance(fused, FusedRasterConfig) and fused.options() == FUSED_SET and fused.check_every == 7
-    assert loaded.optimizers["means"]["optimizer"].fused_on_gpu is False
-    assert loaded.optimizers["scales"]["optimizer"].fused_on_gpu is True  # only the group asked for
+    assert loaded.optimizers["means"]["optimizer"].implementation == "torch-fused"
+    assert loaded.optimizers["scales"]["optimizer"].implementation == "bytesplat"  # only the group asked for
     assert loaded.pipeline.datamanager.dataparser.scene_workers == 3
     _, defaults = _written_config(_parse(["bytesplat"]), tmp_path / "b")
     assert defaults.pipeline.model.fused.options() == FusedOptions() and defaults.pipeline.model.fused.check_every == 0
@@ -141,7 +141,7 @@ def test_fused_config_reaches_the_kernels_front_end(monkeypatch):
     assert seen["compare_with_unfused"]["options"] == FUSED_SET
 
 
-def test_fused_adam_switch_reaches_adam(monkeypatch):
+def test_adam_implementation_switch_reaches_adam(monkeypatch):
     from bytesplat_ns import optim
     from bytesplat_ns.optim import DeviceAdam, DeviceAdamOptimizerConfig
 
@@ -154,11 +154,13 @@ def test_fused_adam_switch_reaches_adam(monkeypatch):
 
     monkeypatch.setattr(optim, "_all_on_cuda", lambda params: True)  # as if the parameters were on a GPU
     monkeypatch.setattr(torch.optim.Adam, "__init__", record)
-    for fused_on_gpu in (True, False):
-        config = DeviceAdamOptimizerConfig(lr=0.1, eps=1e-15, fused_on_gpu=fused_on_gpu)
+    built = []
+    for implementation in ("bytesplat", "torch-fused", "torch"):
+        config = DeviceAdamOptimizerConfig(lr=0.1, eps=1e-15, implementation=implementation)
         opt = config.setup([torch.nn.Parameter(torch.zeros(3))])
-        assert type(opt) is DeviceAdam and "fused_on_gpu" not in opt.defaults
-    assert asked == [True, None]
+        assert type(opt) is DeviceAdam and "implementation" not in opt.defaults
+        built.append(opt.implementation)
+    assert asked == [True, True, None] and built == ["bytesplat", "torch-fused", "torch"]
 
 
 def test_sparse_kernels_switch_reaches_the_communicator(monkeypatch):
