@@ -239,10 +239,27 @@ def _rows_contiguous(t: Tensor) -> Tensor:
     return t if t[:1].is_contiguous() else t.contiguous()
 
 
+def check_adam_operands(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step: Tensor) -> None:
+    """RuntimeError naming the first operand ``adam_step`` cannot take (metadata only: no device access)."""
+    for name, t in (("param", param), ("grad", grad), ("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
+        if not t.is_cuda or t.device != param.device:
+            raise RuntimeError(f"adam_step: {name} must be on {param.device}")
+        if t.dtype != torch.float32:
+            raise RuntimeError(f"adam_step: {name} must be float32, got {t.dtype}")
+        if not t.is_contiguous():
+            raise RuntimeError(f"adam_step: {name} must be contiguous")
+        if t.numel() != param.numel():
+            raise RuntimeError(f"adam_step: {name} has {t.numel()} elements, param {param.numel()}")
+    if not step.is_cuda or step.device != param.device or step.dtype != torch.float32 or step.numel() != 1:
+        raise RuntimeError(f"adam_step: step must be one float32 on {param.device}")
+
+
 def adam_step(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step: Tensor, lr: float,
               beta1: float, beta2: float, eps: float) -> None:
     """One ``torch.optim.Adam`` step of one contiguous float32 CUDA tensor, in place (cuda/adam.cu).
 
     ``step`` is the tensor's float32 step count on its device, already incremented for this step
-    (read by the kernel, so no host sync); the scalars are plain floats (no tensor ``lr``)."""
+    (read by the kernel, so no host sync); the scalars are plain floats (no tensor ``lr``). The operands
+    are checked here, before the extension is called (the same checks as the kernel's own)."""
+    check_adam_operands(param, grad, exp_avg, exp_avg_sq, step)
     _ops().adam_step(param, grad, exp_avg, exp_avg_sq, step, float(lr), float(beta1), float(beta2), float(eps))

@@ -245,3 +245,29 @@ def test_config_yml_written_with_fused_on_gpu_still_loads(old, expected):
         opt = config.setup([torch.nn.Parameter(torch.zeros(3))])  # no stray keyword reaches the optimizer
         assert type(opt) is DeviceAdam and opt.implementation == expected
         assert opt.param_groups[0]["lr"] == config.lr and math.isclose(opt.param_groups[0]["eps"], config.eps)
+
+
+def test_the_kernel_wrapper_checks_its_operands_before_calling_the_extension(monkeypatch):
+    """Wrong operands are a RuntimeError naming the operand, raised before the extension is touched
+    (on an H200 a size mismatch reaching the extension crashed the interpreter)."""
+    from types import SimpleNamespace
+
+    from bytesplat_ns.raster import _wrapper
+
+    monkeypatch.setattr(_wrapper, "_ops", lambda: (_ for _ in ()).throw(AssertionError("extension called")))
+    meta = torch.empty(8, device="meta")
+    cuda_like = SimpleNamespace(is_cuda=True, device=torch.device("cuda", 0), dtype=torch.float32,
+                                is_contiguous=lambda: True, numel=lambda: 8)
+    with pytest.raises(RuntimeError, match="param must be on"):
+        _wrapper.adam_step(meta, meta, meta, meta, meta, 1e-3, 0.9, 0.999, 1e-15)
+    short = SimpleNamespace(**{**vars(cuda_like), "numel": lambda: 4})
+    with pytest.raises(RuntimeError, match="exp_avg has 4 elements, param 8"):
+        _wrapper.check_adam_operands(cuda_like, cuda_like, short, cuda_like, cuda_like)
+    strided = SimpleNamespace(**{**vars(cuda_like), "is_contiguous": lambda: False})
+    with pytest.raises(RuntimeError, match="grad must be contiguous"):
+        _wrapper.check_adam_operands(cuda_like, strided, cuda_like, cuda_like, cuda_like)
+    double = SimpleNamespace(**{**vars(cuda_like), "dtype": torch.float64})
+    with pytest.raises(RuntimeError, match="exp_avg_sq must be float32"):
+        _wrapper.check_adam_operands(cuda_like, cuda_like, cuda_like, double, cuda_like)
+    with pytest.raises(RuntimeError, match="step must be one float32"):
+        _wrapper.check_adam_operands(cuda_like, cuda_like, cuda_like, cuda_like, short)
