@@ -26,14 +26,10 @@ def parse(argv: Optional[List[str]] = None):
     """The trainer config from the command line, as ``ns-train`` builds it for these methods."""
     import tyro
 
-    from bytesplat_ns.method_registry import registered_methods
+    from bytesplat_ns.method_registry import parse_method_config, registered_methods
 
-    configs, descriptions = registered_methods()
     tyro.extras.set_accent_color("bright_yellow")
-    union = tyro.conf.SuppressFixed[  # type: ignore[valid-type]
-        tyro.conf.FlagConversionOff[tyro.extras.subcommand_type_from_defaults(defaults=configs, descriptions=descriptions)]
-    ]
-    return tyro.cli(union, args=argv, description=__doc__)
+    return parse_method_config(*registered_methods(), argv, __doc__)
 
 
 def prepare(config):

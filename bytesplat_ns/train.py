@@ -36,13 +36,9 @@ def _bytesplat_methods() -> Tuple[Dict, Dict]:
 
 
 def parse(argv=None):
-    import tyro
+    from bytesplat_ns.method_registry import parse_method_config
 
-    methods, descriptions = _bytesplat_methods()
-    union = tyro.conf.SuppressFixed[  # type: ignore[valid-type]
-        tyro.conf.FlagConversionOff[tyro.extras.subcommand_type_from_defaults(defaults=methods, descriptions=descriptions)]
-    ]
-    return tyro.cli(union, args=argv, description=__doc__)
+    return parse_method_config(*_bytesplat_methods(), argv, __doc__)
 
 
 def run(config):
