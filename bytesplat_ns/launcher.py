@@ -19,6 +19,7 @@ from __future__ import annotations
 import random
 from typing import List, Optional
 
+from bytesplat_ns import heap
 from bytesplat_ns.errors import BytesplatError
 
 
@@ -66,6 +67,7 @@ def train_single_process(config) -> None:
     try:
         trainer = config.setup(local_rank=0, world_size=1)
         trainer.setup()
+        heap.freeze_start_up()
         trainer.train()
     except KeyboardInterrupt:
         import traceback
@@ -85,12 +87,15 @@ def main(config) -> None:
         return
     from nerfstudio.scripts.train import launch, train_loop  # several processes: nerfstudio's spawner
 
+    heap.freeze_start_up()
+
     launch(main_func=train_loop, num_devices_per_machine=machine.num_devices, device_type=machine.device_type,
            num_machines=machine.num_machines, machine_rank=machine.machine_rank, dist_url=machine.dist_url,
            config=config)
 
 
 def entrypoint(argv: Optional[List[str]] = None) -> None:
+    heap.pause_collections()  # imports, parsing and setup create long-lived objects only: collect after them
     import bytesplat_ns  # noqa: F401  (checkpoint allow-list, the one-line error hook)
 
     main(parse(argv))

@@ -1,0 +1,122 @@
+"""nerfstudio's per-step timing scalars go to tensorboard on logged steps only (unless
+--timing-scalars-every-step), every other event as before; at exit the writers are closed and the
+heap frozen before the interpreter's teardown (bytesplat_ns/event_writers.py, bytesplat_ns/heap.py)."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import yaml
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from bytesplat_ns import event_writers
+from bytesplat_ns.bench.train import setup_trainer
+from bytesplat_ns.data.scene import SceneSpec, ensure_scene
+from bytesplat_ns.method_configs.bytesplat import bytesplat_config
+
+ITERATIONS, STEPS_PER_LOG = 12, 5
+
+
+@pytest.fixture(scope="module")
+def scene(tmp_path_factory):
+    return ensure_scene(SceneSpec(size="small", num_views=6, width=32), cache_dir=tmp_path_factory.mktemp("scenes"))
+
+
+def scalar_steps(trainer):
+    events = EventAccumulator(str(trainer.base_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: [e.step for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def train(scene, out_dir, every_step: bool):
+    config = copy.deepcopy(bytesplat_config)
+    config.timing_scalars_every_step = every_step
+    config.logging.steps_per_log = STEPS_PER_LOG
+    trainer, _ = setup_trainer("timings", config, scene, ITERATIONS, out_dir, seed=0, device="cpu")
+    trainer.train()
+    event_writers.close_tensorboard_writers()  # every event on disk before it is read back
+    return trainer
+
+
+def test_timings_on_logged_steps_and_everything_else_as_nerfstudio(scene, tmp_path):
+    thinned = scalar_steps(train(scene, tmp_path / "thinned", every_step=False))
+    full = scalar_steps(train(scene, tmp_path / "full", every_step=True))
+    logged = list(range(0, ITERATIONS, STEPS_PER_LOG))  # 0, 5, 10
+    assert full["Train Iter (time)"] == list(range(ITERATIONS)) and full["ETA (time)"] == list(range(ITERATIONS))
+    assert thinned["Train Iter (time)"] == logged and thinned["ETA (time)"] == logged
+    # nerfstudio skips the first two steps' rays/sec
+    assert full["Train Rays / Sec"] == list(range(2, ITERATIONS))
+    assert thinned["Train Rays / Sec"] == [s for s in logged if s >= 2]
+    assert set(thinned) == set(full)
+    others = set(full) - event_writers.PER_STEP_TIMINGS
+    assert "Train Loss" in others and "Train Total (time)" in others
+    assert {tag: thinned[tag] for tag in others} == {tag: full[tag] for tag in others}
+
+
+def test_the_switch_is_in_config_yml(scene, tmp_path):
+    config = copy.deepcopy(bytesplat_config)
+    config.timing_scalars_every_step = True
+    config.freeze_heap_at_exit = False
+    trainer, _ = setup_trainer("switches", config, scene, 1, tmp_path, seed=0, device="cpu")
+    trainer.config.save_config()
+    saved = yaml.load((trainer.base_dir / "config.yml").read_text(), Loader=yaml.Loader)
+    assert saved.timing_scalars_every_step is True and saved.freeze_heap_at_exit is False
+    assert bytesplat_config.timing_scalars_every_step is False and bytesplat_config.freeze_heap_at_exit is True
+
+
+EXIT_SCRIPT = """
+import atexit, gc, sys
+from pathlib import Path
+import nerfstudio.configs.base_config
+from nerfstudio.utils import writer
+from bytesplat_ns import heap
+
+def report():  # registered before the hook: atexit runs it after the hook
+    print("frozen", gc.get_freeze_count() > 0, "collecting", gc.isenabled(), flush=True)
+
+atexit.register(report)
+writer.EVENT_WRITERS.append(writer.TensorboardWriter(log_dir=Path(sys.argv[1])))
+writer.EVENT_WRITERS[-1].write_scalar("last", 3.5, 7)  # queued in tensorboard's writer thread, not yet on disk
+heap.freeze_heap_at_exit()
+heap.freeze_heap_at_exit()  # armed once
+"""
+
+
+def test_exit_hook_writes_every_event_and_freezes_the_heap(tmp_path):
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(EXIT_SCRIPT), str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "frozen True collecting False"
+    events = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0})
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("last")] == [(7, 3.5)]
+
+
+def test_a_failing_process_keeps_its_exit_code(tmp_path):
+    script = textwrap.dedent(EXIT_SCRIPT) + "\nraise SystemExit(3)\n"
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 3
+
+
+def test_start_up_pause_then_freeze(monkeypatch):
+    import gc
+
+    from bytesplat_ns import heap
+
+    monkeypatch.setitem(heap._state, "paused", False)
+    assert gc.isenabled()
+    try:
+        heap.pause_collections()
+        assert not gc.isenabled()
+        before = gc.get_freeze_count()
+        heap.freeze_start_up()
+        assert gc.isenabled() and gc.get_freeze_count() >= before
+        heap.freeze_start_up()  # no pause: nothing to do
+        assert gc.isenabled()
+    finally:
+        gc.unfreeze()
+        gc.enable()
