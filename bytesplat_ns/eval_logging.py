@@ -54,16 +54,23 @@ class EvalImageLogger:
         self.png_compress_level = png_compress_level
         self._queue: "queue.Queue" = queue.Queue()
         self._error: Optional[BaseException] = None
+        # drain() waits for the metrics of everything submitted, not for the PNG encoding and writing
+        self._metrics_done = threading.Condition()
+        self._submitted = self._measured = 0
         self._thread = threading.Thread(target=self._work, daemon=True, name="bytesplat-eval-logging")
         self._thread.start()
 
     def submit(self, step: int, metrics_and_images: Callable[[], tuple]) -> None:
         self._raise_pending()
+        with self._metrics_done:
+            self._submitted += 1
         self._queue.put((step, metrics_and_images))
 
     def drain(self) -> None:
-        """Wait until everything queued is written (before anything else uses the GPU metrics)."""
-        self._queue.join()
+        """Wait until the metrics of everything queued are computed (before anything else uses the metric
+        modules); their images may still be encoding and writing."""
+        with self._metrics_done:
+            self._metrics_done.wait_for(lambda: self._measured >= self._submitted)
         self._raise_pending()
 
     def close(self) -> None:
@@ -85,8 +92,16 @@ class EvalImageLogger:
                 if item is None:
                     return
                 step, metrics_and_images = item
-                with torch.no_grad():
-                    metrics, images = metrics_and_images()
+                try:
+                    with torch.no_grad():
+                        metrics, images = metrics_and_images()
+                except BaseException as error:  # noqa: BLE001 - handed to the training thread
+                    self._error = error  # before drain() can see this item measured
+                    continue
+                finally:
+                    with self._metrics_done:
+                        self._measured += 1
+                        self._metrics_done.notify_all()
                 self._write(step, metrics, images)
             except BaseException as error:  # noqa: BLE001 - handed to the training thread
                 self._error = error

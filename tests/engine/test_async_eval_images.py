@@ -112,3 +112,44 @@ def test_eval_images_during_the_coarse_start(tmp_path_factory, tmp_path):
     assert runs[True][1] == runs[False][1] == {"Eval Images/img": [2, 4]}
     for tag, values in runs[False][0].items():
         assert [v for _, v in runs[True][0][tag]] == pytest.approx([v for _, v in values], rel=1e-5)
+
+
+def test_drain_waits_for_the_metrics_not_for_the_image_write(monkeypatch):
+    """The all-images pass (after ``drain``) shares the metric modules with the worker, so it waits for
+    the queued metrics; the PNG encoding and writing after them go on beside it."""
+    metrics_release, write_release, written = threading.Event(), threading.Event(), []
+
+    def held_write(self, step, metrics, images):
+        write_release.wait(timeout=120)
+        written.append(step)
+
+    monkeypatch.setattr(eval_logging.EvalImageLogger, "_write", held_write)
+    logger = eval_logging.EvalImageLogger([])
+
+    def metrics_and_images():
+        metrics_release.wait(timeout=120)
+        return {"psnr": 1.0}, {}
+
+    logger.submit(100, metrics_and_images)
+    drained = threading.Thread(target=logger.drain, daemon=True)
+    drained.start()
+    drained.join(timeout=0.5)
+    assert drained.is_alive()  # the metrics are not computed yet
+    metrics_release.set()
+    drained.join(timeout=60)
+    assert not drained.is_alive() and written == []  # drained while the write is still held
+    write_release.set()
+    logger.close()
+    assert written == [100]
+
+
+def test_drain_reports_a_failed_metric(monkeypatch):
+    logger = eval_logging.EvalImageLogger([])
+
+    def failing():
+        raise ValueError("no metrics")
+
+    logger.submit(1, failing)
+    with pytest.raises(RuntimeError, match="eval logging failed"):
+        logger.drain()
+    logger.close()
