@@ -53,9 +53,12 @@ class PhaseTimers:
         self.clock = clock
         self.seconds: Dict[str, float] = {phase: 0.0 for phase in PHASES}
         self.calls: Dict[str, int] = {phase: 0 for phase in PHASES}
+        self.detail: Dict[str, float] = {}  # exclusive seconds per "phase:function", where wrap() named one
         self._stack: List[List] = []  # [phase, start, time spent in nested phases]
 
-    def wrap(self, phase: str, function: Callable) -> Callable:
+    def wrap(self, phase: str, function: Callable, detail: Optional[str] = None) -> Callable:
+        key = f"{phase}:{detail}" if detail else None
+
         @functools.wraps(function)
         def timed(*args, **kwargs):
             if threading.current_thread() is not threading.main_thread():
@@ -68,6 +71,8 @@ class PhaseTimers:
                 elapsed = self.clock() - start
                 self.seconds[phase] += elapsed - nested
                 self.calls[phase] += 1
+                if key is not None:
+                    self.detail[key] = self.detail.get(key, 0.0) + elapsed - nested
                 if self._stack:
                     self._stack[-1][2] += elapsed
 
@@ -135,7 +140,7 @@ def install(timers: PhaseTimers, record: Dict, collections: Optional[CollectionT
 
     writer.put_time = put_time
     for name in WRITER_FUNCTIONS:
-        setattr(writer, name, timers.wrap("log", getattr(writer, name)))
+        setattr(writer, name, timers.wrap("log", getattr(writer, name), detail=name))
 
     real_setup, real_train = Trainer.setup, Trainer.train
 
@@ -208,6 +213,7 @@ def write_timings(path: Path, timers: PhaseTimers, record: Dict, collections: Op
         "process_end": time.time(),
         "seconds": {f"{phase}_s": timers.seconds[phase] for phase in PHASES},
         "calls": timers.calls,
+        "detail_s": timers.detail,
         **({"gc": collections.summary()} if collections is not None else {}),
         **(final_state(trainer) if trainer is not None else {}),
     }

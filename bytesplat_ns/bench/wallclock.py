@@ -160,6 +160,7 @@ def run_one(entry: MethodEntry, seed: int, args: argparse.Namespace, repeat: int
         "exit_s": launch + wall_s - timings["process_end"],
         "num_gaussians": timings.get("num_gaussians"), "peak_gpu_memory_mb": timings.get("peak_gpu_memory_mb"),
         **gc_fields(timings), **step_time_fields(timings.get("step_ms") or []),
+        **({"detail_s": timings["detail_s"]} if timings.get("detail_s") else {}),
         "ns_train_command": f"{entry.launcher} " + shlex.join(train_args),
         "launched_command": shlex.join(command), "config": str(config),
     }

@@ -37,11 +37,12 @@ def test_phase_timers_are_exclusive():
         timed_log()
         clock.now += 3.0
 
-    timed_log = timers.wrap("log", log)
+    timed_log = timers.wrap("log", log, detail="put_scalar")
     timers.wrap("eval", evaluate)()
     assert timers.seconds["eval"] == pytest.approx(4.0)  # its own 1 + 3 s, not the nested log
     assert timers.seconds["log"] == pytest.approx(2.0)
     assert timers.calls == {"data": 0, "setup": 0, "steps": 0, "eval": 1, "log": 1, "save": 0}
+    assert timers.detail == {"log:put_scalar": pytest.approx(2.0)}  # per named function, exclusive too
 
 
 def test_collection_timer_counts_only_while_active():
