@@ -176,6 +176,14 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
                                    "splatfacto --iterations 5000 --seeds 0 --offline-lpips --work-dir {work}/wallclock"),
                 name="wallclock"),),
           needs_data=True),
+    Suite("wallclock-fox-seeds",
+          "ns-train bytesplat on a real capture (--data), 3 seeds, then splatfacto on the first seed, back to back in "
+          "one call, 5000 iterations, ns-eval",
+          1,
+          tuple(Step("wallclock", _args(f"--data {{data}} --methods {method} --iterations 5000 --seeds {seed} "
+                                        "--offline-lpips --work-dir {work}/wallclock"), name=f"{method}_seed{seed}")
+                for method, seed in (("bytesplat", 0), ("bytesplat", 1), ("bytesplat", 2), ("splatfacto", 0))),
+          needs_data=True),
     Suite("wallclock-fox-30k",
           "the same at 30000 iterations, splatfacto's full schedule: one step per seed, each method of a seed run "
           "back to back (--data)",
