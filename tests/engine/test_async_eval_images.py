@@ -143,7 +143,7 @@ def test_drain_waits_for_the_metrics_not_for_the_image_write(monkeypatch):
     assert written == [100]
 
 
-def test_drain_reports_a_failed_metric(monkeypatch):
+def test_drain_reports_a_failed_metric():
     logger = eval_logging.EvalImageLogger([])
 
     def failing():
