@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.abc
+import importlib.util
 import os
 import socket
 import sys
@@ -16,7 +18,8 @@ import urllib.request
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Tuple
+from types import ModuleType
+from typing import Callable, Dict, Iterator, Tuple
 from urllib.parse import urlparse
 
 import numpy as np
@@ -106,16 +109,44 @@ def can_reach(url: str, timeout_s: float) -> bool:
     return answered.is_set()
 
 
+LPIPS_MODULE = "torchmetrics.image.lpip"
+
+
+class _PatchAfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``patch(module)`` right after ``name`` is first imported: the patch costs nothing (no
+    torchmetrics import) in a process that never builds torchmetrics' LPIPS."""
+
+    def __init__(self, name: str, patch: Callable[[ModuleType], None]):
+        self.name, self.patch = name, patch
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)  # let the other finders find the real module
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return spec
+        real_exec = spec.loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            real_exec(module)
+            self.patch(module)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
 @contextlib.contextmanager
 def offline_safe_lpips(connect_timeout_s: float = 0.8, download_timeout_s: float = 10.0) -> Iterator[LpipsStatus]:
     """While active, building torchmetrics' LPIPS never crashes or waits on a dead network: with its
     backbone weights in torch's hub cache it is built from there; otherwise the download host must
     answer within ``connect_timeout_s``, or it warns once and yields a placeholder
-    (``status.available`` False)."""
-    import torchmetrics.image.lpip as lpip_module
-
+    (``status.available`` False). torchmetrics is patched when it is imported, not imported here."""
     status = LpipsStatus()
-    real_class = lpip_module.LearnedPerceptualImagePatchSimilarity
+    patched: Dict[str, type] = {}
 
     def unavailable(reason: str, cached: Path) -> torch.nn.Module:
         status.available = False
@@ -137,17 +168,29 @@ def offline_safe_lpips(connect_timeout_s: float = 0.8, download_timeout_s: float
             # keep that off the training's random stream, so a run trains the same with or without
             # LPIPS weights and network.
             with torch.random.fork_rng(devices=[]):
-                return real_class(*args, **kwargs)
+                return patched["class"](*args, **kwargs)
         except Exception as error:  # noqa: BLE001 - any download/IO failure means "no LPIPS"
             return unavailable(f"{type(error).__name__}: {error}", cached)
         finally:
             socket.setdefaulttimeout(previous_timeout)
 
-    lpip_module.LearnedPerceptualImagePatchSimilarity = build  # type: ignore[assignment]
+    def patch(module: ModuleType) -> None:
+        patched["module"], patched["class"] = module, module.LearnedPerceptualImagePatchSimilarity
+        module.LearnedPerceptualImagePatchSimilarity = build  # type: ignore[attr-defined]
+
+    hook = None
+    if LPIPS_MODULE in sys.modules:
+        patch(sys.modules[LPIPS_MODULE])
+    else:
+        hook = _PatchAfterImport(LPIPS_MODULE, patch)
+        sys.meta_path.insert(0, hook)
     try:
         yield status
     finally:
-        lpip_module.LearnedPerceptualImagePatchSimilarity = real_class  # type: ignore[assignment]
+        if hook is not None and hook in sys.meta_path:
+            sys.meta_path.remove(hook)
+        if patched:
+            patched["module"].LearnedPerceptualImagePatchSimilarity = patched["class"]
 
 
 allow_nerfstudio_checkpoints()

@@ -2,7 +2,8 @@
 
 It subclasses ``SplatfactoModel`` so ``ns-export gaussian-splat``, ``ns-viewer`` and ``ns-eval``
 accept it unchanged, and replaces the parts of splatfacto 1.1.5 that only run on CUDA (hard-coded
-``.cuda()`` calls, a ``torch.compile``d view matrix) or need the network (LPIPS weights).
+``.cuda()`` calls, a ``torch.compile``d view matrix), need the network (LPIPS weights) or cost
+seconds of start-up (torchmetrics and sklearn imports).
 """
 
 from __future__ import annotations
@@ -11,9 +12,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import Dict, List, Literal, Optional, Tuple, Type, Union
 
+import numpy as np
 import torch
 from nerfstudio.cameras.cameras import Cameras
-from nerfstudio.model_components.lib_bilagrid import color_correct
+from nerfstudio.data.scene_box import OrientedBox
+from nerfstudio.model_components.lib_bilagrid import BilateralGrid, color_correct
 from nerfstudio.models.splatfacto import (
     RGB2SH,
     SplatfactoModel,
@@ -21,11 +24,14 @@ from nerfstudio.models.splatfacto import (
     num_sh_bases,
     random_quat_tensor,
 )
+from nerfstudio.utils.colors import get_color
 from nerfstudio.utils.rich_utils import CONSOLE
+from pytorch_msssim import SSIM
+from scipy.spatial import cKDTree
 
-from bytesplat_ns.compat import offline_safe_lpips
 from bytesplat_ns.data.datamanager import host_image_size
 from bytesplat_ns.errors import BytesplatError
+from bytesplat_ns.image_metrics import Lpips, psnr
 from bytesplat_ns.raster import rasterize, resolve_backend
 from bytesplat_ns.pruning import HardwarePruner
 from bytesplat_ns.raster.loss import SSIM_WIN_SIZE
@@ -37,6 +43,7 @@ from bytesplat_ns.tile_occupancy import TileOccupancyMonitor
 # Per thread: get_image_metrics_and_images sizes the ground truth as eval mode does (see there).
 _EVAL_RESOLUTION = threading.local()
 
+METRIC_MODULE_PREFIXES = ("psnr.", "ssim.", "lpips.")
 GAUSSIAN_PARAM_NAMES = ("means", "scales", "quats", "features_dc", "features_rest", "opacities")
 
 
@@ -105,6 +112,13 @@ def intrinsics_matrices(camera: Cameras) -> torch.Tensor:
     return torch.stack([fx, zero, cx, zero, fy, cy, zero, zero, one], dim=-1).unflatten(-1, (3, 3))
 
 
+def nearest_neighbour_distances(points: np.ndarray, k: int) -> np.ndarray:
+    """[N,k] distances from each point to its k nearest other points (splatfacto's sklearn query,
+    through scipy's k-d tree, which nerfstudio has imported already)."""
+    distances, _ = cKDTree(points).query(points, k=k + 1)
+    return distances[:, 1:]
+
+
 def training_psnr(predicted: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """PSNR for the training log (images in [0, 1]), computed on the device: torchmetrics' metric
     copies the pixel count to the GPU from the host, a host-device wait on every step."""
@@ -144,26 +158,49 @@ class ByteSplatModel(SplatfactoModel):
         return factor if cap is None else min(factor, 2**cap)
 
     def populate_modules(self):
-        seed_points = self.seed_points
-        seeded = seed_points is not None and not self.config.random_init
-        num_random = self.config.num_random
-        # splatfacto's seeded initialisation hard-codes .cuda(): let it build everything else from a
-        # tiny random cloud, then put the seeded Gaussians in place ourselves.
-        if seeded:
-            self.seed_points = None
-            self.config.num_random = 16
-        try:
-            with offline_safe_lpips() as lpips_status:
-                super().populate_modules()
-        finally:
-            self.seed_points = seed_points
-            self.config.num_random = num_random
-        self.lpips_available = lpips_status.available
-        # the same densification, without the three GPU waits per step of gsplat's statistics update
-        self.strategy = SyncFreeDefaultStrategy.like(self.strategy)
-        if seeded:
-            assert seed_points is not None
-            self.gauss_params = torch.nn.ParameterDict(self._gaussians_from_seed(*seed_points))
+        # splatfacto's populate_modules, rebuilt: its seeded start hard-codes .cuda(), and its metric
+        # modules import torchmetrics (and through it transformers, where installed) and sklearn, which
+        # cost seconds of every start-up. The same Gaussians, metrics and strategy.
+        if self.seed_points is not None and not self.config.random_init:
+            points, colors = self.seed_points
+        else:
+            points = (torch.rand((self.config.num_random, 3)) - 0.5) * self.config.random_scale
+            colors = torch.empty(0, 3)
+        self.gauss_params = torch.nn.ParameterDict(self._gaussians_from_seed(points, colors))
+        self.camera_optimizer = self.config.camera_optimizer.setup(num_cameras=self.num_train_data, device="cpu")
+        # plain callables, not modules: out of the state dict, the LPIPS weights loaded on first use
+        self.psnr = psnr
+        self.ssim = SSIM(data_range=1.0, size_average=True, channel=3)
+        self.lpips = Lpips()
+        self.step = 0
+        self.crop_box: Optional[OrientedBox] = None
+        if self.config.background_color == "random":
+            self.background_color = torch.tensor([0.1490, 0.1647, 0.2157])  # splatfacto's: the viewer's background
+        else:
+            self.background_color = get_color(self.config.background_color)
+        if self.config.use_bilateral_grid:
+            self.bil_grids = BilateralGrid(num=self.num_train_data, grid_X=self.config.grid_shape[0],
+                                           grid_Y=self.config.grid_shape[1], grid_W=self.config.grid_shape[2])
+        # gsplat's densification with splatfacto's settings, without the three GPU waits per step of its
+        # statistics update
+        self.strategy = SyncFreeDefaultStrategy(
+            prune_opa=self.config.cull_alpha_thresh,
+            grow_grad2d=self.config.densify_grad_thresh,
+            grow_scale3d=self.config.densify_size_thresh,
+            grow_scale2d=self.config.split_screen_size,
+            prune_scale3d=self.config.cull_scale_thresh,
+            prune_scale2d=self.config.cull_screen_size,
+            refine_scale2d_stop_iter=self.config.stop_screen_size_at,
+            refine_start_iter=self.config.warmup_length,
+            refine_stop_iter=self.config.stop_split_at,
+            reset_every=self.config.reset_alpha_every * self.config.refine_every,
+            refine_every=self.config.refine_every,
+            pause_refine_after_reset=self.num_train_data + self.config.refine_every,
+            absgrad=self.config.use_absgrad,
+            revised_opacity=False,
+            verbose=True,
+        )
+        self.strategy_state = self.strategy.initialize_state(scene_scale=1.0)
         self._backend: Optional[str] = None
         self.tile_occupancy = TileOccupancyMonitor(self.config.tile_stats_every, self.config.hw_prune_capacity)
         self._pruning: Optional[HardwarePruner] = None
@@ -177,11 +214,12 @@ class ByteSplatModel(SplatfactoModel):
         return self._pruning
 
     def _gaussians_from_seed(self, points: torch.Tensor, colors: torch.Tensor) -> Dict[str, torch.nn.Parameter]:
-        """Initial Gaussians at the seed points: isotropic, sized by the mean distance to 3 neighbours."""
+        """Initial Gaussians at the seed points: isotropic, sized by the mean distance to 3 neighbours;
+        colours from ``colors`` (0-255), random where there are none. Random draws in splatfacto's order."""
         points = points.float().clone()  # own storage: training must not move the dataparser's seed points
-        distances, _ = self.k_nearest_sklearn(points, 3)
-        mean_distance = torch.from_numpy(distances).mean(dim=-1, keepdim=True)
+        mean_distance = torch.from_numpy(nearest_neighbour_distances(points.numpy(), 3)).float().mean(dim=-1, keepdim=True)
         count = points.shape[0]
+        quats = random_quat_tensor(count)
         sh_bases = num_sh_bases(self.config.sh_degree)
         features = torch.zeros(count, sh_bases, 3)
         if colors.shape[0] > 0:
@@ -192,7 +230,7 @@ class ByteSplatModel(SplatfactoModel):
         return {
             "means": torch.nn.Parameter(points),
             "scales": torch.nn.Parameter(torch.log(mean_distance.repeat(1, 3))),
-            "quats": torch.nn.Parameter(random_quat_tensor(count)),
+            "quats": torch.nn.Parameter(quats),
             "features_dc": torch.nn.Parameter(features[:, 0].contiguous()),
             "features_rest": torch.nn.Parameter(features[:, 1:].contiguous()),
             "opacities": torch.nn.Parameter(torch.logit(0.1 * torch.ones(count, 1))),
@@ -226,6 +264,8 @@ class ByteSplatModel(SplatfactoModel):
                 f"parameters; top-level entries: {', '.join(found) or 'none'}). Load a checkpoint "
                 "trained with `ns-train bytesplat` (or splatfacto)."
             )
+        # checkpoints of earlier versions hold torchmetrics' metric modules; the metrics are no modules now
+        dict = {key: value for key, value in dict.items() if not key.startswith(METRIC_MODULE_PREFIXES)}  # noqa: A001
         return super().load_state_dict(dict, **kwargs)
 
     def _select_gaussians(self, camera: Cameras) -> Optional[Dict[str, torch.Tensor]]:
@@ -427,7 +467,7 @@ class ByteSplatModel(SplatfactoModel):
             metrics, images = super().get_image_metrics_and_images(outputs, batch)
         finally:
             _EVAL_RESOLUTION.pinned = False
-        if not self.lpips_available:
+        if not self.lpips.available:
             # The stand-in returned a placeholder; report no number rather than a wrong one.
             metrics.pop("lpips", None)
             metrics.pop("cc_lpips", None)

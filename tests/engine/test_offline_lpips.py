@@ -63,3 +63,30 @@ def test_cached_weights_are_used_without_the_network(empty_hub, monkeypatch):
     a = torch.rand(1, 3, 64, 64)
     assert float(metric(a, a)) == pytest.approx(0.0, abs=1e-6)
     assert float(metric(a, torch.rand(1, 3, 64, 64))) > 0.0
+
+
+def test_torchmetrics_is_patched_when_imported_not_before(tmp_path):
+    """A process that never builds torchmetrics' LPIPS does not import torchmetrics for the check; one
+    that imports it later still gets the offline-safe class."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, warnings\n"
+        "from bytesplat_ns import compat\n"
+        "compat.can_reach = lambda url, timeout_s: False\n"
+        f"compat.lpips_weights = lambda net='alex': ('http://weights.invalid/a.pth', __import__('pathlib').Path({str(tmp_path)!r}) / 'a.pth')\n"
+        "with compat.offline_safe_lpips() as status:\n"
+        "    assert 'torchmetrics' not in sys.modules\n"
+        "    from torchmetrics.image.lpip import LearnedPerceptualImagePatchSimilarity as L\n"
+        "    with warnings.catch_warnings(record=True):\n"
+        "        warnings.simplefilter('always')\n"
+        "        metric = L(normalize=True)\n"
+        "assert isinstance(metric, compat._LpipsPlaceholder) and not status.available\n"
+        "import torchmetrics.image.lpip as m\n"
+        "assert m.LearnedPerceptualImagePatchSimilarity.__name__ == 'LearnedPerceptualImagePatchSimilarity'\n"
+        "assert not any(isinstance(f, compat._PatchAfterImport) for f in sys.meta_path)\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
