@@ -18,7 +18,8 @@ TIMINGS.json holds host clock stamps (``time.time()``, comparable with the launc
 summed seconds per phase: ``data`` (dataparser, datasets, image caching/undistortion), ``setup``
 (the rest of ``Trainer.setup``: model, optimizers, writers), ``steps`` (train iterations with
 their before/after callbacks, i.e. densification), ``eval`` (in-training eval iterations), ``log``
-(nerfstudio writer calls and ``write_out_storage``), ``save`` (checkpoints), ``step_ms`` (each train
+(nerfstudio writer calls and ``write_out_storage``; ``detail_s`` splits it by writer function, and
+``write_out_storage`` into ``gpu_wait``, ``tensorboard_scalar``, ``tensorboard_image``, ``console``), ``save`` (checkpoints), ``step_ms`` (each train
 iteration's milliseconds as nerfstudio's own iteration timer measures it, from the first), plus the final
 Gaussian count and the peak GPU memory. ``gc`` counts the garbage collector's collections while
 ``Trainer.train`` runs, per generation, with their seconds (inside whatever phase they interrupt:
@@ -139,6 +140,7 @@ def install(timers: PhaseTimers, record: Dict, collections: Optional[CollectionT
         return real_put_time(name, duration, step, *args, **kwargs)
 
     writer.put_time = put_time
+    split_write_out_storage(timers)
     for name in WRITER_FUNCTIONS:
         setattr(writer, name, timers.wrap("log", getattr(writer, name), detail=name))
 
@@ -161,6 +163,34 @@ def install(timers: PhaseTimers, record: Dict, collections: Optional[CollectionT
             record["train_end"] = time.time()
 
     Trainer.setup, Trainer.train = setup, train
+
+
+def split_write_out_storage(timers: PhaseTimers) -> None:
+    """Time ``write_out_storage``'s parts separately (nested details of the log phase): the wait for the
+    GPU before logged tensors can be read (``gpu_wait``: one synchronise, ahead of the writers' own
+    reads), tensorboard's scalar and image writes, and the console table."""
+    import torch
+    from nerfstudio.utils import writer
+
+    for cls, name, detail in ((writer.TensorboardWriter, "write_scalar", "tensorboard_scalar"),
+                              (writer.TensorboardWriter, "write_image", "tensorboard_image"),
+                              (writer.LocalWriter, "write_stats_log", "console")):
+        setattr(cls, name, timers.wrap("log", getattr(cls, name), detail=detail))
+    gpu_wait = timers.wrap("log", torch.cuda.synchronize, detail="gpu_wait")
+    real_write_out_storage = writer.write_out_storage
+
+    def write_out_storage():
+        if torch.cuda.is_available() and torch.cuda.is_initialized() and any(
+                holds_cuda_tensor(event["event"]) for event in writer.EVENT_STORAGE):
+            gpu_wait()
+        return real_write_out_storage()
+
+    writer.write_out_storage = functools.wraps(real_write_out_storage)(write_out_storage)
+
+
+def holds_cuda_tensor(value) -> bool:
+    values = value.values() if isinstance(value, dict) else (value,)
+    return any(getattr(v, "is_cuda", False) for v in values)
 
 
 def drained_on_logged_steps(train_iteration: Callable) -> Callable:

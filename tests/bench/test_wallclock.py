@@ -107,6 +107,7 @@ def test_two_configurations_end_to_end(tmp_path):
         assert run["gc_full_collections"] >= 0 and 0 <= run["gc_full_s"] <= run["gc_s"] < run["wall_s"]
         assert "--machine.seed 1" in run["ns_train_command"] and run["ns_train_command"].startswith("ns-train bytesplat")
         assert run["ns_eval_command"].startswith("ns-eval --load-config")
+        assert {"log:write_out_storage", "log:tensorboard_scalar", "log:console"} <= set(run["detail_s"])
     ref = result["runs"][0]
     assert "--pipeline.model.rasterizer reference" in ref["ns_train_command"]
     assert result["summary"]["ref"]["wall_s"]["min"] == ref["wall_s"] == result["summary"]["ref"]["wall_s"]["median"]
@@ -279,3 +280,35 @@ def test_logged_steps_end_with_the_gpu_drained(monkeypatch):
     iteration = drained_on_logged_steps(lambda self, step: steps.append(step) or step * 2)
     assert [iteration(trainer, s) for s in range(25)] == [2 * s for s in range(25)]
     assert syncs == [0, 10, 20]
+
+
+def test_write_out_storage_waits_for_the_gpu_in_its_own_timer(monkeypatch):
+    """write_out_storage's wait for queued GPU work is timed apart from the writers (detail gpu_wait):
+    one synchronise on steps whose events hold CUDA tensors, none on the others."""
+    from types import SimpleNamespace
+
+    import nerfstudio.configs.base_config  # noqa: F401 - nerfstudio's writer module needs it imported first
+    import torch
+    from nerfstudio.utils import writer
+
+    from bytesplat_ns.bench import timed_ns_train
+
+    syncs = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: syncs.append(len(writer.EVENT_STORAGE)))
+    for cls, name in ((writer.TensorboardWriter, "write_scalar"), (writer.TensorboardWriter, "write_image"),
+                      (writer.LocalWriter, "write_stats_log")):
+        monkeypatch.setattr(cls, name, getattr(cls, name))
+    monkeypatch.setattr(writer, "write_out_storage", writer.write_out_storage)
+    monkeypatch.setattr(writer, "EVENT_WRITERS", [])
+    timers = timed_ns_train.PhaseTimers()
+    timed_ns_train.split_write_out_storage(timers)
+    cuda_scalar = SimpleNamespace(is_cuda=True)
+    monkeypatch.setattr(writer, "EVENT_STORAGE", [{"name": "a", "event": 1.0, "step": 1}])
+    writer.write_out_storage()
+    assert syncs == []
+    writer.EVENT_STORAGE.extend([{"name": "b", "event": {"x": cuda_scalar}, "step": 2}])
+    writer.write_out_storage()
+    assert syncs == [1] and writer.EVENT_STORAGE == []
+    assert set(timers.detail) == {"log:gpu_wait"}
