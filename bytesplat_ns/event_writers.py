@@ -2,57 +2,146 @@
 
 nerfstudio's loop puts three timing scalars into its event storage at every step (``Train Iter
 (time)`` and ``ETA (time)``, running averages over the last ``max_buffer_size`` steps, and ``Train
-Rays / Sec``) and writes them to tensorboard at every step. Each tensorboard scalar is a protobuf
-built and queued on the training thread and serialised, checksummed and written by tensorboard's
-writer thread, which competes with the training thread for the interpreter lock. Measured on a
-2-core CPU with protobuf's pure-Python implementation, the three cost ~0.7 ms a step; on the H200
-machine (suite wallclock-fox-seeds) nerfstudio's writer time did not drop measurably with them gone:
-there it is spent elsewhere (docs/wallclock.md).
+Rays / Sec``) and writes them to tensorboard at every step; on logged steps about a dozen more (the
+loss, its terms, the training metrics, the GPU memory). Each one is a ``SummaryWriter.add_scalar``: a
+read of the value (a wait for the GPU, for a tensor), a protobuf built, serialised and queued on the
+training thread, then checksummed and written by tensorboard's writer thread. Its queue holds 10
+events: a logged step's dozen fill it, and the training thread blocks until the writer thread,
+which needs the interpreter lock for each event, has taken them. Measured on the H200 machine (suite
+wallclock-fox-seeds, 5000 iterations on fox): 2.4-2.8 s of ``add_scalar`` on the training thread,
+~5 ms per logged step, against 0.05 s of waiting for the GPU.
 
-:class:`LoggedStepsTensorboardWriter` writes those three only on the steps nerfstudio logs
-(``--logging.steps-per-log``), like the console table; every other event is written as before.
-:func:`close_tensorboard_writers` puts every queued event on disk (nerfstudio never closes them).
+:class:`TrainingLoopTensorboardWriter` (same ``SummaryWriter``, tags, steps and values) writes
+
+- the three timing scalars only on the steps nerfstudio logs (``--logging.steps-per-log``), like the
+  console table (``--timing-scalars-every-step False``);
+- a logged step's scalars as one event (one summary with every value; tensorboard reads the same
+  tags, steps and values), its tensors copied to the host in one non-blocking copy that is read when
+  the next logged step's scalars arrive (or at close), so the training thread never waits for the
+  GPU or for tensorboard's queue here (``--batched-tensorboard-scalars True``).
+
+Images go through unchanged. :func:`close_tensorboard_writers` writes what is held back and puts
+every queued event on disk (nerfstudio never closes them).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import Any, List, Optional, Tuple
 
 import nerfstudio.configs.base_config  # noqa: F401 - imports nerfstudio's writer without its import cycle
+import torch
 from nerfstudio.utils import writer
+from tensorboard.compat.proto.summary_pb2 import Summary
 
 PER_STEP_TIMINGS = frozenset(
     event.value for event in (writer.EventName.ITER_TRAIN_TIME, writer.EventName.ETA, writer.EventName.TRAIN_RAYS_PER_SEC)
 )
 
 
-class LoggedStepsTensorboardWriter(writer.TensorboardWriter):
-    """nerfstudio's ``TensorboardWriter`` (same ``SummaryWriter``, tags and values) that skips the
-    per-step timing scalars on steps that are not logged."""
+class HostValues:
+    """Scalars (numbers and one-element tensors) read to the host: the device tensors with one
+    non-blocking copy into pinned memory, ready once the GPU has reached it (``values()`` waits only
+    if it has not)."""
 
-    def __init__(self, tb_writer: Any, steps_per_log: int):  # noqa: D107 - adopts an open SummaryWriter
+    def __init__(self, scalars: List[Any]):
+        self.scalars = list(scalars)
+        on_device = [i for i, v in enumerate(self.scalars) if isinstance(v, torch.Tensor) and v.device.type != "cpu"]
+        self.on_device = on_device
+        self.copy: Optional[torch.Tensor] = None
+        self.ready: Optional[torch.cuda.Event] = None
+        if on_device:
+            stacked = torch.stack([self.scalars[i].detach().reshape(()).to(torch.float64) for i in on_device])
+            self.copy = stacked.to("cpu", non_blocking=True)
+            if stacked.device.type == "cuda":
+                self.ready = torch.cuda.Event()
+                self.ready.record()
+
+    def values(self) -> List[float]:
+        if self.ready is not None:
+            self.ready.synchronize()
+        out = [float(v) for v in self.scalars] if not self.on_device else list(self.scalars)
+        if self.on_device:
+            device_values = self.copy.tolist()
+            for slot, i in enumerate(self.on_device):
+                out[i] = device_values[slot]
+            out = [float(v) for v in out]
+        return out
+
+
+class TrainingLoopTensorboardWriter(writer.TensorboardWriter):
+    """nerfstudio's ``TensorboardWriter`` on the same ``SummaryWriter``: the per-step timing scalars only
+    on logged steps (unless ``timings_every_step``), and each step's scalars as one event, read from
+    the device without waiting (``batch_scalars``)."""
+
+    def __init__(self, tb_writer: Any, steps_per_log: int, timings_every_step: bool = False,
+                 batch_scalars: bool = True):  # noqa: D107 - adopts an open SummaryWriter
         self.tb_writer = tb_writer
         self.steps_per_log = max(1, int(steps_per_log))
+        self.timings_every_step = timings_every_step
+        self.batch_scalars = batch_scalars
+        self._held: Optional[Tuple[int, float, List[str], HostValues]] = None
+        self._open: Optional[Tuple[int, List[str], List[Any]]] = None  # the step being collected
 
     def write_scalar(self, name: str, scalar: Any, step: int) -> None:
-        if name in PER_STEP_TIMINGS and step % self.steps_per_log:
+        if name in PER_STEP_TIMINGS and not self.timings_every_step and step % self.steps_per_log:
             return
-        super().write_scalar(name, scalar, step)
+        if not self.batch_scalars:
+            super().write_scalar(name, scalar, step)
+            return
+        if self._open is not None and self._open[0] != step:
+            self._close_step()
+        if self._open is None:
+            self._open = (step, [], [])
+        self._open[1].append(name)
+        self._open[2].append(scalar)
+
+    def _close_step(self) -> None:
+        """The collected step's values start their copy to the host; the step held before is written."""
+        step, names, scalars = self._open
+        self._open = None
+        self.write_held()
+        self._held = (step, time.time(), names, HostValues(scalars))
+
+    def write_held(self) -> None:
+        """Write the held step's scalars as one event (waiting for the GPU only if it is not there yet)."""
+        if self._held is None:
+            return
+        step, wall_time, names, host = self._held
+        self._held = None
+        summary = Summary(value=[Summary.Value(tag=name, simple_value=value) for name, value in zip(names, host.values())])
+        self.tb_writer._get_file_writer().add_summary(summary, step, wall_time)
+
+    def flush_scalars(self) -> None:
+        """Write everything collected or held (end of training, exit)."""
+        if self._open is not None:
+            self._close_step()
+        self.write_held()
 
 
-def write_timings_on_logged_steps(steps_per_log: int) -> int:
-    """Replace nerfstudio's tensorboard writers by :class:`LoggedStepsTensorboardWriter` s on the same
+def adopt_tensorboard_writers(steps_per_log: int, timings_every_step: bool, batch_scalars: bool) -> int:
+    """Replace nerfstudio's tensorboard writers by :class:`TrainingLoopTensorboardWriter` s on the same
     event files. Returns how many were replaced."""
     replaced = 0
     for i, event_writer in enumerate(writer.EVENT_WRITERS):
         if type(event_writer) is writer.TensorboardWriter:
-            writer.EVENT_WRITERS[i] = LoggedStepsTensorboardWriter(event_writer.tb_writer, steps_per_log)
+            writer.EVENT_WRITERS[i] = TrainingLoopTensorboardWriter(event_writer.tb_writer, steps_per_log,
+                                                                    timings_every_step, batch_scalars)
             replaced += 1
     return replaced
 
 
+def flush_held_scalars() -> None:
+    """Write the scalars our writers hold back (the last logged step's)."""
+    for event_writer in writer.EVENT_WRITERS:
+        if isinstance(event_writer, TrainingLoopTensorboardWriter):
+            event_writer.flush_scalars()
+
+
 def close_tensorboard_writers() -> None:
-    """Flush and close every tensorboard ``SummaryWriter`` of nerfstudio's event writers."""
+    """Write what is held back, then flush and close every tensorboard ``SummaryWriter`` of nerfstudio's
+    event writers."""
+    flush_held_scalars()
     for event_writer in writer.EVENT_WRITERS:
         if isinstance(event_writer, writer.TensorboardWriter):
             event_writer.tb_writer.close()

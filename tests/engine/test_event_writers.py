@@ -1,6 +1,7 @@
 """nerfstudio's per-step timing scalars go to tensorboard on logged steps only (unless
---timing-scalars-every-step), every other event as before; at exit the writers are closed and the
-heap frozen before the interpreter's teardown (bytesplat_ns/event_writers.py, bytesplat_ns/heap.py)."""
+--timing-scalars-every-step), a logged step's scalars as one event (unless
+--batched-tensorboard-scalars False), every other event as before; at exit the writers are closed and
+the heap frozen before the interpreter's teardown (bytesplat_ns/event_writers.py, bytesplat_ns/heap.py)."""
 
 from __future__ import annotations
 
@@ -33,8 +34,10 @@ def scalar_steps(trainer):
 
 
 def train(scene, out_dir, every_step: bool):
+    """``every_step``: nerfstudio's writing (every scalar at every step, one event each); else ours."""
     config = copy.deepcopy(bytesplat_config)
     config.timing_scalars_every_step = every_step
+    config.batched_tensorboard_scalars = not every_step
     config.logging.steps_per_log = STEPS_PER_LOG
     trainer, _ = setup_trainer("timings", config, scene, ITERATIONS, out_dir, seed=0, device="cpu")
     trainer.train()
@@ -65,7 +68,68 @@ def test_the_switch_is_in_config_yml(scene, tmp_path):
     trainer.config.save_config()
     saved = yaml.load((trainer.base_dir / "config.yml").read_text(), Loader=yaml.Loader)
     assert saved.timing_scalars_every_step is True and saved.freeze_heap_at_exit is False
+    assert saved.batched_tensorboard_scalars is True
     assert bytesplat_config.timing_scalars_every_step is False and bytesplat_config.freeze_heap_at_exit is True
+    assert bytesplat_config.batched_tensorboard_scalars is True
+
+
+def written_scalars(log_dir):
+    events = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def test_batched_scalars_read_back_as_nerfstudios(tmp_path):
+    """The same add_scalar sequence through nerfstudio's writer and through a batched one: the same
+    tags, steps and values in tensorboard, one event per logged step, the last step written on flush."""
+    import torch
+    from nerfstudio.utils import writer
+    from torch.utils.tensorboard import SummaryWriter
+
+    torch.manual_seed(0)
+    calls = []
+    for step in range(0, 30, 10):
+        calls += [("Train Loss", torch.rand(()) * 3, step), ("Train Loss Dict/main_loss", torch.rand(1), step),
+                  ("Train Metrics Dict/gaussian_count", 1234 + step, step), ("GPU Memory (MB)", 512.25, step),
+                  ("Train Iter (time)", 0.005 + step, step)]
+    nerfstudio_writer = writer.TensorboardWriter(log_dir=tmp_path / "theirs")
+    ours_summary = SummaryWriter(log_dir=str(tmp_path / "ours"))
+    ours = event_writers.TrainingLoopTensorboardWriter(ours_summary, steps_per_log=10)
+    events_queued = []
+    real_add_event = ours_summary._get_file_writer().add_event
+    ours_summary._get_file_writer().add_event = (
+        lambda event, step=None, walltime=None: events_queued.append(step) or real_add_event(event, step, walltime))
+    for name, value, step in calls:
+        nerfstudio_writer.write_scalar(name, value, step)
+        ours.write_scalar(name, value, step)
+    assert events_queued == [0]  # step 10 is held until the next step arrives, step 20 is being collected
+    ours.flush_scalars()
+    assert events_queued == [0, 10, 20]
+    nerfstudio_writer.tb_writer.close()
+    ours_summary.close()
+    theirs = written_scalars(tmp_path / "theirs")
+    assert written_scalars(tmp_path / "ours") == theirs and len(theirs) == 5 and theirs["GPU Memory (MB)"][0] == (0, 512.25)
+
+
+def test_host_values_of_numbers_and_tensors():
+    import torch
+
+    host = event_writers.HostValues([1, 2.5, torch.tensor(3.25), torch.tensor([4.5]), True])
+    assert host.values() == [1.0, 2.5, 3.25, 4.5, 1.0]
+
+
+@pytest.mark.gpu
+def test_host_values_of_gpu_tensors_without_a_wait_at_creation():
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    big = torch.rand(4096, 4096, device="cuda")
+    scalars = [(big @ big).mean(), torch.tensor(7.0, device="cuda"), 3, torch.tensor(2.0)]
+    expected = [float(v) for v in scalars]
+    host = event_writers.HostValues(scalars)
+    assert host.copy.is_pinned()
+    assert host.values() == pytest.approx(expected, rel=1e-12)
 
 
 EXIT_SCRIPT = """
