@@ -2,6 +2,8 @@
 
 One test per file in cuda/; each checks that nvcc exits 0 AND writes the object file. Skipped only
 when nvcc is absent. Target sm_90 (H100/H200), the architecture the fused kernels are tuned for.
+Each file gets its own nvcc process with the same flags; a module fixture runs them side by side (one
+per CPU), and each file's test reads its own result.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.concurrent_jobs import run_jobs, selected_params
 
 CUDA_DIR = Path(__file__).resolve().parents[2] / "cuda"
 SOURCES = sorted(p.name for p in CUDA_DIR.iterdir() if p.suffix in (".cu", ".cpp"))
@@ -44,26 +48,45 @@ def test_sources_found():
     assert {"bindings.cpp", "render.cu", "fused_loss.cu"} <= set(SOURCES)
 
 
-@pytest.mark.timeout(900)
-@pytest.mark.parametrize("name", SOURCES)
-def test_compiles(name, tmp_path):
-    nvcc = _nvcc()
-    if nvcc is None:
-        pytest.skip("nvcc not found")
+def _nvcc_command(nvcc: str) -> list:
+    """nvcc and the flags every file is compiled with (the JIT build's: torch's headers and ABI)."""
     import torch
 
     from bytesplat_ns.raster._build import cxx_std
 
-    obj = tmp_path / (name + ".o")
     cmd = [
-        nvcc, "-c", "-x", "c++" if name.endswith(".cpp") else "cu",
+        nvcc, "-c",
         "-arch=sm_90", f"-std={cxx_std()}", "--expt-relaxed-constexpr",
         f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
         "-DTORCH_EXTENSION_NAME=bytesplat_cuda", "-DTORCH_API_INCLUDE_EXTENSION_H",
         "-Xcompiler", "-fPIC",
     ]
-    cmd += [f"-I{p}" for p in _include_paths()]
-    cmd += ["-o", str(obj), str(CUDA_DIR / name)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    return cmd + [f"-I{p}" for p in _include_paths()]
+
+
+def _compile(command: list, name: str, out_dir: Path):
+    obj = out_dir / (name + ".o")
+    language = ["-x", "c++" if name.endswith(".cpp") else "cu"]
+    cmd = command[:2] + language + command[2:] + ["-o", str(obj), str(CUDA_DIR / name)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=900), obj
+
+
+@pytest.fixture(scope="module")
+def compiled(request, tmp_path_factory):
+    """Every selected source compiled, side by side (one nvcc per CPU): name -> (process, object file).
+    Each file gets its own nvcc run with the flags above; only the waiting is shared."""
+    nvcc = _nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not found")
+    command, out_dir = _nvcc_command(nvcc), tmp_path_factory.mktemp("nvcc")
+    names = selected_params(request, "name")
+    return run_jobs({name: (lambda name=name: _compile(command, name, out_dir)) for name in names})
+
+
+# The first test waits for all the compiles: about 10 min of CPU for cuda/, about 5 min on two cores.
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("name", SOURCES)
+def test_compiles(name, compiled):
+    proc, obj = compiled[name]
     assert proc.returncode == 0, f"nvcc failed on {name}:\n{proc.stderr[-6000:]}"
     assert obj.exists() and obj.stat().st_size > 0, f"nvcc wrote no object file for {name}"
