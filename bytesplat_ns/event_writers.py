@@ -11,10 +11,17 @@ which needs the interpreter lock for each event, has taken them. Measured on the
 wallclock-fox-seeds, 5000 iterations on fox): 2.4-2.8 s of ``add_scalar`` on the training thread,
 ~5 ms per logged step, against 0.05 s of waiting for the GPU.
 
-:class:`TrainingLoopTensorboardWriter` (same ``SummaryWriter``, tags, steps and values) writes
+nerfstudio's optimizers also put each scheduled group's learning rate (``learning_rate/means``) at
+every step. Every event handed to tensorboard wakes its writer thread, and the hand-over of the
+interpreter lock costs the training thread far more than the event itself (~0.5 ms on the H200
+machine, ~2.5 ms on a 2-core CPU): these per-step events were most of the ~3 s above.
+
+:class:`TrainingLoopTensorboardWriter` (same ``SummaryWriter``, tags and values) writes
 
 - the three timing scalars only on the steps nerfstudio logs (``--logging.steps-per-log``), like the
   console table (``--timing-scalars-every-step False``);
+- the learning rates only on logged steps: the same schedule, sampled every ``steps_per_log`` steps
+  (``--learning-rates-every-step False``);
 - a logged step's scalars as one event (one summary with every value; tensorboard reads the same
   tags, steps and values), its tensors copied to the host in one non-blocking copy that is read when
   the next logged step's scalars arrive (or at close), so the training thread never waits for the
@@ -37,6 +44,9 @@ from tensorboard.compat.proto.summary_pb2 import Summary
 PER_STEP_TIMINGS = frozenset(
     event.value for event in (writer.EventName.ITER_TRAIN_TIME, writer.EventName.ETA, writer.EventName.TRAIN_RAYS_PER_SEC)
 )
+
+
+LEARNING_RATE_PREFIX = "learning_rate/"  # nerfstudio's Optimizers.scheduler_step_all: one per scheduled group, every step
 
 
 class HostValues:
@@ -75,16 +85,19 @@ class TrainingLoopTensorboardWriter(writer.TensorboardWriter):
     the device without waiting (``batch_scalars``)."""
 
     def __init__(self, tb_writer: Any, steps_per_log: int, timings_every_step: bool = False,
-                 batch_scalars: bool = True):  # noqa: D107 - adopts an open SummaryWriter
+                 batch_scalars: bool = True, learning_rates_every_step: bool = False):  # noqa: D107 - adopts an open SummaryWriter
         self.tb_writer = tb_writer
         self.steps_per_log = max(1, int(steps_per_log))
         self.timings_every_step = timings_every_step
+        self.learning_rates_every_step = learning_rates_every_step
         self.batch_scalars = batch_scalars
         self._held: Optional[Tuple[int, float, List[str], HostValues]] = None
         self._open: Optional[Tuple[int, List[str], List[Any]]] = None  # the step being collected
 
     def write_scalar(self, name: str, scalar: Any, step: int) -> None:
-        if name in PER_STEP_TIMINGS and not self.timings_every_step and step % self.steps_per_log:
+        if step % self.steps_per_log and (
+                (name in PER_STEP_TIMINGS and not self.timings_every_step)
+                or (name.startswith(LEARNING_RATE_PREFIX) and not self.learning_rates_every_step)):
             return
         if not self.batch_scalars:
             super().write_scalar(name, scalar, step)
@@ -119,14 +132,16 @@ class TrainingLoopTensorboardWriter(writer.TensorboardWriter):
         self.write_held()
 
 
-def adopt_tensorboard_writers(steps_per_log: int, timings_every_step: bool, batch_scalars: bool) -> int:
+def adopt_tensorboard_writers(steps_per_log: int, timings_every_step: bool, batch_scalars: bool,
+                              learning_rates_every_step: bool) -> int:
     """Replace nerfstudio's tensorboard writers by :class:`TrainingLoopTensorboardWriter` s on the same
     event files. Returns how many were replaced."""
     replaced = 0
     for i, event_writer in enumerate(writer.EVENT_WRITERS):
         if type(event_writer) is writer.TensorboardWriter:
             writer.EVENT_WRITERS[i] = TrainingLoopTensorboardWriter(event_writer.tb_writer, steps_per_log,
-                                                                    timings_every_step, batch_scalars)
+                                                                    timings_every_step, batch_scalars,
+                                                                    learning_rates_every_step)
             replaced += 1
     return replaced
 

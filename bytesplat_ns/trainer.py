@@ -59,6 +59,11 @@ class ByteSplatTrainerConfig(TrainerConfig):
     tensorboard at every step, as nerfstudio does. False: only on logged steps (--logging.steps-per-log),
     as the console shows them; three tensorboard writes fewer on the training thread per step
     (bytesplat_ns/event_writers.py). Every other scalar and image is written as before."""
+    learning_rates_every_step: bool = False
+    """Write nerfstudio's per-step learning-rate scalars (learning_rate/<group>) to tensorboard at every
+    step, as nerfstudio does. False: only on logged steps (--logging.steps-per-log), the same schedule
+    sampled every steps_per_log steps: each event wakes tensorboard's writer thread, a thread switch
+    that costs the training thread ~0.5 ms (bytesplat_ns/event_writers.py)."""
     batched_tensorboard_scalars: bool = True
     """Write a logged step's tensorboard scalars as one event, their tensors copied to the host in one
     non-blocking copy and written a logged step later (or when training ends), instead of one
@@ -201,10 +206,10 @@ class ByteSplatTrainer(Trainer):
         if self.config.fast_event_checksums:
             event_crc.install()
         super().setup(test_mode=test_mode)
-        if not self.config.timing_scalars_every_step or self.config.batched_tensorboard_scalars:
-            event_writers.adopt_tensorboard_writers(self.config.logging.steps_per_log,
-                                                    self.config.timing_scalars_every_step,
-                                                    self.config.batched_tensorboard_scalars)
+        config = self.config
+        if not (config.timing_scalars_every_step and config.learning_rates_every_step) or config.batched_tensorboard_scalars:
+            event_writers.adopt_tensorboard_writers(config.logging.steps_per_log, config.timing_scalars_every_step,
+                                                    config.batched_tensorboard_scalars, config.learning_rates_every_step)
 
     def train(self) -> None:
         try:

@@ -38,6 +38,7 @@ def train(scene, out_dir, every_step: bool):
     config = copy.deepcopy(bytesplat_config)
     config.timing_scalars_every_step = every_step
     config.batched_tensorboard_scalars = not every_step
+    config.learning_rates_every_step = every_step
     config.logging.steps_per_log = STEPS_PER_LOG
     trainer, _ = setup_trainer("timings", config, scene, ITERATIONS, out_dir, seed=0, device="cpu")
     trainer.train()
@@ -54,8 +55,10 @@ def test_timings_on_logged_steps_and_everything_else_as_nerfstudio(scene, tmp_pa
     # nerfstudio skips the first two steps' rays/sec
     assert full["Train Rays / Sec"] == list(range(2, ITERATIONS))
     assert thinned["Train Rays / Sec"] == [s for s in logged if s >= 2]
+    assert full["learning_rate/means"] == list(range(ITERATIONS)) and thinned["learning_rate/means"] == logged
     assert set(thinned) == set(full)
-    others = set(full) - event_writers.PER_STEP_TIMINGS
+    others = {tag for tag in full if tag not in event_writers.PER_STEP_TIMINGS
+              and not tag.startswith(event_writers.LEARNING_RATE_PREFIX)}
     assert "Train Loss" in others and "Train Total (time)" in others
     assert {tag: thinned[tag] for tag in others} == {tag: full[tag] for tag in others}
 
@@ -70,7 +73,7 @@ def test_the_switch_is_in_config_yml(scene, tmp_path):
     assert saved.timing_scalars_every_step is True and saved.freeze_heap_at_exit is False
     assert saved.batched_tensorboard_scalars is True
     assert bytesplat_config.timing_scalars_every_step is False and bytesplat_config.freeze_heap_at_exit is True
-    assert bytesplat_config.batched_tensorboard_scalars is True
+    assert bytesplat_config.batched_tensorboard_scalars is True and bytesplat_config.learning_rates_every_step is False
 
 
 def written_scalars(log_dir):
