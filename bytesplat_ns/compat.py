@@ -89,6 +89,11 @@ def lpips_weights(net_type: str = "alex") -> Tuple[str, Path]:
     return url, Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(urlparse(url).path)
 
 
+def lpips_unavailable_message(reason: str, cached: Path) -> str:
+    return (f"LPIPS is unavailable ({reason}); its backbone weights could not be loaded, so the lpips metric is "
+            f"skipped. Put {cached.name} in torch's hub cache ({cached.parent}) to enable it.")
+
+
 def can_reach(url: str, timeout_s: float) -> bool:
     """Whether ``url`` answers a HEAD request within ``timeout_s``. An open TCP port is not enough
     (a proxy or firewall may accept connections and never answer), and name lookup ignores socket
@@ -150,11 +155,7 @@ def offline_safe_lpips(connect_timeout_s: float = 0.8, download_timeout_s: float
 
     def unavailable(reason: str, cached: Path) -> torch.nn.Module:
         status.available = False
-        warnings.warn(
-            f"LPIPS is unavailable ({reason}); its backbone weights could not be loaded, so the lpips metric is "
-            f"skipped. Put {cached.name} in torch's hub cache ({cached.parent}) to enable it.",
-            stacklevel=3,
-        )
+        warnings.warn(lpips_unavailable_message(reason, cached), stacklevel=3)
         return _LpipsPlaceholder()
 
     def build(*args, **kwargs):

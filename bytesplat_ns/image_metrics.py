@@ -138,9 +138,7 @@ class Lpips:
         return backbone, linear
 
     def _unavailable(self, reason: str, cached: Path) -> None:
-        warnings.warn(
-            f"LPIPS is unavailable ({reason}); its backbone weights could not be loaded, so the lpips metric is "
-            f"skipped. Put {cached.name} in torch's hub cache ({cached.parent}) to enable it.",
-            stacklevel=5,
-        )
+        from bytesplat_ns.compat import lpips_unavailable_message
+
+        warnings.warn(lpips_unavailable_message(reason, cached), stacklevel=5)
         return None
