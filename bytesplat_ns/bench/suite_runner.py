@@ -19,6 +19,7 @@ and run directories stay under ``--out-dir``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shlex
 import sys
@@ -128,8 +129,10 @@ def wallclock_runs(steps: List[Dict]) -> Dict[str, List[Dict]]:
 
 
 def run_suite(suite: Suite, out_dir: Path, results_dir: Path, data: Optional[Path] = None,
-              command: str = "", step_timeout: Optional[float] = None, plots: bool = True, log=print) -> Dict:
-    """Run every step of ``suite``, then write ``results_dir/<name>.json`` and its plots."""
+              command: str = "", step_timeout: Optional[float] = None, plots: bool = True, log=print,
+              partial: bool = False) -> Dict:
+    """Run every step of ``suite``, then write ``results_dir/<name>.json`` and its plots (``partial``:
+    ``suite`` holds some of its steps only, and the result says it is incomplete)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     pieces = plan(suite, out_dir, data)
     doc = {"suite": suite.name, "purpose": suite.purpose, "gpus_needed": suite.gpus,
@@ -171,7 +174,7 @@ def run_suite(suite: Suite, out_dir: Path, results_dir: Path, data: Optional[Pat
             doc["plots"] = [str(w.relative_to(results_dir)) for w in plot_inputs(outputs, plot_dir, log=log)]
         except PlotInputError as e:
             doc["plots_error"] = str(e)
-    doc["complete"] = all(p.status == "ok" for p in pieces)
+    doc["complete"] = not partial and all(p.status == "ok" for p in pieces)
     doc.update(wallclock_runs(doc["steps"]))
     path = results_dir / f"{suite.name}.json"
     path.write_text(json.dumps(doc, indent=1))
@@ -199,7 +202,21 @@ def parser() -> argparse.ArgumentParser:
                    help="where NAME.json and plots/NAME/ go (default: --out-dir); docs/results for the results page")
     p.add_argument("--step-timeout", type=float, default=None, help="seconds before a step is stopped and marked failed")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--only", nargs="+", default=None, metavar="STEP",
+                   help="run only these steps (names as --dry-run's output files; the result is marked incomplete)")
     return p
+
+
+def select_steps(suite: Suite, names: Optional[Sequence[str]]) -> Suite:
+    """``suite`` with only the steps named (each keeping its full name); all of them for ``None``."""
+    if names is None:
+        return suite
+    named = [dataclasses.replace(step, name=step_name(i, step)) for i, step in enumerate(suite.steps)]
+    unknown = sorted(set(names) - {step.name for step in named})
+    if unknown:
+        raise BytesplatError(f"suite '{suite.name}' has no step {', '.join(unknown)}",
+                             hint=f"its steps: {', '.join(step.name for step in named)}")
+    return dataclasses.replace(suite, steps=tuple(step for step in named if step.name in names))
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -212,7 +229,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         raise BytesplatError("bytesplat-bench suite needs a suite name", hint="bytesplat-bench suite --list names them")
     if a.name not in SUITES:
         raise BytesplatError(f"unknown suite '{a.name}'", hint=f"choose one of {', '.join(SUITES)}")
-    suite = SUITES[a.name]
+    suite = select_steps(SUITES[a.name], a.only)
     out_dir = a.out_dir or Path("outputs/suites") / suite.name
     data = a.data.resolve() if a.data is not None else None
     if data is not None and not data.exists():
@@ -223,5 +240,5 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(user_command(p, step.ranks) + together)
         return 0
     doc = run_suite(suite, out_dir, a.results_dir or out_dir, data, "bytesplat-bench suite " + shlex.join(argv),
-                    a.step_timeout, plots=not a.no_plots)
-    return 0 if doc["complete"] else 1
+                    a.step_timeout, plots=not a.no_plots, partial=a.only is not None)
+    return 0 if all(step["status"] == "ok" for step in doc["steps"]) else 1

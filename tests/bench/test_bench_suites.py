@@ -98,3 +98,18 @@ def test_wallclock_suites_list_their_runs_at_the_top_level():
              {"name": "r", "result": {"benchmark": "raster", "runs": [{"num_gaussians": 1}]}}, {"name": "x", "result": None}]
     assert suite_runner.wallclock_runs(steps) == {"runs": [run]}
     assert suite_runner.wallclock_runs(steps[1:]) == {}
+
+
+def test_only_selects_steps_by_name_and_rejects_unknown_ones():
+    from bytesplat_ns.bench.suite_runner import select_steps
+    from bytesplat_ns.errors import BytesplatError
+
+    suite = SUITES["wallclock-fox-seeds"]
+    picked = select_steps(suite, ["bytesplat_seed2", "bytesplat_seed0"])
+    assert [step.name for step in picked.steps] == ["bytesplat_seed0", "bytesplat_seed2"]
+    assert select_steps(suite, None) is suite
+    with pytest.raises(BytesplatError, match="no step nope"):
+        select_steps(suite, ["nope"])
+    run = subprocess.run([sys.executable, "-m", "bytesplat_ns.bench.cli", "suite", "wallclock-fox-seeds", "--data", ".",
+                          "--dry-run", "--only", "splatfacto_seed0"], capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.count("bytesplat-bench wallclock") == 1 and "--methods splatfacto" in run.stdout
