@@ -3,6 +3,7 @@ and every nerfstudio tool gives one clear line for a bad checkpoint (docs/faults
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import re
@@ -32,6 +33,7 @@ from tests.helpers.checkpoint_runs import (
     viewer_outcome,
 )
 from tests.helpers.cli import cli_env, describe, run_cli, tool
+from tests.helpers.concurrent_jobs import run_jobs, selected_params
 
 # ---- in-process: writer, cleanup, refusal, divergence guard ---------------------------------------
 
@@ -138,28 +140,42 @@ BAD_CASES = {
 }
 
 
+@pytest.fixture(scope="module")
+def bad_checkpoint_runs(trained, request):
+    """The tools on bad copies of the run, for every selected case of the two tests below, all side by side
+    (each process spends most of its time importing): ns-eval and ns-export on ``bad-<case>``, ns-viewer on
+    ``viewer-<case>``. (tool, case) -> the finished process (ns-viewer: viewer_outcome's result)."""
+    tmp, good = trained
+    env = cli_env(tmp / "cache")
+    jobs = {}
+    for case in selected_params(request, "case", test="test_ns_eval_and_ns_export_give_one_clear_line_for_a_bad_checkpoint"):
+        files, _ = BAD_CASES[case]
+        bad = copy_run_with(good, f"bad-{case}", files(good))
+        eval_args = ["ns-eval", "--load-config", str(bad / "config.yml"), "--output-path", str(bad / "m.json")]
+        export_args = ["ns-export", "gaussian-splat", "--load-config", str(bad / "config.yml"),
+                       "--output-dir", str(bad / "export")]
+        jobs["ns-eval", case] = functools.partial(run_cli, eval_args, env, 300)
+        jobs["ns-export", case] = functools.partial(run_cli, export_args, env, 300)
+    for case in selected_params(request, "case", test="test_ns_viewer_gives_one_clear_line_for_a_bad_checkpoint"):
+        files, _ = BAD_CASES[case]
+        bad = copy_run_with(good, f"viewer-{case}", files(good))
+        jobs["ns-viewer", case] = functools.partial(viewer_outcome, tmp, bad / "config.yml")
+    return run_jobs(jobs)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(BAD_CASES))
-def test_ns_eval_and_ns_export_give_one_clear_line_for_a_bad_checkpoint(trained, case):
-    tmp, good = trained
-    files, fragment = BAD_CASES[case]
-    bad = copy_run_with(good, f"bad-{case}", files(good))
-    env = cli_env(tmp / "cache")
-    evaluated = run_cli(["ns-eval", "--load-config", str(bad / "config.yml"), "--output-path", str(bad / "m.json")], env, 300)
-    assert_one_clear_error(evaluated, fragment)
-    exported = run_cli(
-        ["ns-export", "gaussian-splat", "--load-config", str(bad / "config.yml"), "--output-dir", str(bad / "export")], env, 300
-    )
-    assert_one_clear_error(exported, fragment)
+def test_ns_eval_and_ns_export_give_one_clear_line_for_a_bad_checkpoint(bad_checkpoint_runs, case):
+    _, fragment = BAD_CASES[case]
+    assert_one_clear_error(bad_checkpoint_runs["ns-eval", case], fragment)
+    assert_one_clear_error(bad_checkpoint_runs["ns-export", case], fragment)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["truncated", "no-checkpoint"])
-def test_ns_viewer_gives_one_clear_line_for_a_bad_checkpoint(trained, case):
-    tmp, good = trained
-    files, fragment = BAD_CASES[case]
-    bad = copy_run_with(good, f"viewer-{case}", files(good))
-    outcome, returncode, log = viewer_outcome(tmp, bad / "config.yml")
+def test_ns_viewer_gives_one_clear_line_for_a_bad_checkpoint(bad_checkpoint_runs, case):
+    _, fragment = BAD_CASES[case]
+    outcome, returncode, log = bad_checkpoint_runs["ns-viewer", case]
     assert outcome == "exited" and returncode != 0, log[-3000:]
     assert log.count("bytesplat: error:") == 1 and "Traceback" not in log, log[-3000:]
     assert fragment in log
@@ -278,12 +294,19 @@ def test_sigkill_during_saves_leaves_a_run_every_tool_loads(tmp_path):
         read_checkpoint(models / latest)  # complete and finite
     assert hits >= 1, "no kill landed inside a checkpoint write"
 
-    evaluated = run_cli(["ns-eval", "--load-config", str(run / "config.yml"), "--output-path", str(tmp_path / "m.json")], env, 300)
+    # The three tools only read the run: they load it side by side.
+    tools = run_jobs({
+        "ns-eval": functools.partial(run_cli, ["ns-eval", "--load-config", str(run / "config.yml"),
+                                               "--output-path", str(tmp_path / "m.json")], env, 300),
+        "ns-export": functools.partial(run_cli, ["ns-export", "gaussian-splat", "--load-config", str(run / "config.yml"),
+                                                 "--output-dir", str(tmp_path / "export")], env, 300),
+        "ns-viewer": functools.partial(viewer_outcome, tmp_path, run / "config.yml"),
+    }, workers=3)
+    evaluated = tools["ns-eval"]
     assert evaluated.returncode == 0 and (tmp_path / "m.json").is_file(), describe(evaluated)
-    exported = run_cli(["ns-export", "gaussian-splat", "--load-config", str(run / "config.yml"),
-                        "--output-dir", str(tmp_path / "export")], env, 300)
+    exported = tools["ns-export"]
     assert exported.returncode == 0 and (tmp_path / "export" / "splat.ply").is_file(), describe(exported)
-    outcome, _, log = viewer_outcome(tmp_path, run / "config.yml")
+    outcome, _, log = tools["ns-viewer"]
     assert outcome == "served", log[-3000:]
     before = int(CHECKPOINT_NAME.match(max(os.listdir(models))).group(1))
     resumed = run_cli(train_args(out, 2, "--load-dir", str(models)), env, 300)

@@ -53,14 +53,17 @@ def run_jobs(jobs: Mapping[Hashable, Callable[[], object]], workers: Optional[in
     return Outcomes(values, errors)
 
 
-def selected_params(request, argname: str, fixturename: Optional[str] = None) -> List:
+def selected_params(request, argname: str, fixturename: Optional[str] = None, test: Optional[str] = None) -> List:
     """The values of parameter ``argname`` over the collected (selected) tests of this session that
-    use fixture ``fixturename`` (default: the requesting fixture), in collection order, without repeats."""
+    use fixture ``fixturename`` (default: the requesting fixture), and are named ``test`` (without
+    parameters) if given, in collection order, without repeats."""
     fixturename = fixturename or request.fixturename
     seen: List = []
     for item in request.session.items:
         callspec = getattr(item, "callspec", None)
         if callspec is None or fixturename not in getattr(item, "fixturenames", ()):
+            continue
+        if test is not None and getattr(item, "originalname", None) != test:
             continue
         value = callspec.params.get(argname)
         if value is not None and value not in seen:
