@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from tests.helpers.cli import cli_env, describe, run_cli
+from tests.helpers.concurrent_jobs import run_jobs, selected_tests
 from tests.helpers.tiny_runs import train_tiny
 
 pytestmark = pytest.mark.slow
@@ -45,7 +47,41 @@ def one_step_run(workdir) -> Path:
     return train_tiny(workdir, "one-step", 1)
 
 
-def test_every_format_exports_the_checkpoints_gaussians(one_step_run, workdir):
+@pytest.fixture(scope="module")
+def exports(one_step_run, workdir, request):
+    """Every export of ``one_step_run`` that the selected tests check, run side by side (each export is a
+    process that spends most of its time starting up): (test, job) -> the finished process. ``export``
+    asserts success (or not) inside the job; a failed job fails the test that reads it."""
+    wanted = selected_tests(request)
+    jobs = {}
+
+    def add(test, job, out, *extra, config=one_step_run, expect_ok=True):
+        if test in wanted:
+            jobs[test, job] = functools.partial(export, config, out, *extra, expect_ok=expect_ok)
+
+    for fmt, name in FORMATS.items():
+        add("test_every_format_exports_the_checkpoints_gaussians", fmt, workdir / "formats" / name)
+    add("test_data_frame_puts_the_gaussians_on_the_captures_own_points", "data", workdir / "data.ply", "--frame", "data")
+    add("test_data_frame_log_scales_undo_the_dataparser_scale", "data-scales", workdir / "data-scales.ply",
+        "--frame", "data", "--sh-degree", "1")
+    add("test_y_up_frame_turns_nerfstudios_z_into_y", "y-up", workdir / "y-up.ply", "--frame", "y-up")
+    errors_test = "test_user_errors_are_one_line_and_write_nothing"
+    if errors_test in wanted:
+        errors = workdir / "user-errors"
+        elsewhere = errors / "copied" / "config.yml"  # a config without its run's dataparser_transforms.json
+        elsewhere.parent.mkdir(parents=True)
+        elsewhere.write_text(one_step_run.read_text())
+        jobs[errors_test, "missing"] = functools.partial(
+            run_cli, [*EXPORT, "--load-config", str(errors / "none.yml"), "--output", str(errors / "a.ply")],
+            cli_env(errors / "cache"), timeout=120,
+        )
+        add(errors_test, "bad-suffix", errors / "a.xyz", expect_ok=False)
+        add(errors_test, "too-high", errors / "a.ply", "--sh-degree", "4", expect_ok=False)
+        add(errors_test, "no-transform", errors / "a.spz", "--frame", "data", config=elsewhere, expect_ok=False)
+    return run_jobs(jobs)
+
+
+def test_every_format_exports_the_checkpoints_gaussians(one_step_run, exports, workdir):
     from plyfile import PlyData
     import gsply
 
@@ -53,7 +89,7 @@ def test_every_format_exports_the_checkpoints_gaussians(one_step_run, workdir):
     n = len(params["means"])
     for fmt, name in FORMATS.items():
         out = workdir / "formats" / name
-        result = export(one_step_run, out)
+        result = exports["test_every_format_exports_the_checkpoints_gaussians", fmt]
         assert f"-> {out} ({fmt}, nerfstudio frame)" in result.stdout, describe(result)
     vertex = PlyData.read(str(workdir / "formats" / "s.ply"))["vertex"].data
     assert len(vertex) == n
@@ -68,7 +104,7 @@ def test_every_format_exports_the_checkpoints_gaussians(one_step_run, workdir):
     assert (workdir / "formats" / "s.splat").stat().st_size == 32 * n
 
 
-def test_data_frame_puts_the_gaussians_on_the_captures_own_points(one_step_run, workdir):
+def test_data_frame_puts_the_gaussians_on_the_captures_own_points(one_step_run, exports, workdir):
     """The built-in scene's Gaussians start on its point cloud (sparse_pc.ply, in the capture's frame); after
     one step they are still within a hair of it, in the data frame, and project to the same pixels of the
     capture's cameras (transforms.json) as those points; the nerfstudio frame is far from them."""
@@ -78,7 +114,7 @@ def test_data_frame_puts_the_gaussians_on_the_captures_own_points(one_step_run, 
     points = PlyData.read(str(data_dir / "sparse_pc.ply"))["vertex"].data
     points = np.stack([points[a] for a in "xyz"], 1).astype(np.float64)
     out = workdir / "data.ply"
-    export(one_step_run, out, "--frame", "data")
+    exports["test_data_frame_puts_the_gaussians_on_the_captures_own_points", "data"]
     vertex = PlyData.read(str(out))["vertex"].data
     means = np.stack([vertex[a] for a in "xyz"], 1).astype(np.float64)
     assert means.shape == points.shape
@@ -105,23 +141,23 @@ def test_data_frame_puts_the_gaussians_on_the_captures_own_points(one_step_run, 
         assert np.abs(uv_export[seen] - uv_points[seen]).max() < 1.0  # pixels
 
 
-def test_data_frame_log_scales_undo_the_dataparser_scale(one_step_run, workdir):
+def test_data_frame_log_scales_undo_the_dataparser_scale(one_step_run, exports, workdir):
     from plyfile import PlyData
 
     scale = json.loads((one_step_run.parent / "dataparser_transforms.json").read_text())["scale"]
     out = workdir / "data-scales.ply"
-    export(one_step_run, out, "--frame", "data", "--sh-degree", "1")
+    exports["test_data_frame_log_scales_undo_the_dataparser_scale", "data-scales"]
     vertex = PlyData.read(str(out))["vertex"].data
     params = checkpoint_params(one_step_run)
     np.testing.assert_allclose(vertex["scale_0"], params["scales"][:, 0] - np.log(scale), atol=1e-5)
     assert len([n for n in vertex.dtype.names if n.startswith("f_rest_")]) == 9
 
 
-def test_y_up_frame_turns_nerfstudios_z_into_y(one_step_run, workdir):
+def test_y_up_frame_turns_nerfstudios_z_into_y(one_step_run, exports, workdir):
     from plyfile import PlyData
 
     out = workdir / "y-up.ply"
-    export(one_step_run, out, "--frame", "y-up")
+    exports["test_y_up_frame_turns_nerfstudios_z_into_y", "y-up"]
     ply = PlyData.read(str(out))
     vertex, params = ply["vertex"].data, checkpoint_params(one_step_run)
     np.testing.assert_allclose(vertex["y"], params["means"][:, 2], atol=1e-6)
@@ -164,17 +200,14 @@ def test_the_console_script_is_declared():
     assert scripts["bytesplat-export"] == "bytesplat_ns.export.cli:entrypoint"
 
 
-def test_user_errors_are_one_line_and_write_nothing(one_step_run, tmp_path):
-    missing = run_cli([*EXPORT, "--load-config", str(tmp_path / "none.yml"), "--output",
-                       str(tmp_path / "a.ply")], cli_env(tmp_path / "cache"), timeout=120)
+def test_user_errors_are_one_line_and_write_nothing(exports, workdir):
+    test = "test_user_errors_are_one_line_and_write_nothing"
+    missing = exports[test, "missing"]
     assert missing.returncode != 0 and "bytesplat: error: no such file:" in missing.stderr, describe(missing)
-    bad_suffix = export(one_step_run, tmp_path / "a.xyz", expect_ok=False)
+    bad_suffix = exports[test, "bad-suffix"]
     assert bad_suffix.returncode != 0 and "bytesplat: error: cannot tell the format" in bad_suffix.stderr
-    too_high = export(one_step_run, tmp_path / "a.ply", "--sh-degree", "4", expect_ok=False)
+    too_high = exports[test, "too-high"]
     assert too_high.returncode != 0 and "bytesplat: error: SH degree 4" in too_high.stderr, describe(too_high)
-    elsewhere = tmp_path / "copied" / "config.yml"  # a config without its run's dataparser_transforms.json
-    elsewhere.parent.mkdir()
-    elsewhere.write_text(one_step_run.read_text())
-    no_transform = export(elsewhere, tmp_path / "a.spz", "--frame", "data", expect_ok=False)
+    no_transform = exports[test, "no-transform"]
     assert no_transform.returncode != 0 and "bytesplat: error: no dataparser_transforms.json in" in no_transform.stderr
-    assert not list(tmp_path.glob("a.*"))
+    assert not list((workdir / "user-errors").glob("a.*"))
