@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.cli import cli_env, describe, run_cli
+from tests.helpers.concurrent_jobs import run_jobs, selected_tests
 
 pytestmark = pytest.mark.slow
 
@@ -41,11 +42,6 @@ def train(tmp: Path, name: str, iterations: int, extra=()) -> Path:
     return config
 
 
-@pytest.fixture(scope="module")
-def trained(workdir) -> Path:
-    return train(workdir, "trained", ITERATIONS)
-
-
 def evaluate(config: Path, workdir: Path) -> dict:
     out = workdir / f"{config.parent.parent.parent.name}-eval.json"
     result = run_cli(["ns-eval", "--load-config", str(config), "--output-path", str(out)], cli_env(workdir / "cache"), 600)
@@ -53,29 +49,67 @@ def evaluate(config: Path, workdir: Path) -> dict:
     return json.loads(out.read_text())["results"]
 
 
+def export_ply(config: Path, workdir: Path) -> Path:
+    out = workdir / "export"
+    result = run_cli(
+        ["ns-export", "gaussian-splat", "--load-config", str(config), "--output-dir", str(out)],
+        cli_env(workdir / "cache"),
+        600,
+    )
+    assert result.returncode == 0, describe(result)
+    return out / "splat.ply"
+
+
+# The CLI runs are separate processes, mostly on one core each: the module runs the independent ones side by
+# side, in two rounds. First the 600-step training, and beside it the 1-step one and its ns-eval; then
+# everything that reads the trained run (ns-eval, the resumed training, ns-export). Each test reads its own.
+@pytest.fixture(scope="module")
+def first_round(workdir, request):
+    wanted = selected_tests(request)
+    jobs = {"trained": lambda: train(workdir, "trained", ITERATIONS)}
+    if "test_trained_model_clears_psnr_bar_and_untrained_does_not" in wanted:
+        jobs["untrained"] = lambda: evaluate(train(workdir, "untrained", 1), workdir)
+    return run_jobs(jobs)
+
+
+@pytest.fixture(scope="module")
+def trained(first_round) -> Path:
+    return first_round["trained"]
+
+
+@pytest.fixture(scope="module")
+def second_round(trained, workdir, request):
+    wanted = selected_tests(request)
+    resume_extra = ["--load-dir", str(trained.parent / "nerfstudio_models"), "--pipeline.model.stop-split-at", "1"]
+    jobs = {
+        "test_trained_model_clears_psnr_bar_and_untrained_does_not": lambda: evaluate(trained, workdir),
+        # nerfstudio runs max-num-iterations MORE steps after the loaded one; no refinement in them
+        "test_resume_continues_training_the_loaded_gaussians": lambda: train(workdir, "resumed", 20, extra=resume_extra),
+        "test_export_gaussian_splat_ply": lambda: export_ply(trained, workdir),
+    }
+    return run_jobs({test: job for test, job in jobs.items() if test in wanted})
+
+
 def test_training_writes_a_checkpoint_atomically(trained):
     files = sorted(p.name for p in (trained.parent / "nerfstudio_models").iterdir())
     assert files == [f"step-{ITERATIONS - 1:09d}.ckpt"], files  # the last step only, no .partial left
 
 
-def test_trained_model_clears_psnr_bar_and_untrained_does_not(trained, workdir):
-    results = evaluate(trained, workdir)
+def test_trained_model_clears_psnr_bar_and_untrained_does_not(first_round, second_round):
+    results = second_round["test_trained_model_clears_psnr_bar_and_untrained_does_not"]
     assert results["psnr"] > PSNR_BAR, results
     assert 0.0 < results["ssim"] <= 1.0
-    untrained = evaluate(train(workdir, "untrained", 1), workdir)
+    untrained = first_round["untrained"]
     assert untrained["psnr"] < PSNR_BAR - 3.0, untrained
     assert results["psnr"] > untrained["psnr"] + 5.0
 
 
-def test_resume_continues_training_the_loaded_gaussians(trained, workdir):
+def test_resume_continues_training_the_loaded_gaussians(trained, second_round):
     from bytesplat_ns.trainer import read_checkpoint
 
     checkpoint_dir = trained.parent / "nerfstudio_models"
     before = read_checkpoint(checkpoint_dir / f"step-{ITERATIONS - 1:09d}.ckpt")["pipeline"]
-    # nerfstudio runs max-num-iterations MORE steps after the loaded one; no refinement in them
-    resumed = train(
-        workdir, "resumed", 20, extra=["--load-dir", str(checkpoint_dir), "--pipeline.model.stop-split-at", "1"]
-    )
+    resumed = second_round["test_resume_continues_training_the_loaded_gaussians"]
     (latest,) = (resumed.parent / "nerfstudio_models").glob("*.ckpt")
     assert latest.name == f"step-{ITERATIONS + 19:09d}.ckpt"
     after = read_checkpoint(latest)["pipeline"]
@@ -86,16 +120,9 @@ def test_resume_continues_training_the_loaded_gaussians(trained, workdir):
         assert (after[key] - before[key]).abs().max() > 1e-6, name
 
 
-def test_export_gaussian_splat_ply(trained, workdir):
+def test_export_gaussian_splat_ply(second_round):
     plyfile = pytest.importorskip("plyfile")
-    out = workdir / "export"
-    result = run_cli(
-        ["ns-export", "gaussian-splat", "--load-config", str(trained), "--output-dir", str(out)],
-        cli_env(workdir / "cache"),
-        600,
-    )
-    assert result.returncode == 0, describe(result)
-    vertices = plyfile.PlyData.read(str(out / "splat.ply"))["vertex"]
+    vertices = plyfile.PlyData.read(str(second_round["test_export_gaussian_splat_ply"]))["vertex"]
     names = set(vertices.data.dtype.names)
     required = {"x", "y", "z", "opacity", "f_dc_0", "f_dc_1", "f_dc_2"}
     required |= {f"scale_{i}" for i in range(3)} | {f"rot_{i}" for i in range(4)}
