@@ -84,6 +84,16 @@ class Lpips:
         self._on_device: Dict[Tuple[torch.device, torch.dtype], Tuple[Dict[str, torch.Tensor], List[torch.Tensor]]] = {}
         self._lock = threading.Lock()  # the trainer's eval-image worker and the main thread may both call
 
+    def __getstate__(self) -> dict:
+        # copies (the sharded pipeline deep-copies the model) share nothing: no lock, no loaded weights
+        state = dict(self.__dict__)
+        state.update(_weights=None, _on_device={}, _lock=None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         for image in (a, b):
             if image.min() < 0.0 or image.max() > 1.0:

@@ -155,3 +155,18 @@ def test_checkpoints_with_torchmetrics_modules_still_load():
     state = dict(model.state_dict())
     state["lpips.net.lin0.model.1.weight"] = torch.zeros(1, 64, 1, 1)  # what earlier checkpoints carried
     model.load_state_dict(state, strict=True)
+
+
+def test_a_model_with_its_metrics_deep_copies_and_pickles():
+    """The sharded pipeline deep-copies the model; the LPIPS holder's lock and weights do not travel."""
+    import copy
+    import pickle
+
+    from tests.helpers.model_steps import make_model
+
+    model = make_model("reference", (torch.rand(16, 3) - 0.5, torch.randint(0, 255, (16, 3))))
+    for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model.lpips))):
+        lpips = clone.lpips if hasattr(clone, "lpips") else clone
+        assert lpips.available and lpips._weights is None and lpips._lock is not model.lpips._lock
+        with lpips._lock:
+            pass
