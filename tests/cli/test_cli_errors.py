@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from tests.helpers.cli import cli_env, run_cli
+from tests.helpers.concurrent_jobs import run_jobs, selected_tests
 
 pytestmark = pytest.mark.slow
 
@@ -31,41 +33,100 @@ def assert_clear_error(result, *fragments: str) -> None:
         assert fragment in message, message
 
 
-def test_missing_data_path(tmp_path):
-    assert_clear_error(ns_train(tmp_path, "--data", str(tmp_path / "nowhere")), "does not exist", "nowhere")
+# Each test's ns-train run (inputs written by the function below, in the test's own folder) is a separate process
+# that spends most of its time importing: the module runs the selected tests' runs side by side, in one fixture,
+# and each test checks its own.
+INPUTS = {}
 
 
-def test_transforms_without_frames(tmp_path):
-    scene = tmp_path / "scene"
+def inputs_of(test):
+    def register(write_inputs):
+        INPUTS[test] = write_inputs
+        return write_inputs
+    return register
+
+
+@pytest.fixture(scope="module")
+def ns_train_runs(workdir, request):
+    jobs = {}
+    for test in selected_tests(request):
+        tmp = workdir / test
+        tmp.mkdir()
+        jobs[test] = functools.partial(ns_train, tmp, *INPUTS[test](tmp))
+    return run_jobs(jobs)
+
+
+@pytest.fixture
+def ns_train_run(ns_train_runs, request):
+    """This test's finished ns-train process."""
+    return ns_train_runs[request.node.originalname]
+
+
+@inputs_of("test_missing_data_path")
+def _(tmp: Path):
+    return ["--data", str(tmp / "nowhere")]
+
+
+def test_missing_data_path(ns_train_run):
+    assert_clear_error(ns_train_run, "does not exist", "nowhere")
+
+
+@inputs_of("test_transforms_without_frames")
+def _(tmp: Path):
+    scene = tmp / "scene"
     scene.mkdir()
     (scene / "transforms.json").write_text(json.dumps({"fl_x": 100, "fl_y": 100, "cx": 32, "cy": 32, "w": 64, "h": 64}))
-    assert_clear_error(ns_train(tmp_path, "--data", str(scene)), "frames")
+    return ["--data", str(scene)]
 
 
-def test_corrupt_image(tmp_path):
-    scene = tmp_path / "scene"
+def test_transforms_without_frames(ns_train_run):
+    assert_clear_error(ns_train_run, "frames")
+
+
+@inputs_of("test_corrupt_image")
+def _(tmp: Path):
+    scene = tmp / "scene"
     (scene / "images").mkdir(parents=True)
     frame = {"file_path": "images/0.png", "transform_matrix": torch.eye(4).tolist()}
     meta = {"fl_x": 100, "fl_y": 100, "cx": 32, "cy": 32, "w": 64, "h": 64, "frames": [frame] * 1}
     (scene / "transforms.json").write_text(json.dumps(meta))
     (scene / "images" / "0.png").write_bytes(b"\x89PNG\r\n\x1a\n not really a png")
-    assert_clear_error(ns_train(tmp_path, "--data", str(scene)), "0.png")
+    return ["--data", str(scene)]
 
 
-def test_checkpoint_from_another_method(tmp_path):
-    foreign = tmp_path / "nerfacto.ckpt"
+def test_corrupt_image(ns_train_run):
+    assert_clear_error(ns_train_run, "0.png")
+
+
+@inputs_of("test_checkpoint_from_another_method")
+def _(tmp: Path):
+    foreign = tmp / "nerfacto.ckpt"
     torch.save(
         {"step": 10, "pipeline": {"_model.field.mlp_base.params": torch.zeros(4)}, "optimizers": {}, "scalers": {}},
         foreign,
     )
-    assert_clear_error(ns_train(tmp_path, "--load-checkpoint", str(foreign)), "not written by a Gaussian-splatting")
+    return ["--load-checkpoint", str(foreign)]
 
 
-def test_truncated_checkpoint(tmp_path):
-    broken = tmp_path / "step-000000010.ckpt"
+def test_checkpoint_from_another_method(ns_train_run):
+    assert_clear_error(ns_train_run, "not written by a Gaussian-splatting")
+
+
+@inputs_of("test_truncated_checkpoint")
+def _(tmp: Path):
+    broken = tmp / "step-000000010.ckpt"
     broken.write_bytes(b"PK\x03\x04 truncated")
-    assert_clear_error(ns_train(tmp_path, "--load-checkpoint", str(broken)), "Cannot read checkpoint")
+    return ["--load-checkpoint", str(broken)]
 
 
-def test_multi_process_launch_on_cpu_points_to_torchrun(tmp_path):
-    assert_clear_error(ns_train(tmp_path, "--machine.num-devices", "2"), "torchrun")
+def test_truncated_checkpoint(ns_train_run):
+    assert_clear_error(ns_train_run, "Cannot read checkpoint")
+
+
+@inputs_of("test_multi_process_launch_on_cpu_points_to_torchrun")
+def _(tmp: Path):
+    return ["--machine.num-devices", "2"]
+
+
+def test_multi_process_launch_on_cpu_points_to_torchrun(ns_train_run):
+    assert_clear_error(ns_train_run, "torchrun")
