@@ -12,6 +12,7 @@ import yaml
 
 from bytesplat_ns.raster.options import FusedOptions, FusedRasterConfig
 from tests.helpers.cli import tool
+from tests.helpers.concurrent_jobs import run_jobs
 
 FUSED_FLAGS = ["--pipeline.model.fused.schedule", "one_launch", "--pipeline.model.fused.warp-cull", "False",
                "--pipeline.model.fused.bwd-reduce", "shuffle", "--pipeline.model.fused.projection", "torch",
@@ -57,20 +58,27 @@ def test_switches_land_in_config_yml(tmp_path):
 @pytest.mark.slow
 def test_switches_show_in_ns_train_help():
     """``ns-train bytesplat --help`` (and its dataparser's, and bytesplat-distributed's) list every switch."""
-    out = subprocess.run([tool("ns-train"), "bytesplat", "--help"], capture_output=True, text=True, timeout=300)
+    helps = run_jobs({  # four processes that each spend their time importing: side by side
+        "bytesplat": lambda: subprocess.run([tool("ns-train"), "bytesplat", "--help"], capture_output=True, text=True,
+                                            timeout=300),
+        "scene": lambda: subprocess.run([tool("ns-train"), "bytesplat", "bytesplat-scene", "--help"],
+                                        capture_output=True, text=True, timeout=300),
+        "distributed": lambda: subprocess.run([tool("ns-train"), "bytesplat-distributed", "--help"],
+                                              capture_output=True, text=True, timeout=300),
+        "module": lambda: subprocess.run([sys.executable, "-m", "bytesplat_ns.train", "bytesplat-distributed", "--help"],
+                                         capture_output=True, text=True, timeout=300),
+    })
+    out = helps["bytesplat"]
     assert out.returncode == 0, out.stderr[-2000:]
     for flag in FUSED_FLAGS[::2] + OTHER_FLAGS[::2]:
         assert flag in out.stdout, flag
-    out = subprocess.run([tool("ns-train"), "bytesplat", "bytesplat-scene", "--help"], capture_output=True, text=True,
-                         timeout=300)
+    out = helps["scene"]
     assert out.returncode == 0 and DATAPARSER_FLAGS[1] in out.stdout, out.stderr[-2000:]
-    out = subprocess.run([tool("ns-train"), "bytesplat-distributed", "--help"], capture_output=True, text=True,
-                         timeout=300)
+    out = helps["distributed"]
     assert out.returncode == 0, out.stderr[-2000:]
     for flag in SHARDED_FLAGS[::2]:
         assert flag in out.stdout, flag
-    out = subprocess.run([sys.executable, "-m", "bytesplat_ns.train", "bytesplat-distributed", "--help"],
-                         capture_output=True, text=True, timeout=300)
+    out = helps["module"]
     assert out.returncode == 0 and "--pipeline.rank-timeout" in out.stdout, out.stderr[-2000:]
 
 
