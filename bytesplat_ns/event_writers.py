@@ -50,32 +50,31 @@ LEARNING_RATE_PREFIX = "learning_rate/"  # nerfstudio's Optimizers.scheduler_ste
 
 
 class HostValues:
-    """Scalars (numbers and one-element tensors) read to the host: the device tensors with one
-    non-blocking copy into pinned memory, ready once the GPU has reached it (``values()`` waits only
-    if it has not)."""
+    """Scalars (numbers and one-element tensors) read to the host: values already on the host are read
+    at once (no wait), device tensors with one non-blocking copy into pinned memory, ready once the
+    GPU has reached it (``values()`` waits only if it has not)."""
 
     def __init__(self, scalars: List[Any]):
-        self.scalars = list(scalars)
-        on_device = [i for i, v in enumerate(self.scalars) if isinstance(v, torch.Tensor) and v.device.type != "cpu"]
-        self.on_device = on_device
+        scalars = list(scalars)
+        self.on_device = [i for i, v in enumerate(scalars) if isinstance(v, torch.Tensor) and v.device.type != "cpu"]
+        device_slots = set(self.on_device)
+        self.host: List[Optional[float]] = [None if i in device_slots else float(v) for i, v in enumerate(scalars)]
         self.copy: Optional[torch.Tensor] = None
         self.ready: Optional[torch.cuda.Event] = None
-        if on_device:
-            stacked = torch.stack([self.scalars[i].detach().reshape(()).to(torch.float64) for i in on_device])
+        if self.on_device:
+            stacked = torch.stack([scalars[i].detach().reshape(()).to(torch.float64) for i in self.on_device])
             self.copy = stacked.to("cpu", non_blocking=True)
             if stacked.device.type == "cuda":
                 self.ready = torch.cuda.Event()
                 self.ready.record()
 
     def values(self) -> List[float]:
-        if self.ready is not None:
-            self.ready.synchronize()
-        out = [float(v) for v in self.scalars] if not self.on_device else list(self.scalars)
+        out = list(self.host)
         if self.on_device:
-            device_values = self.copy.tolist()
-            for slot, i in enumerate(self.on_device):
-                out[i] = device_values[slot]
-            out = [float(v) for v in out]
+            if self.ready is not None:
+                self.ready.synchronize()
+            for i, value in zip(self.on_device, self.copy.tolist()):
+                out[i] = value
         return out
 
 
