@@ -24,6 +24,7 @@ from nerfstudio.models.splatfacto import (
     num_sh_bases,
     random_quat_tensor,
 )
+from nerfstudio.utils import writer
 from nerfstudio.utils.colors import get_color
 from nerfstudio.utils.rich_utils import CONSOLE
 from pytorch_msssim import SSIM
@@ -31,6 +32,7 @@ from scipy.spatial import cKDTree
 
 from bytesplat_ns.data.datamanager import host_image_size
 from bytesplat_ns.errors import BytesplatError
+from bytesplat_ns.gaussian_budget import BudgetSettings, GaussianBudget, summed_over_views, view_blending_weights
 from bytesplat_ns.image_metrics import Lpips, psnr
 from bytesplat_ns.raster import rasterize, resolve_backend
 from bytesplat_ns.pruning import HardwarePruner
@@ -76,6 +78,13 @@ class ByteSplatModelConfig(SplatfactoModelConfig):
     """Gaussians per tile; 0: read from the device (the fused kernel's shared-memory capacity)."""
     hw_prune_stop_iter: int = -1
     """No pruning from this step on (-1: when gsplat stops refining, stop_split_at)."""
+    # Gaussian budget (bytesplat_ns/gaussian_budget.py, docs/pruning.md).
+    budget_prune_fraction: float = 0.0
+    """At each budget step, remove this share of the Gaussians: those whose compositing weights, summed over
+    every training view's pixels, are lowest (0: off)."""
+    budget_prune_steps: Tuple[int, ...] = ()
+    """Steps at which the budget prunes, right after gsplat's step (empty: stop_split_at, when densification
+    ends; runs shorter than that need steps here)."""
     tile_stats_every: int = 0
     """Every this many steps, log how many tiles hold more Gaussians than the fused kernel keeps on chip
     (tensorboard tiles/*, model.tile_occupancy.log; 0: off). Any backend; capacity as for hw-prune."""
@@ -133,6 +142,7 @@ class ByteSplatModel(SplatfactoModel):
     def get_training_callbacks(self, training_callback_attributes):
         cameras = getattr(getattr(getattr(training_callback_attributes.pipeline, "datamanager", None),
                                   "train_dataset", None), "cameras", None)
+        self._train_cameras = cameras  # the Gaussian budget's importance pass renders every one of them
         if cameras is not None:
             self.limit_downscales(int(max(cameras.width.max().item(), cameras.height.max().item())))
         return super().get_training_callbacks(training_callback_attributes)
@@ -204,6 +214,8 @@ class ByteSplatModel(SplatfactoModel):
         self._backend: Optional[str] = None
         self.tile_occupancy = TileOccupancyMonitor(self.config.tile_stats_every, self.config.hw_prune_capacity)
         self._pruning: Optional[HardwarePruner] = None
+        self._budget: Optional[GaussianBudget] = None
+        self._train_cameras: Optional[Cameras] = None
 
     @property
     def pruning(self) -> HardwarePruner:
@@ -212,6 +224,50 @@ class ByteSplatModel(SplatfactoModel):
         if self._pruning is None:
             self._pruning = HardwarePruner.from_model(self)
         return self._pruning
+
+    @property
+    def budget(self) -> GaussianBudget:
+        """The Gaussian budget (gaussian_budget.py), built on first use."""
+        if self._budget is None:
+            settings = BudgetSettings(float(self.config.budget_prune_fraction), tuple(self.config.budget_prune_steps))
+            dist = (torch.distributed.is_available() and torch.distributed.is_initialized()
+                    and torch.distributed.get_world_size() > 1)
+            if settings.fraction > 0 and dist:
+                CONSOLE.log("bytesplat: the Gaussian budget is not supported with sharded training yet; off")
+            self._budget = GaussianBudget(settings, self.config.stop_split_at, enabled=not dist)
+            if self._budget.enabled:
+                CONSOLE.log(f"bytesplat: Gaussian budget: at step(s) {', '.join(map(str, self._budget.steps))} the "
+                            f"{settings.fraction:.0%} of the Gaussians least seen in the training views are removed")
+        return self._budget
+
+    def _budget_importance(self) -> Tuple[torch.Tensor, int]:
+        """Every Gaussian's compositing weights summed over every training view at the current training
+        resolution (gaussian_budget.py), and the number of views."""
+        cameras = self._train_cameras
+        if cameras is None:
+            raise BytesplatError("the Gaussian budget needs the training cameras (set by get_training_callbacks)")
+        with torch.no_grad():
+            means, quats = self.gauss_params["means"].detach(), self.gauss_params["quats"].detach()
+            scales = torch.exp(self.gauss_params["scales"].detach())
+            opacities = torch.sigmoid(self.gauss_params["opacities"].detach()).squeeze(-1)
+        count, scale_factor = means.shape[0], self._get_downscale_factor()
+
+        def per_view():
+            for index in range(len(cameras)):
+                camera = cameras[index:index + 1]
+                camera.metadata = {"cam_idx": index}  # what the datamanager gives a training camera
+                with torch.no_grad():
+                    viewmat = viewmat_from_camera_to_world(self.camera_optimizer.apply_to_camera(camera).to(self.device))
+                intrinsics, width, height = self._intrinsics_and_size(camera, scale_factor)
+
+                def render(colors, viewmat=viewmat, intrinsics=intrinsics, width=width, height=height):
+                    image, _, _ = rasterize(means, quats, scales, opacities, colors, viewmat, intrinsics, width, height,
+                                            backend=self.rasterizer_backend, fused_options=self.config.fused.options())
+                    return image
+
+                yield view_blending_weights(render, count, self.device)
+
+        return summed_over_views(per_view(), count, self.device)
 
     def _gaussians_from_seed(self, points: torch.Tensor, colors: torch.Tensor) -> Dict[str, torch.nn.Parameter]:
         """Initial Gaussians at the seed points: isotropic, sized by the mean distance to 3 neighbours;
@@ -373,6 +429,13 @@ class ByteSplatModel(SplatfactoModel):
         self.pruning.step_post_backward(
             self.gauss_params, self.optimizers, self.strategy_state, step, info, super().step_post_backward
         )
+        stats = self.budget.step_post_backward(self.gauss_params, self.optimizers, self.strategy_state, step,
+                                               self._budget_importance)
+        if stats is not None:
+            CONSOLE.log(f"bytesplat: Gaussian budget at step {step}: removed {stats['removed']:.0f} of "
+                        f"{stats['gaussians']:.0f} Gaussians ({stats['unseen']:.0f} seen in none of the "
+                        f"{stats['views']:.0f} training views), {stats['seconds']:.1f} s")
+            writer.put_scalar(name="budget_prune/removed", scalar=stats["removed"], step=step)
 
     def _colors_and_sh_degree(
         self, gaussians: Dict[str, torch.Tensor]

@@ -51,6 +51,7 @@ def _dist(args: str, ranks: int = 2, name: str = "") -> Step:
 
 _COUNTS = "--views 4 --warmup 1 --repeats 3 --communicators pixel sparse-grad dense"
 _SEEDS = "--scene large --iterations 3000 --num-downscales 0 --seeds 1 2 3 4 5"
+_BUDGET_40 = "budget40=bytesplat --pipeline.model.budget-prune-fraction 0.4"
 # gpu1b repeats the one-GPU baseline: how far two runs of one configuration land apart
 _QUALITY = "--pipeline.model.num-downscales 0 --pipeline.views-per-step 2"
 
@@ -191,6 +192,18 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           tuple(Step("wallclock", _args("--data {data} --methods 'bytesplat-train=bytesplat-train bytesplat' bytesplat "
                                         f"splatfacto --iterations 30000 --seeds {seed} --offline-lpips "
                                         "--work-dir {work}/wallclock"), name=f"wallclock_seed{seed}")
+                for seed in (0, 1, 2)),
+          needs_data=True),
+    Suite("gaussian-budget",
+          "the Gaussian budget (40% of the Gaussians removed when densification stops) against none: ns-train + "
+          "ns-eval, 30000 iterations, 3 seeds, one step per seed and scene: a real capture (--data) and the built-in "
+          "large scene",
+          1,
+          tuple(Step("wallclock", ("--methods", "bytesplat", _BUDGET_40, "--iterations", "30000", "--seeds", str(seed),
+                                   *dataparser, "--offline-lpips", "--work-dir", f"{{work}}/{scene}"),
+                     name=f"{scene}_seed{seed}")
+                for scene, dataparser in (("capture", ("--data", "{data}")),
+                                          ("large", ("--dataparser", "bytesplat-scene --scene-size large")))
                 for seed in (0, 1, 2)),
           needs_data=True),
 )}

@@ -74,6 +74,8 @@ def set_model_option(model_config, item: str) -> None:
         parsed = value.lower() in ("1", "true", "yes", "on")
     elif isinstance(current, (int, float)):
         parsed = type(current)(value)
+    elif isinstance(current, tuple):  # e.g. budget_prune_steps=7500+15000 ("," separates the options)
+        parsed = tuple(int(v) for v in value.split("+") if v)
     else:
         parsed = value
     setattr(model_config, key, parsed)

@@ -1,5 +1,5 @@
 """bytesplat-bench's side-by-side training benchmark on CPU: per-method model options and the
-JSON it writes (the GPU runs in docs/benchmarks.md use the same code)."""
+JSON it writes (the GPU suites in bytesplat_ns/bench/suites.py use the same code)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,11 @@ from bytesplat_ns.model import ByteSplatModelConfig
 
 def test_model_options_parse_to_the_field_type():
     cfg = ByteSplatModelConfig()
-    for item in ("hw_prune=off", "tile-stats-every=50", "hw_prune_max_fraction=0.1", "use_scale_regularization=true"):
+    for item in ("hw_prune=off", "tile-stats-every=50", "hw_prune_max_fraction=0.1", "use_scale_regularization=true",
+                 "budget_prune_steps=7500+15000"):
         set_model_option(cfg, item)
-    assert (cfg.hw_prune, cfg.tile_stats_every, cfg.hw_prune_max_fraction, cfg.use_scale_regularization) == (
-        "off", 50, 0.1, True)
+    assert (cfg.hw_prune, cfg.tile_stats_every, cfg.hw_prune_max_fraction, cfg.use_scale_regularization,
+            cfg.budget_prune_steps) == ("off", 50, 0.1, True, (7500, 15000))
     with pytest.raises(SystemExit, match="unknown model option"):
         set_model_option(cfg, "no_such_field=1")
     with pytest.raises(SystemExit, match="unknown model option"):

@@ -30,6 +30,7 @@ from bytesplat_ns.pruning import (
 )
 from bytesplat_ns.raster.projection import project_gaussians
 from bytesplat_ns.raster.reference import rasterize_reference
+from tests.helpers.pruning_checks import check_state_consistent, explicit_scores
 from tests.helpers.raster_scenes import make_scene
 
 
@@ -102,42 +103,6 @@ def test_capacity_read_from_device():
 
 def _scene(seed=8, N=200, W=45, H=37, C=2, opacity_range=(0.8, 0.99), scale_range=(0.1, 0.6)):
     return make_scene(seed, N=N, W=W, H=H, C=C, opacity_range=opacity_range, scale_range=scale_range)
-
-
-def explicit_scores(means2d, conics, opacities, radii, depths, W, H, tile=16, count_stop=True):
-    """Per pixel, walk the Gaussians whose tile box holds the pixel's tile in depth order (float64),
-    with gsplat's rules; score = max over pixels of alpha*T (the stopping Gaussian included unless
-    ``count_stop=False``). Returns scores [C,N] and whether some pixel stopped."""
-    C, N = radii.shape
-    ys, xs = torch.meshgrid(torch.arange(H), torch.arange(W), indexing="ij")
-    px, py = xs.flatten().double() + 0.5, ys.flatten().double() + 0.5
-    ptx, pty = xs.flatten() // tile, ys.flatten() // tile
-    out = torch.zeros(C, N, dtype=torch.float64)
-    stopped_any = False
-    for c in range(C):
-        T = torch.ones(W * H, dtype=torch.float64)
-        alive = torch.ones(W * H, dtype=torch.bool)
-        for g in torch.sort(depths[c].double(), stable=True).indices.tolist():
-            r = float(radii[c, g])
-            if r <= 0:
-                continue
-            mx, my = means2d[c, g].double().tolist()
-            x0, x1 = math.floor((mx - r) / tile), math.ceil((mx + r) / tile)
-            y0, y1 = math.floor((my - r) / tile), math.ceil((my + r) / tile)
-            reach = (ptx >= x0) & (ptx < x1) & (pty >= y0) & (pty < y1)
-            a, b, cc = conics[c, g].double().tolist()
-            dx, dy = mx - px, my - py
-            sigma = 0.5 * (a * dx * dx + cc * dy * dy) + b * dx * dy
-            alpha = torch.clamp(float(opacities[c, g]) * torch.exp(-sigma), max=0.999)
-            use = reach & alive & (sigma >= 0) & (alpha >= 1.0 / 255.0)
-            nextT = T * (1 - alpha)
-            stop = use & (nextT <= 1e-4)
-            w = torch.where(use & (count_stop | ~stop), alpha * T, torch.zeros_like(T))
-            out[c, g] = w.max()
-            stopped_any |= bool(stop.any())
-            alive &= ~stop
-            T = torch.where(use & ~stop, nextT, T)
-    return out, stopped_any
 
 
 def _project(sc, dtype):
@@ -379,21 +344,6 @@ def _train_step(params, optimizers, strategy, state, sc, step, view, pruner=None
     return loss, stats
 
 
-def _check_consistent(params, optimizers, state):
-    n = params["means"].shape[0]
-    for k, p in params.items():
-        assert p.shape[0] == n, k
-        opt = optimizers[k]
-        assert opt.param_groups[0]["params"][0] is p
-        st = opt.state[p]
-        for key in ("exp_avg", "exp_avg_sq"):
-            if st or k != "features_rest":  # features_rest (SH degree 0) never gets a gradient
-                assert st[key].shape == p.shape, (k, key)
-    for k, v in state.items():
-        if isinstance(v, torch.Tensor):
-            assert v.shape[0] == n, k
-
-
 def test_apply_keeps_params_optimizer_and_strategy_state_consistent():
     from gsplat.strategy import DefaultStrategy
 
@@ -416,7 +366,7 @@ def test_apply_keeps_params_optimizer_and_strategy_state_consistent():
     mask[torch.tensor([0, 3, 17, 40, 59])] = True
     assert apply_prune(params, optimizers, state, mask) == 5
     keep = ~mask
-    _check_consistent(params, optimizers, state)
+    check_state_consistent(params, optimizers, state)
     assert params["means"].shape[0] == N - 5
     for k, p in params.items():
         assert torch.equal(p.detach(), before_p[k][keep]), k
@@ -429,7 +379,7 @@ def test_apply_keeps_params_optimizer_and_strategy_state_consistent():
     # training goes on with the pruned set, and the strategy keeps accumulating on it
     loss, _ = _train_step(params, optimizers, strategy, state, sc, 2, 2)
     assert torch.isfinite(loss)
-    _check_consistent(params, optimizers, state)
+    check_state_consistent(params, optimizers, state)
     assert apply_prune(params, optimizers, state, torch.zeros(N - 5, dtype=torch.bool)) == 0
 
 
@@ -545,7 +495,7 @@ def test_hook_right_after_gsplats_refine_steps():
         n_before = params["means"].shape[0]
         loss, stats = _train_step(params, optimizers, strategy, state, sc, it, it % 3, pruner)
         assert torch.isfinite(loss)
-        _check_consistent(params, optimizers, state)
+        check_state_consistent(params, optimizers, state)
         assert pruning.ORIGIN_KEY not in state
         if stats is not None:
             pruned.append(it)
@@ -670,7 +620,7 @@ def test_model_hook_and_config():
             opt.step()
             opt.zero_grad(set_to_none=True)
         model.step_post_backward(it)
-        _check_consistent(model.gauss_params, optimizers, model.strategy_state)
+        check_state_consistent(model.gauss_params, optimizers, model.strategy_state)
         if model.pruning.last_stats is not None and model.pruning.last_stats["step"] == it:
             pruned_at.append(it)
             st = model.pruning.last_stats
