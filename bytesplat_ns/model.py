@@ -34,6 +34,7 @@ from bytesplat_ns.data.datamanager import host_image_size
 from bytesplat_ns.errors import BytesplatError
 from bytesplat_ns.gaussian_budget import BudgetSettings, GaussianBudget, summed_over_views, view_blending_weights
 from bytesplat_ns.image_metrics import Lpips, psnr
+from bytesplat_ns.optim import DeviceAdam
 from bytesplat_ns.raster import rasterize, resolve_backend
 from bytesplat_ns.pruning import HardwarePruner
 from bytesplat_ns.raster.loss import SSIM_WIN_SIZE
@@ -78,6 +79,10 @@ class ByteSplatModelConfig(SplatfactoModelConfig):
     """Gaussians per tile; 0: read from the device (the fused kernel's shared-memory capacity)."""
     hw_prune_stop_iter: int = -1
     """No pruning from this step on (-1: when gsplat stops refining, stop_split_at)."""
+    optimize_visible_only: bool = False
+    """Adam updates only the Gaussians the step's view shows (radius > 0): Adam's arithmetic on those rows, the
+    others' parameters and moments untouched (gsplat's SelectiveAdam). Needs bytesplat's Adam (the default
+    optimizer config); single GPU (bytesplat_ns/optim.py)."""
     # Gaussian budget (bytesplat_ns/gaussian_budget.py, docs/pruning.md).
     budget_prune_fraction: float = 0.0
     """At each budget step, remove this share of the Gaussians: those whose compositing weights, summed over
@@ -409,7 +414,7 @@ class ByteSplatModel(SplatfactoModel):
             fused_options=self.config.fused.options(),
         )
         if self.training:
-            self.strategy.step_pre_backward(self.gauss_params, self.optimizers, self.strategy_state, self.step, self.info)
+            self._after_training_render()
 
         rgb = torch.clamp(render[..., :3] + (1 - alpha) * background, 0.0, 1.0)
         if self.config.use_bilateral_grid and self.training and metadata and "cam_idx" in metadata:
@@ -421,6 +426,25 @@ class ByteSplatModel(SplatfactoModel):
         if not self.training:
             background = background.expand(height, width, 3)
         return {"rgb": rgb.squeeze(0), "depth": depth, "accumulation": alpha.squeeze(0), "background": background}
+
+    def _after_training_render(self) -> None:
+        """gsplat's statistics hook on this step's render, and (optimize_visible_only) the Gaussians it showed
+        handed to the Gaussians' optimizers for this step."""
+        self.strategy.step_pre_backward(self.gauss_params, self.optimizers, self.strategy_state, self.step, self.info)
+        if not self.config.optimize_visible_only:
+            return
+        radii = self.info["radii"]
+        visible = (radii > 0).reshape(radii.shape[0], radii.shape[1], -1).all(-1).any(0)  # [C,N] or [C,N,2]
+        for name in GAUSSIAN_PARAM_NAMES:
+            optimizer = self.optimizers.get(name)
+            if optimizer is None:
+                continue
+            if not isinstance(optimizer, DeviceAdam):
+                raise BytesplatError(
+                    f"--pipeline.model.optimize-visible-only needs bytesplat's Adam; the '{name}' optimizer is "
+                    f"{type(optimizer).__name__}",
+                    hint="keep the default optimizer config (DeviceAdamOptimizerConfig) or turn the switch off")
+            optimizer.visible_rows = visible
 
     def step_post_backward(self, step):
         """splatfacto's densification step with hardware-aware pruning around it (pruning.py)."""
@@ -482,7 +506,7 @@ class ByteSplatModel(SplatfactoModel):
             contribution=self.pruning.wants_contribution(self.step),  # the pruning score, from the backward kernel
             options=options,
         )
-        self.strategy.step_pre_backward(self.gauss_params, self.optimizers, self.strategy_state, self.step, self.info)
+        self._after_training_render()
         outputs.update(rgb=rgb.squeeze(0), accumulation=alpha.squeeze(0), depth=None, fused_loss=loss)
 
     def get_metrics_dict(self, outputs, batch) -> Dict[str, torch.Tensor]:

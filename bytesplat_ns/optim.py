@@ -14,6 +14,13 @@ by ``implementation``:
 - ``"torch-fused"``: torch's fused Adam (one kernel per group) when every parameter is on the GPU.
 - ``"torch"``: torch's default Adam everywhere (A/B runs).
 
+Visible rows only (gsplat's SelectiveAdam): when ``visible_rows`` ([N] bool, one per Gaussian) is set
+before a step, that step updates only those rows of every parameter whose first dimension is N:
+Adam's arithmetic on them, the other rows' parameters and moments left as they are (the step count
+is the tensor's, as for every row). The model sets it from the step's render
+(``--pipeline.model.optimize-visible-only``); it holds for one step. The kernel skips the hidden
+rows' bytes; elsewhere :func:`masked_adam_step` (torch's Adam arithmetic, then the visible rows kept).
+
 On the GPU the groups are created ``fused=True`` under the first two, so the state is torch's fused
 layout (a float32 ``step`` on the parameter's device) whichever path runs. On the CPU nothing
 changes: torch's default Adam, so CPU runs stay comparable with earlier ones. An explicit ``fused``
@@ -90,8 +97,37 @@ def _torch_adam_step() -> Callable:
     return step.__wrapped__ if getattr(step, "hooked", False) else step
 
 
+def masked_adam_step(param: Tensor, grad: Tensor, state: dict, lr: float, beta1: float, beta2: float, eps: float,
+                     visible: Tensor) -> None:
+    """One Adam step of ``param`` (amsgrad, weight decay, maximize off) on its ``visible`` rows only, with
+    torch's single-tensor Adam arithmetic; ``state`` (step, exp_avg, exp_avg_sq) is initialised as torch
+    does when empty. No host read of a device tensor."""
+    if len(state) == 0:
+        state["step"] = torch.zeros((), dtype=torch.float32, device=param.device if param.is_cuda else "cpu")
+        state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+        state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+    state["step"] += 1
+    exp_avg, exp_avg_sq, t = state["exp_avg"], state["exp_avg_sq"], state["step"]
+    new_avg = exp_avg.lerp(grad, 1 - beta1)
+    new_avg_sq = exp_avg_sq.mul(beta2).addcmul_(grad, grad, value=1 - beta2)
+    if t.is_cuda:  # the bias corrections on the device
+        step_size = lr / (1 - beta1 ** t)
+        bias_correction2_sqrt = (1 - beta2 ** t).sqrt()
+        update = new_avg / ((new_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)) * step_size
+        new_param = param - update
+    else:
+        step = float(t)
+        denom = (new_avg_sq.sqrt() / (1 - beta2 ** step) ** 0.5).add_(eps)
+        new_param = param.addcdiv(new_avg, denom, value=-(lr / (1 - beta1 ** step)))
+    rows = visible.reshape(-1, *([1] * (param.dim() - 1)))
+    for current, new in ((param, new_param), (exp_avg, new_avg), (exp_avg_sq, new_avg_sq)):
+        current.copy_(torch.where(rows, new, current))
+
+
 class DeviceAdam(torch.optim.Adam):
     """``torch.optim.Adam`` whose update runs where ``implementation`` says (module docstring)."""
+
+    visible_rows: Optional[Tensor] = None  # this step's visible Gaussians (module docstring)
 
     def __init__(self, params: Iterable, implementation: AdamImplementation = "bytesplat", **kwargs):
         if implementation not in IMPLEMENTATIONS:
@@ -109,6 +145,9 @@ class DeviceAdam(torch.optim.Adam):
 
     @torch.no_grad()
     def step(self, closure=None):
+        visible, self.visible_rows = self.visible_rows, None  # one step's
+        if visible is not None:
+            return self._visible_rows_step(visible, closure)
         amp = getattr(self, "grad_scale", None) is not None or getattr(self, "found_inf", None) is not None
         kernel_groups: List[dict] = []
         if getattr(self, "implementation", "torch") == "bytesplat" and not amp:
@@ -131,7 +170,36 @@ class DeviceAdam(torch.optim.Adam):
                 self.param_groups = groups
         return loss
 
-    def _kernel_step(self, group: dict, kernel: Callable) -> None:
+    def _visible_rows_step(self, visible: Tensor, closure=None):
+        """This step on the ``visible`` rows only: the kernel where it applies, :func:`masked_adam_step`
+        elsewhere."""
+        if getattr(self, "grad_scale", None) is not None or getattr(self, "found_inf", None) is not None:
+            raise SettingError("Adam on visible rows only does not support gradient scaling (AMP)")
+        for group in self.param_groups:
+            if group["amsgrad"] or group["weight_decay"] != 0 or group["maximize"]:
+                raise SettingError("Adam on visible rows only supports amsgrad, weight_decay and maximize off")
+            for p in group["params"]:
+                if p.grad is not None and (p.dim() == 0 or p.shape[0] != visible.shape[0]):
+                    raise SettingError(f"Adam on visible rows only: a parameter of shape {tuple(p.shape)} has no row "
+                                       f"per Gaussian ({visible.shape[0]} visible flags)")
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        use_kernel = getattr(self, "implementation", "torch") == "bytesplat"
+        for group in self.param_groups:
+            kernel = _adam_kernel() if use_kernel and _kernel_fits(group, self.state) else None
+            if kernel is not None:
+                self._kernel_step(group, kernel, visible)
+                continue
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is not None:
+                    masked_adam_step(p, p.grad, self.state[p], float(group["lr"]), float(beta1), float(beta2),
+                                     float(group["eps"]), visible)
+        return loss
+
+    def _kernel_step(self, group: dict, kernel: Callable, visible: Optional[Tensor] = None) -> None:
         todo = []
         for p in group["params"]:
             if p.grad is None:
@@ -152,7 +220,7 @@ class DeviceAdam(torch.optim.Adam):
         beta1, beta2 = group["betas"]
         for p, state in todo:
             kernel(p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"], group["lr"], beta1, beta2,
-                   group["eps"])
+                   group["eps"], visible)
         torch.autograd.graph.increment_version([p for p, _ in todo])  # written through raw pointers
 
 

@@ -14,6 +14,9 @@
 // not 16-byte aligned or the size is not a multiple of 4), the bias corrections are computed once
 // per thread, and one grid-stride wave sized to the GPU replaces torch's block per 64K-element chunk
 // and its tensor-list metadata.
+//
+// With a row mask (`visible`, one bool per Gaussian) only the visible rows are updated, as gsplat's
+// SelectiveAdam: Adam's arithmetic on those rows, the others left as they are.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -54,13 +57,27 @@ __device__ __forceinline__ void adam_update(float &p, float g, float &m, float &
     p -= f.step_size * m / denom;
 }
 
+// Row visibility (gsplat's SelectiveAdam): with `visible` set, element e belongs to row e / row_size
+// and is updated only when visible[row]; the other rows' parameters and moments are not touched (the
+// step count is the tensor's, as for every row). Rows are located incrementally from one division
+// per float4.
+struct RowMask {
+    const bool *visible;  // [rows] or nullptr: every element is updated
+    int64_t row_size;     // floats per row
+};
+
+__device__ __forceinline__ bool element_visible(const RowMask &mask, int64_t e) {
+    return mask.visible == nullptr || mask.visible[e / mask.row_size];
+}
+
 // kVec: all four pointers are 16-byte aligned, so elements [0, 4 * (n / 4)) go as float4s and
-// the last n % 4 as floats; otherwise every element goes as a float.
+// the last n % 4 as floats; otherwise every element goes as a float. A float4 none of whose floats
+// is visible is neither read nor written.
 template <bool kVec>
 __global__ void __launch_bounds__(kAdamThreads)
     adam_step_kernel(float *__restrict__ param, const float *__restrict__ grad, float *__restrict__ exp_avg,
                      float *__restrict__ exp_avg_sq, int64_t n, const float *__restrict__ step_count,
-                     AdamScalars s) {
+                     AdamScalars s, RowMask mask) {
     const AdamFactors f = adam_factors(s, step_count);
     const int64_t stride = static_cast<int64_t>(gridDim.x) * kAdamThreads;
     const int64_t tid = static_cast<int64_t>(blockIdx.x) * kAdamThreads + threadIdx.x;
@@ -72,12 +89,21 @@ __global__ void __launch_bounds__(kAdamThreads)
         float4 *m4 = reinterpret_cast<float4 *>(exp_avg);
         float4 *v4 = reinterpret_cast<float4 *>(exp_avg_sq);
         for (int64_t i = tid; i < n4; i += stride) {
+            bool use[4] = {true, true, true, true};
+            if (mask.visible != nullptr) {
+                int64_t row = (4 * i) / mask.row_size, col = 4 * i - row * mask.row_size;
+                for (int k = 0; k < 4; ++k) {
+                    use[k] = mask.visible[row];
+                    if (++col == mask.row_size) { ++row; col = 0; }
+                }
+                if (!(use[0] || use[1] || use[2] || use[3])) continue;
+            }
             float4 p = p4[i], m = m4[i], v = v4[i];
             const float4 g = g4[i];
-            adam_update(p.x, g.x, m.x, v.x, s, f);
-            adam_update(p.y, g.y, m.y, v.y, s, f);
-            adam_update(p.z, g.z, m.z, v.z, s, f);
-            adam_update(p.w, g.w, m.w, v.w, s, f);
+            if (use[0]) adam_update(p.x, g.x, m.x, v.x, s, f);
+            if (use[1]) adam_update(p.y, g.y, m.y, v.y, s, f);
+            if (use[2]) adam_update(p.z, g.z, m.z, v.z, s, f);
+            if (use[3]) adam_update(p.w, g.w, m.w, v.w, s, f);
             p4[i] = p;
             m4[i] = m;
             v4[i] = v;
@@ -85,6 +111,7 @@ __global__ void __launch_bounds__(kAdamThreads)
         scalar_start = n4 * 4;
     }
     for (int64_t i = scalar_start + tid; i < n; i += stride) {
+        if (!element_visible(mask, i)) continue;
         float p = param[i], m = exp_avg[i], v = exp_avg_sq[i];
         adam_update(p, grad[i], m, v, s, f);
         param[i] = p;
@@ -101,7 +128,7 @@ void check_operand(const at::Tensor &t, const at::Tensor &param, const char *nam
                 param.numel());
 }
 
-using AdamKernel = void (*)(float *, const float *, float *, float *, int64_t, const float *, AdamScalars);
+using AdamKernel = void (*)(float *, const float *, float *, float *, int64_t, const float *, AdamScalars, RowMask);
 
 // Blocks of `kernel` the whole GPU holds at once: the grid-stride grid is exactly one full wave (a
 // larger grid would leave a partly filled second wave holding an equal share of the work). Cached
@@ -127,7 +154,8 @@ bool aligned16(const at::Tensor &t) { return reinterpret_cast<uintptr_t>(t.data_
 }  // namespace
 
 void adam_step(at::Tensor param, const at::Tensor &grad, at::Tensor exp_avg, at::Tensor exp_avg_sq,
-               const at::Tensor &step, double lr, double beta1, double beta2, double eps) {
+               const at::Tensor &step, double lr, double beta1, double beta2, double eps,
+               const c10::optional<at::Tensor> &visible) {
     check_operand(param, param, "param");
     check_operand(grad, param, "grad");
     check_operand(exp_avg, param, "exp_avg");
@@ -136,6 +164,16 @@ void adam_step(at::Tensor param, const at::Tensor &grad, at::Tensor exp_avg, at:
                     step.numel() == 1,
                 "adam_step: step must be one float32 on ", param.device());
     const int64_t n = param.numel();
+    RowMask mask{nullptr, 1};
+    if (visible.has_value()) {
+        const at::Tensor &rows = *visible;
+        TORCH_CHECK(rows.is_cuda() && rows.device() == param.device() && rows.scalar_type() == at::kBool &&
+                        rows.is_contiguous() && rows.dim() == 1,
+                    "adam_step: visible must be a contiguous 1-D bool tensor on ", param.device());
+        TORCH_CHECK(param.dim() >= 1 && rows.numel() == param.size(0),
+                    "adam_step: visible has ", rows.numel(), " rows, param ", param.dim() ? param.size(0) : 0);
+        mask = RowMask{rows.const_data_ptr<bool>(), n / std::max<int64_t>(rows.numel(), 1)};
+    }
     if (n == 0) return;
     const at::cuda::CUDAGuard guard(param.device());
     const bool vec = aligned16(param) && aligned16(grad) && aligned16(exp_avg) && aligned16(exp_avg_sq);
@@ -149,7 +187,7 @@ void adam_step(at::Tensor param, const at::Tensor &grad, at::Tensor exp_avg, at:
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
     kernel<<<blocks, kAdamThreads, 0, stream>>>(param.data_ptr<float>(), grad.const_data_ptr<float>(),
                                                 exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>(), n,
-                                                step.const_data_ptr<float>(), s);
+                                                step.const_data_ptr<float>(), s, mask);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

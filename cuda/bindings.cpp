@@ -43,7 +43,8 @@ at::Tensor sh_views_bwd(const at::Tensor &means, const at::Tensor &dc, const at:
                         const at::Tensor &v_colors, at::Tensor v_dc, at::Tensor v_rest);
 // Adam step (cuda/adam.cu)
 void adam_step(at::Tensor param, const at::Tensor &grad, at::Tensor exp_avg, at::Tensor exp_avg_sq,
-               const at::Tensor &step, double lr, double beta1, double beta2, double eps);
+               const at::Tensor &step, double lr, double beta1, double beta2, double eps,
+               const c10::optional<at::Tensor> &visible);
 }  // namespace bytesplat
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -74,5 +75,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     // Adam step (cuda/adam.cu)
     m.def("adam_step", &bytesplat::adam_step,
           "one torch.optim.Adam step (amsgrad/weight_decay/maximize off) of one contiguous float32 "
-          "tensor in place: param, exp_avg, exp_avg_sq; step: its float32 count, already incremented");
+          "tensor in place: param, exp_avg, exp_avg_sq; step: its float32 count, already incremented; "
+          "visible (optional, [rows] bool): only those rows are updated",
+          py::arg("param"), py::arg("grad"), py::arg("exp_avg"), py::arg("exp_avg_sq"), py::arg("step"),
+          py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("visible") = py::none());
 }

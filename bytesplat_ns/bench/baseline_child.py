@@ -1,5 +1,6 @@
 """The child process of ``bench.baselines``: time this process's gsplat (the one first on its path)
-with each SSIM on ``synthetic_scene``'s random Gaussians; JSON rows to ``--out``."""
+with each SSIM on ``synthetic_scene``'s random Gaussians, or on the scene of ``--scene-file``
+(``bench.scene_file``: e.g. a trained run's); JSON rows to ``--out``."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from bytesplat_ns.bench.baselines import SSIM_IMPLEMENTATIONS, measure
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bytesplat_ns.bench.baseline_child",
                                 description="time this process's gsplat + each SSIM on one random scene (JSON rows)")
-    p.add_argument("--num-gaussians", type=int, required=True)
+    scene = p.add_mutually_exclusive_group(required=True)
+    scene.add_argument("--num-gaussians", type=int)
+    scene.add_argument("--scene-file", type=Path, help="a scene written by bench.scene_file.save_scene")
     p.add_argument("--width", type=int, default=1920)
     p.add_argument("--height", type=int, default=1080)
     p.add_argument("--sh-degree", type=int, default=3)
@@ -28,7 +31,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     a = p.parse_args(argv)
     from bytesplat_ns.bench.raster import StageInputs
 
-    inputs = StageInputs(a.num_gaussians, a.width, a.height, a.sh_degree, a.projection)
+    from bytesplat_ns.bench.scene_file import load_scene
+
+    scene = load_scene(a.scene_file) if a.scene_file is not None else None
+    inputs = StageInputs(a.num_gaussians or 0, a.width, a.height, a.sh_degree, a.projection, scene=scene)
     rows = measure(inputs, a.ssim, a.warmup, a.repeats, a.raster_only)
     a.out.write_text(json.dumps(rows, indent=2))
     return 0

@@ -119,9 +119,12 @@ def measure(inputs, implementations: Sequence[str], warmup: int, repeats: int, r
 
 
 def child_command(site: str, n: int, width: int, height: int, sh_degree: int, warmup: int, repeats: int,
-                  implementations: Sequence[str], raster_only: bool, projection: str, out: Path) -> Dict:
-    """The command and environment that time the gsplat installed in ``site`` on the same scene."""
-    command = [sys.executable, "-m", "bytesplat_ns.bench.baseline_child", "--num-gaussians", str(n), "--width", str(width),
+                  implementations: Sequence[str], raster_only: bool, projection: str, out: Path,
+                  scene_file: Optional[Path] = None) -> Dict:
+    """The command and environment that time the gsplat installed in ``site`` on the same scene: the
+    random one of ``n`` Gaussians, or the one in ``scene_file`` (``bench.scene_file``)."""
+    scene = ["--scene-file", str(scene_file)] if scene_file is not None else ["--num-gaussians", str(n)]
+    command = [sys.executable, "-m", "bytesplat_ns.bench.baseline_child", *scene, "--width", str(width),
                "--height", str(height), "--sh-degree", str(sh_degree), "--warmup", str(warmup),
                "--repeats", str(repeats), "--projection", projection, "--ssim", *implementations, "--out", str(out)]
     if raster_only:
@@ -143,13 +146,18 @@ def child_failure(done: "subprocess.CompletedProcess") -> str:
 
 
 def measure_in_child(site: str, n: int, width: int, height: int, sh_degree: int, warmup: int, repeats: int,
-                     implementations: Sequence[str], raster_only: bool, projection: str) -> List[Dict]:
-    """``measure`` for the gsplat in ``site``, in a child process; rows carry ``site``, or one row
-    with the error when the child fails."""
+                     implementations: Sequence[str], raster_only: bool, projection: str,
+                     scene: Optional[Dict] = None) -> List[Dict]:
+    """``measure`` for the gsplat in ``site``, in a child process, on the random scene of ``n``
+    Gaussians or on ``scene`` (handed over in a file); rows carry ``site``, or one row with the error
+    when the child fails."""
+    from bytesplat_ns.bench.scene_file import save_scene
+
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "rows.json"
+        scene_file = save_scene(scene, Path(tmp) / "scene.pt") if scene is not None else None
         spec = child_command(site, n, width, height, sh_degree, warmup, repeats, implementations, raster_only,
-                             projection, out)
+                             projection, out, scene_file)
         done = subprocess.run(spec["command"], env=spec["env"], capture_output=True, text=True)
         if done.returncode != 0 or not out.is_file():
             return [{"site": site, "error": child_failure(done)}]
@@ -161,16 +169,15 @@ def baseline_rows(inp, scene_label: str, gsplat_ok: bool, baseline_ssim: Sequenc
                   gsplat_sites: Sequence[str], warmup: int, repeats: int, raster_only: bool,
                   fused_loss: Optional[float]) -> List[Dict]:
     """gsplat + each SSIM: this process's gsplat on ``inp`` (``raster.StageInputs``), and the gsplat
-    of each site in a child on the same random scene; each row's loss against the fused one."""
+    of each site in a child on the same scene (a trained one is handed over in a file); each row's
+    loss against the fused one."""
     rows: List[Dict] = []
     if gsplat_ok and baseline_ssim:
         rows += measure(inp, baseline_ssim, warmup, repeats, raster_only)
     for site in gsplat_sites:
-        if scene_label != "synthetic":
-            rows.append({"site": site, "error": "another gsplat version is timed on random scenes only"})
-            continue
         rows += measure_in_child(site, int(inp.scene["means"].shape[0]), inp.W, inp.H, inp.sh_degree, warmup, repeats,
-                                 baseline_ssim, raster_only, projection="torch")
+                                 baseline_ssim, raster_only, projection="torch",
+                                 scene=None if scene_label == "synthetic" else inp.scene)
     for row in rows:
         if isinstance(row.get("loss_value"), float) and isinstance(fused_loss, float):
             row["loss_rel_diff_vs_fused"] = abs(row["loss_value"] - fused_loss) / abs(fused_loss)

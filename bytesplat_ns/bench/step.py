@@ -4,8 +4,10 @@ r"""``bytesplat-bench step``: one whole training step, as each trainer runs it, 
 
 A step is what a trainer does per image after the data is on the GPU: activations, projection, SH,
 binning, rendering, the loss, the backward pass, the densification statistics and the optimizer.
-Every implementation trains the same random Gaussians (``raster.synthetic_scene``: 1920x1080, SH 3,
-one camera) against the same image, in splatfacto's six parameter groups with its learning rates:
+Every implementation trains the same Gaussians against the same image, in splatfacto's six parameter
+groups with its learning rates: random ones (``raster.synthetic_scene``: 1920x1080, SH 3, one camera;
+``--num-gaussians``) or a trained run's with one of its train views and images (``--trained RUN_DIR``;
+the gsplat of a ``--gsplat-site`` gets the same scene through a file, ``bench.scene_file``):
 
 - ``splatfacto``: gsplat's ``rasterization`` (this process's gsplat, nerfstudio's 1.4.0), the loss
   with pytorch_msssim, one ``torch.optim.Adam`` per group, gsplat's ``DefaultStrategy`` statistics.
@@ -16,6 +18,8 @@ one camera) against the same image, in splatfacto's six parameter groups with it
   are, our binning, render + loss + 2D gradients in our kernels), the sync-free statistics and
   ``optim.DeviceAdam`` (by default our Adam kernel, cuda/adam.cu), with the inputs ``ns-train
   bytesplat`` gives it (:func:`model_inputs`).
+- ``bytesplat-visible``: the same with Adam on the visible Gaussians only
+  (``--pipeline.model.optimize-visible-only``: ``DeviceAdam.visible_rows``, the kernel's row mask).
 
 Reported per implementation: ``wall_ms`` (host clock over ``--repeats`` back-to-back steps, the
 GPU drained at both ends: what a training loop gets), the stages' spans (CUDA events at the stage
@@ -45,7 +49,7 @@ import torch
 LEARNING_RATES = {"means": 1.6e-4, "scales": 5e-3, "quats": 1e-3, "features_dc": 2.5e-3,
                   "features_rest": 2.5e-3 / 20, "opacities": 5e-2}
 ADAM_EPS = 1e-15
-IMPLEMENTATIONS = ("splatfacto", "gsplat", "bytesplat")
+IMPLEMENTATIONS = ("splatfacto", "gsplat", "bytesplat", "bytesplat-visible")
 
 # kernel name -> category; the first pattern that matches wins, "bwd"/"backward" in a name marks it backward
 KERNEL_CATEGORIES: Tuple[Tuple[str, str], ...] = (
@@ -220,8 +224,11 @@ class BytesplatStep(TrainingStep):
 
     label = "bytesplat (fused split) + bytesplat Adam"
 
-    def __init__(self, scene: Dict):
+    def __init__(self, scene: Dict, visible_only: bool = False):
         super().__init__(scene)
+        self.visible_only = visible_only
+        if visible_only:
+            self.label = "bytesplat (fused split) + bytesplat Adam, visible Gaussians only"
         from bytesplat_ns.optim import DeviceAdam
         from bytesplat_ns.strategy import SyncFreeDefaultStrategy
 
@@ -242,7 +249,9 @@ class BytesplatStep(TrainingStep):
         clock.mark("backward")
         self.strategy._update_state(self.params, self.strategy_state, info, packed=False)
         clock.mark("densification")
+        visible = (info["radii"] > 0).any(0) if self.visible_only else None
         for optimizer in self.optimizers:
+            optimizer.visible_rows = visible
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         clock.mark("optimizer")
@@ -256,6 +265,8 @@ def build_step(implementation: str, scene: Dict) -> TrainingStep:
         return GsplatStep(scene, "fussim", selective_adam=True)
     if implementation == "bytesplat":
         return BytesplatStep(scene)
+    if implementation == "bytesplat-visible":
+        return BytesplatStep(scene, visible_only=True)
     raise ValueError(f"unknown implementation {implementation!r} (choose from {IMPLEMENTATIONS})")
 
 
@@ -306,13 +317,9 @@ def measure(step: TrainingStep, warmup: int, repeats: int, profile_steps: int) -
             "top_kernels_ms": {k: v / 1000.0 / profile_steps for k, v in sorted(kernels.items(), key=lambda kv: -kv[1])[:12]}}
 
 
-def run_here(implementations: Sequence[str], n: int, width: int, height: int, warmup: int, repeats: int,
-             profile_steps: int) -> List[Dict]:
-    """Each implementation's row on the same scene (one failing is its row's error). The scene is
-    drawn once: every step trains its own copy of the parameters (``initial_params``)."""
-    from bytesplat_ns.bench.raster import synthetic_scene
-
-    scene = synthetic_scene(n, width, height, 3)
+def run_here(implementations: Sequence[str], scene: Dict, warmup: int, repeats: int, profile_steps: int) -> List[Dict]:
+    """Each implementation's row on ``scene`` (one failing is its row's error): every step trains its
+    own copy of the parameters (``initial_params``)."""
     rows = []
     for implementation in implementations:
         try:
@@ -326,14 +333,16 @@ def run_here(implementations: Sequence[str], n: int, width: int, height: int, wa
     return rows
 
 
-def run_in_site(site: str, implementation: str, n: int, args: argparse.Namespace) -> Dict:
-    """``run_here`` for one implementation in a child process with ``site`` first on its path."""
+def run_in_site(site: str, implementation: str, scene: Dict, args: argparse.Namespace) -> Dict:
+    """``run_here`` for one implementation on ``scene`` (handed over in a file) in a child process with
+    ``site`` first on its path."""
     from bytesplat_ns.bench.baselines import child_failure, site_env
+    from bytesplat_ns.bench.scene_file import save_scene
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "row.json"
         command = [sys.executable, "-m", "bytesplat_ns.bench.step", "--implementations", implementation,
-                   "--num-gaussians", str(n), "--width", str(args.width), "--height", str(args.height),
+                   "--scene-file", str(save_scene(scene, Path(tmp) / "scene.pt")),
                    "--warmup", str(args.warmup), "--repeats", str(args.repeats),
                    "--profile-steps", str(args.profile_steps), "--out", str(out)]
         done = subprocess.run(command, env=site_env(site), capture_output=True, text=True)
@@ -341,6 +350,23 @@ def run_in_site(site: str, implementation: str, n: int, args: argparse.Namespace
             return {"name": implementation, "site": site, "error": child_failure(done)}
         rows = json.loads(out.read_text())["rows"]
     return dict(rows[0], site=site)
+
+
+def scenes(args: argparse.Namespace) -> List[Tuple[str, Dict]]:
+    """(label, scene) to time: ``--scene-file``'s, the trained run's view, or one random scene per count."""
+    if args.scene_file is not None:
+        from bytesplat_ns.bench.scene_file import load_scene
+
+        return [("file", load_scene(args.scene_file))]
+    if args.trained is not None:
+        from bytesplat_ns.bench.trained import load_run, raster_scene
+
+        run = load_run(args.trained)
+        return [(f"trained:{run.run_dir}", raster_scene(run, args.trained_view, 1.0, None, device="cuda"))]
+    from bytesplat_ns.bench.raster import synthetic_scene
+
+    width, height = args.width or 1920, args.height or 1080
+    return [("synthetic", synthetic_scene(n, width, height, 3)) for n in (args.num_gaussians or [1_000_000, 4_000_000])]
 
 
 def speedups(rows: List[Dict]) -> Dict[str, float]:
@@ -353,10 +379,12 @@ def speedups(rows: List[Dict]) -> Dict[str, float]:
 
 
 def parser() -> argparse.ArgumentParser:
+    from bytesplat_ns.bench.trained import add_scene_options
+
     p = argparse.ArgumentParser(prog="bytesplat-bench step", description=__doc__.split("\n\n")[0].strip(" r\"`"))
-    p.add_argument("--num-gaussians", nargs="+", type=int, default=[1_000_000, 4_000_000])
-    p.add_argument("--width", type=int, default=1920)
-    p.add_argument("--height", type=int, default=1080)
+    add_scene_options(p, "the step trains its Gaussians on one of its train views (--trained-view) at full resolution")
+    p.add_argument("--trained-view", type=int, default=0, help="with --trained: the train view the step renders")
+    p.add_argument("--scene-file", type=Path, default=None, help=argparse.SUPPRESS)  # a parent's scene (run_in_site)
     p.add_argument("--implementations", nargs="+", default=["splatfacto", "bytesplat"], choices=IMPLEMENTATIONS,
                    help="timed in this process (gsplat: with this process's gsplat)")
     p.add_argument("--gsplat-site", action="append", default=[], metavar="DIR",
@@ -369,25 +397,37 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> Dict:
-    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    p = parser()
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.trained is not None:
+        from bytesplat_ns.bench.trained import reject_random_scene_options
+
+        reject_random_scene_options(p, args)
+    if args.sh_degree not in (None, 3):
+        p.error("--sh-degree: the step trains SH degree 3 (random scenes) or the trained model's degree")
     if not torch.cuda.is_available():
         from bytesplat_ns.errors import BytesplatError
 
         raise BytesplatError("bytesplat-bench step needs a CUDA GPU")
     rows: List[Dict] = []
-    for n in args.num_gaussians:
-        here = run_here(args.implementations, n, args.width, args.height, args.warmup, args.repeats, args.profile_steps)
-        sited = [run_in_site(site, "gsplat", n, args) for site in args.gsplat_site]
+    counts: List[int] = []
+    for label, scene in scenes(args):
+        n = int(scene["means"].shape[0])
+        counts.append(n)
+        here = run_here(args.implementations, scene, args.warmup, args.repeats, args.profile_steps)
+        sited = [run_in_site(site, "gsplat", scene, args) for site in args.gsplat_site]
         group = here + sited
         for row in group:
             row.setdefault("num_gaussians", n)
+            row["scene"] = label
         rows += group
-        print(f"[step] {n:,} Gaussians: " + ", ".join(
+        print(f"[step] {n:,} Gaussians ({label}): " + ", ".join(
             f"{r.get('implementation', r['name'])} {r['wall_ms']:.2f} ms" if "wall_ms" in r else f"{r['name']}: {r['error']}"
             for r in group), flush=True)
-    result: Dict = {"benchmark": "bytesplat-bench step", "width": args.width, "height": args.height, "sh_degree": 3,
+        width, height = scene["width"], scene["height"]
+    result: Dict = {"benchmark": "bytesplat-bench step", "width": width, "height": height, "sh_degree": scene["sh_degree"],
                     "rows": rows,
-                    "speedups": {str(n): speedups([r for r in rows if r["num_gaussians"] == n]) for n in args.num_gaussians}}
+                    "speedups": {str(n): speedups([r for r in rows if r["num_gaussians"] == n]) for n in counts}}
     from bytesplat_ns.bench.train import environment
 
     result.update(environment(list(sys.argv[1:] if argv is None else argv), prog="bytesplat-bench step"))

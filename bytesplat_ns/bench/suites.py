@@ -51,6 +51,8 @@ def _dist(args: str, ranks: int = 2, name: str = "") -> Step:
 
 _COUNTS = "--views 4 --warmup 1 --repeats 3 --communicators pixel sparse-grad dense"
 _SEEDS = "--scene large --iterations 3000 --num-downscales 0 --seeds 1 2 3 4 5"
+_GSPLAT_153 = "/tmp/gsplat-1.5.3"  # where scripts/gpu_setup.sh installs the carried gsplat 1.5.3 wheel
+_TRAINED_CAPTURE = "{work}/train/bytesplat-seed0/bytesplat/bytesplat/seed0"  # the train_30k step's run
 _BUDGET_40 = "budget40=bytesplat --pipeline.model.budget-prune-fraction 0.4"
 # gpu1b repeats the one-GPU baseline: how far two runs of one configuration land apart
 _QUALITY = "--pipeline.model.num-downscales 0 --pipeline.views-per-step 2"
@@ -205,5 +207,18 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
                 for scene, dataparser in (("capture", ("--data", "{data}")),
                                           ("large", ("--dataparser", "bytesplat-scene --scene-size large")))
                 for seed in (0, 1, 2)),
+          needs_data=True),
+    Suite("trained-capture",
+          "raster + loss and a whole step on a real capture (--data) trained for 30000 iterations, at its full "
+          "resolution: fused vs gsplat 1.4.0 and 1.5.3 (installed at /tmp/gsplat-1.5.3 by scripts/gpu_setup.sh) with "
+          "pytorch_msssim and fussim; steps: splatfacto's, gsplat 1.5.3's fastest, ours with and without Adam on "
+          "visible Gaussians only",
+          1,
+          (Step("wallclock", _args("--data {data} --methods bytesplat --iterations 30000 --seeds 0 --offline-lpips "
+                                   "--work-dir {work}/train"), name="train_30k"),
+           Step("raster", _args(f"--trained {_TRAINED_CAPTURE} --warmup 3 --repeats 10 --baseline-ssim pytorch_msssim "
+                                f"fussim --gsplat-site {_GSPLAT_153}"), name="raster_trained"),
+           Step("step", _args(f"--trained {_TRAINED_CAPTURE} --warmup 10 --repeats 50 --implementations splatfacto "
+                              f"bytesplat bytesplat-visible --gsplat-site {_GSPLAT_153}"), name="step_trained")),
           needs_data=True),
 )}

@@ -188,6 +188,9 @@ class ShardedPipeline(VanillaPipeline):
             )
         if getattr(model.config, "use_bilateral_grid", False):
             raise BytesplatError("The bilateral grid is not supported with sharded Gaussians yet.")
+        if model.config.optimize_visible_only:
+            raise BytesplatError("Adam on visible Gaussians only is not supported with sharded Gaussians yet.",
+                                 hint="Drop --pipeline.model.optimize-visible-only.")
         if self.config.compositor == "fused" and not self._on_cuda():
             raise BytesplatError(
                 "--pipeline.compositor fused needs CUDA GPUs.", hint="Use --pipeline.compositor reference on the CPU."

@@ -239,7 +239,8 @@ def _rows_contiguous(t: Tensor) -> Tensor:
     return t if t[:1].is_contiguous() else t.contiguous()
 
 
-def check_adam_operands(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step: Tensor) -> None:
+def check_adam_operands(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step: Tensor,
+                        visible: Optional[Tensor] = None) -> None:
     """RuntimeError naming the first operand ``adam_step`` cannot take (metadata only: no device access)."""
     for name, t in (("param", param), ("grad", grad), ("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
         if not t.is_cuda or t.device != param.device:
@@ -252,14 +253,23 @@ def check_adam_operands(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq
             raise RuntimeError(f"adam_step: {name} has {t.numel()} elements, param {param.numel()}")
     if not step.is_cuda or step.device != param.device or step.dtype != torch.float32 or step.numel() != 1:
         raise RuntimeError(f"adam_step: step must be one float32 on {param.device}")
+    if visible is not None:
+        if (not visible.is_cuda or visible.device != param.device or visible.dtype != torch.bool
+                or visible.dim() != 1 or not visible.is_contiguous()):
+            raise RuntimeError(f"adam_step: visible must be a contiguous 1-D bool tensor on {param.device}")
+        if param.dim() == 0 or visible.numel() != param.shape[0]:
+            raise RuntimeError(f"adam_step: visible has {visible.numel()} rows, param "
+                               f"{param.shape[0] if param.dim() else 0}")
 
 
 def adam_step(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step: Tensor, lr: float,
-              beta1: float, beta2: float, eps: float) -> None:
+              beta1: float, beta2: float, eps: float, visible: Optional[Tensor] = None) -> None:
     """One ``torch.optim.Adam`` step of one contiguous float32 CUDA tensor, in place (cuda/adam.cu).
 
     ``step`` is the tensor's float32 step count on its device, already incremented for this step
     (read by the kernel, so no host sync); the scalars are plain floats (no tensor ``lr``). The operands
-    are checked here, before the extension is called (the same checks as the kernel's own)."""
-    check_adam_operands(param, grad, exp_avg, exp_avg_sq, step)
-    _ops().adam_step(param, grad, exp_avg, exp_avg_sq, step, float(lr), float(beta1), float(beta2), float(eps))
+    are checked here, before the extension is called (the same checks as the kernel's own). ``visible``
+    ([rows] bool): only those rows (first dimension) are updated; the others keep their values and moments."""
+    check_adam_operands(param, grad, exp_avg, exp_avg_sq, step, visible)
+    _ops().adam_step(param, grad, exp_avg, exp_avg_sq, step, float(lr), float(beta1), float(beta2), float(eps),
+                     visible)

@@ -68,6 +68,35 @@ def test_another_gsplat_runs_in_a_child_with_its_site_first(tmp_path):
     assert "--raster-only" in spec["command"] and spec["command"][spec["command"].index("--ssim") + 1] == "fussim"
 
 
+def test_a_trained_scene_goes_to_the_child_as_a_file(tmp_path, monkeypatch):
+    """The child times the parent's scene (a trained run's, say), not a random one of the same size."""
+    from bytesplat_ns.bench import baseline_child
+    from bytesplat_ns.bench.raster import synthetic_scene
+
+    spec = baselines.child_command(str(tmp_path), 1000, 64, 48, 3, 1, 2, ["fussim"], False, "torch", tmp_path / "o.json",
+                                   scene_file=tmp_path / "scene.pt")
+    assert "--num-gaussians" not in spec["command"]
+    assert spec["command"][spec["command"].index("--scene-file") + 1] == str(tmp_path / "scene.pt")
+    scene = synthetic_scene(200, 40, 32, 3, seed=4, device="cpu")
+    received = {}
+
+    class Inputs:  # bench.raster.StageInputs as the child builds it
+        def __init__(self, n, width, height, sh_degree, projection, scene=None):
+            received.update(n=n, scene=scene)
+
+    from bytesplat_ns.bench import raster, scene_file
+
+    monkeypatch.setattr(raster, "StageInputs", Inputs)
+    monkeypatch.setattr(baseline_child, "measure", lambda inputs, *a: [{"ok": True}])
+    load_on_the_host = scene_file.load_scene
+    monkeypatch.setattr(scene_file, "load_scene", lambda path, device="cuda": load_on_the_host(path, device="cpu"))
+    scene_file.save_scene(scene, tmp_path / "scene.pt")
+    assert baseline_child.main(["--scene-file", str(tmp_path / "scene.pt"), "--out", str(tmp_path / "o.json")]) == 0
+    assert received["n"] == 0 and torch.equal(received["scene"]["means"], scene["means"])
+    with pytest.raises(SystemExit):  # a scene is required: random (--num-gaussians) or a file
+        baseline_child.main(["--out", str(tmp_path / "o.json")])
+
+
 def test_a_failing_child_is_one_row_saying_why(tmp_path):
     site = tmp_path / "site"
     (site / "gsplat").mkdir(parents=True)

@@ -72,6 +72,44 @@ def test_splatfacto_parameters_reproduce_the_scene():
     torch.testing.assert_close(quats.norm(dim=-1), torch.ones(500))
 
 
+def test_trained_scene_excludes_the_random_scenes_options(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        step.main(["--trained", "/nonexistent/run", "--num-gaussians", "1000"])
+    assert exit_info.value.code == 2 and "cannot be combined with --trained" in capsys.readouterr().err
+
+
+def test_another_gsplat_gets_the_same_scene_through_a_file(tmp_path, monkeypatch):
+    """run_in_site hands its scene to the child as a file the child loads unchanged."""
+    import json
+    import subprocess
+
+    from bytesplat_ns.bench.scene_file import load_scene
+
+    scene = synthetic_scene(300, 64, 48, 3, seed=2, device="cpu")
+    seen = {}
+
+    def fake_run(command, env, capture_output, text):
+        path = command[command.index("--scene-file") + 1]
+        seen["scene"] = load_scene(path, device="cpu")
+        seen["env"] = env
+        out = command[command.index("--out") + 1]
+        with open(out, "w") as f:
+            json.dump({"rows": [{"name": "gsplat", "wall_ms": 1.0}]}, f)
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    args = step.parser().parse_args(["--warmup", "1", "--repeats", "2"])
+    row = step.run_in_site(str(tmp_path), "gsplat", scene, args)
+    assert row == {"name": "gsplat", "wall_ms": 1.0, "site": str(tmp_path)}
+    assert seen["env"]["PYTHONPATH"].split(":")[0] == str(tmp_path)
+    assert set(seen["scene"]) == set(scene)
+    for key, value in scene.items():
+        if isinstance(value, torch.Tensor):
+            assert torch.equal(seen["scene"][key], value), key
+        else:
+            assert seen["scene"][key] == value, key
+
+
 def test_step_is_a_registered_subcommand_with_a_suite():
     from bytesplat_ns.bench import suites
     from bytesplat_ns.bench.commands import step_parser
@@ -83,7 +121,8 @@ def test_step_is_a_registered_subcommand_with_a_suite():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_steps_train_the_same_scene_from_the_same_loss():
-    rows = step.run_here(["splatfacto", "bytesplat"], 20_000, 256, 192, warmup=3, repeats=5, profile_steps=2)
+    scene = synthetic_scene(20_000, 256, 192, 3)
+    rows = step.run_here(["splatfacto", "bytesplat", "bytesplat-visible"], scene, warmup=3, repeats=5, profile_steps=2)
     assert all("error" not in r for r in rows), rows
     first = rows[0]["loss_step0"]
     for row in rows:
@@ -92,5 +131,6 @@ def test_steps_train_the_same_scene_from_the_same_loss():
         assert row["wall_ms"] > 0 and row["gpu_busy_ms"] > 0 and sum(row["stages_ms"].values()) > 0
         assert {"backward", "densification", "optimizer"} <= set(row["stages_ms"])
         assert "optimizer" in row["kernel_categories_ms"] and "render fwd" in row["kernel_categories_ms"]
-    ours = rows[1]
+    ours, visible_only = rows[1], rows[2]
+    assert "visible Gaussians only" in visible_only["implementation"]
     assert "render bwd" in ours["kernel_categories_ms"] and "binning fwd" in ours["kernel_categories_ms"]

@@ -35,18 +35,22 @@ def _fma(a, b, c):
     return (a.double() * b.double() + c.double()).float()
 
 
-def _twin_adam_step(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps):
-    """cuda/adam.cu's float arithmetic in torch (scalars cast to float, the moments as two fmas)."""
+def _twin_adam_step(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, visible=None):
+    """cuda/adam.cu's float arithmetic in torch (scalars cast to float, the moments as two fmas); with
+    ``visible`` ([rows] bool) only those rows change."""
     lr, beta1, beta2, eps = (torch.tensor(_f32(x)) for x in (lr, beta1, beta2, eps))
     t = torch.tensor(float(step), dtype=torch.float32)
     g = grad
-    exp_avg.copy_(_fma(beta1, exp_avg, _fma(-beta1, g, g)))
+    m = _fma(beta1, exp_avg, _fma(-beta1, g, g))
     g2 = g * g
-    exp_avg_sq.copy_(_fma(beta2, exp_avg_sq, _fma(-beta2, g2, g2)))
+    v = _fma(beta2, exp_avg_sq, _fma(-beta2, g2, g2))
     step_size = lr / (1 - beta1**t)
     bc2_sqrt = (1 - beta2**t).sqrt()
-    denom = exp_avg_sq.sqrt() / bc2_sqrt + eps
-    param.sub_(step_size * exp_avg / denom)
+    p = param - step_size * m / (v.sqrt() / bc2_sqrt + eps)
+    rows = torch.ones(param.shape[:1], dtype=torch.bool) if visible is None else visible
+    rows = rows.reshape(-1, *([1] * (param.dim() - 1)))
+    for current, new in ((param, p), (exp_avg, m), (exp_avg_sq, v)):
+        current.copy_(torch.where(rows, new, current))
 
 
 @pytest.fixture
@@ -54,9 +58,9 @@ def twin_kernel(monkeypatch):
     """CPU float32 tensors count as kernel operands and the kernel is the twin; returns its calls."""
     calls = []
 
-    def kernel(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps):
+    def kernel(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, visible=None):
         calls.append((param, float(step), lr))
-        _twin_adam_step(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps)
+        _twin_adam_step(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, visible)
 
     def fits(t, like):
         return isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.is_contiguous() and t.shape == like.shape
@@ -131,6 +135,84 @@ def test_unsupported_groups_take_torchs_step_and_the_others_the_kernel(twin_kern
     assert {id(c[0]) for c in twin_kernel} == {id(a[0])}
     assert torch.equal(a[1], b[1])  # torch's own step, bit for bit
     torch.testing.assert_close(a[0], b[0], rtol=DEFAULT_ADAM_RTOL, atol=1e-7)
+
+
+# -- visible rows only (gsplat's SelectiveAdam): optim.DeviceAdam.visible_rows ---------------------
+
+
+def _adam_then_keep_visible(param, grad, state, lr, visible):
+    """torch's default Adam over every row of a copy (its state copied in), then only the visible rows
+    kept: what a step on the visible rows must give. Returns (param, state) after the step."""
+    q = param.detach().clone()
+    opt = torch.optim.Adam([q], lr=lr, eps=1e-15, foreach=False)
+    if state:
+        opt.state[q] = {k: v.clone() for k, v in state.items()}
+    q.grad = grad.clone()
+    opt.step()
+    new = opt.state[q]
+    rows = visible.reshape(-1, *([1] * (param.dim() - 1)))
+    old_avg = state.get("exp_avg", torch.zeros_like(param))
+    old_avg_sq = state.get("exp_avg_sq", torch.zeros_like(param))
+    return torch.where(rows, q, param.detach()), {
+        "step": new["step"], "exp_avg": torch.where(rows, new["exp_avg"], old_avg),
+        "exp_avg_sq": torch.where(rows, new["exp_avg_sq"], old_avg_sq)}
+
+
+def _gaussian_params(n=37, seed=0):  # splatfacto's row layouts: 3, 4, 1 and 15x3 floats per Gaussian
+    torch.manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(n, *shape)) for shape in ((3,), (4,), (1,), (15, 3))]
+
+
+@pytest.mark.parametrize("path", ["kernel", "torch"])
+def test_visible_rows_step_is_adam_on_those_rows_and_leaves_the_others(path, request):
+    calls = request.getfixturevalue("twin_kernel") if path == "kernel" else None
+    params = _gaussian_params()
+    opt = DeviceAdam([{"params": [p]} for p in params], implementation="bytesplat" if path == "kernel" else "torch",
+                     lr=1e-2, eps=1e-15)
+    expected = [(p.detach().clone(), {}) for p in params]
+    gen = torch.Generator().manual_seed(3)
+    never_seen = torch.zeros(37, dtype=torch.bool)
+    never_seen[[0, 5, 36]] = True
+    for i in range(6):
+        visible = (torch.rand(37, generator=gen) < 0.5) & ~never_seen
+        grads = [torch.randn(p.shape, generator=gen) for p in params]
+        for p, g in zip(params, grads):
+            p.grad = g
+        opt.visible_rows = visible
+        opt.step()
+        assert opt.visible_rows is None  # one step's
+        expected = [_adam_then_keep_visible(q, g, st, 1e-2, visible) for (q, st), g in zip(expected, grads)]
+    if calls is not None:
+        assert len(calls) == 6 * len(params)
+    initial = _gaussian_params()
+    for p, (q, st), p0 in zip(params, expected, initial):
+        if path == "torch":  # torch's arithmetic on the visible rows, bit for bit
+            assert torch.equal(p.detach(), q)
+        else:
+            torch.testing.assert_close(p.detach(), q, rtol=DEFAULT_ADAM_RTOL, atol=1e-7)
+        for key in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(opt.state[p][key], st[key], rtol=DEFAULT_ADAM_RTOL, atol=1e-7)
+        assert opt.state[p]["step"].item() == 6.0
+        # rows no step showed: parameters exactly as they were, moments zero
+        assert torch.equal(p.detach()[never_seen], p0.detach()[never_seen])
+        assert not opt.state[p]["exp_avg"][never_seen].any() and not opt.state[p]["exp_avg_sq"][never_seen].any()
+    # without visible rows the next step is Adam over every row again
+    for p in params:
+        p.grad = torch.ones_like(p)
+    before = params[0].detach().clone()
+    opt.step()
+    assert (params[0].detach() != before)[never_seen].all()
+
+
+def test_visible_rows_must_match_every_parameters_rows():
+    params = _gaussian_params()
+    opt = DeviceAdam([{"params": [p]} for p in params], lr=1e-2)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt.visible_rows = torch.ones(36, dtype=torch.bool)
+    with pytest.raises(BytesplatError, match="no row per Gaussian"):
+        opt.step()
+    assert opt.visible_rows is None and not opt.state  # nothing was updated
 
 
 @pytest.mark.parametrize("options", [{"amsgrad": True}, {"maximize": True}, {"foreach": True}, {"fused": False},

@@ -216,3 +216,59 @@ def test_zero_sized_parameter(kernel_calls):
     a[0].grad = torch.zeros_like(a[0])
     opt.step()
     assert opt.state[a[0]]["step"].item() == 1.0 and len(kernel_calls) == 1
+
+
+# -- visible rows only (optim.DeviceAdam.visible_rows; cuda/adam.cu's row mask) -----------------------
+
+
+def _fused_adam_then_keep_visible(param, grad, state, lr, visible):
+    """torch's fused Adam over every row of a copy (state copied in), then only the visible rows kept."""
+    q = param.detach().clone()
+    opt = torch.optim.Adam([q], lr=lr, eps=EPS, fused=True)
+    if state:
+        opt.state[q] = {k: v.clone() for k, v in state.items()}
+    q.grad = grad.clone()
+    opt.step()
+    new = opt.state[q]
+    rows = visible.reshape(-1, *([1] * (param.dim() - 1)))
+    old = {k: state.get(k, torch.zeros_like(param)) for k in ("exp_avg", "exp_avg_sq")}
+    return torch.where(rows, q, param.detach()), {
+        "step": new["step"], **{k: torch.where(rows, new[k], old[k]) for k in old}}
+
+
+# rows of 1, 3, 4 and 45 floats (opacities, means, quats, features_rest); offset 1: the scalar path
+@pytest.mark.parametrize("shape,offset", [((100003, 1), 0), ((100003, 3), 0), ((100003, 4), 0), ((20011, 15, 3), 0),
+                                          ((100003, 3), 1), ((20011, 15, 3), 3)],
+                         ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else f"offset{v}")
+@pytest.mark.parametrize("implementation", ["bytesplat", "torch-fused"])
+def test_visible_rows_only(shape, offset, implementation, kernel_calls):
+    p = _param(shape, offset=offset)
+    initial = p.detach().clone()
+    opt = DeviceAdam([p], implementation=implementation, lr=1e-2, eps=EPS)
+    expected, state = initial.clone(), {}
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    never = torch.zeros(shape[0], dtype=torch.bool, device="cuda")
+    never[::97] = True
+    for i in range(8):
+        visible = (torch.rand(shape[0], generator=gen, device="cuda") < 0.4) & ~never
+        p.grad = torch.randn(p.shape, generator=gen, device="cuda")
+        opt.visible_rows = visible
+        opt.step()
+        expected, state = _fused_adam_then_keep_visible(expected, p.grad, state, 1e-2, visible)
+    assert len(kernel_calls) == (8 if implementation == "bytesplat" else 0)
+    _close(p.detach(), expected, RTOL["fused"])
+    for key in ("exp_avg", "exp_avg_sq"):
+        _close(opt.state[p][key], state[key], RTOL["fused"])
+    assert opt.state[p]["step"].item() == 8.0
+    assert torch.equal(p.detach()[never], initial[never])  # never visible: untouched, bit for bit
+    assert not opt.state[p]["exp_avg"][never].any() and not opt.state[p]["exp_avg_sq"][never].any()
+
+
+def test_visible_rows_operand_checks():
+    p = _param((16, 3))
+    step = torch.ones((), device="cuda")
+    args = (p, p.clone(), torch.zeros_like(p), torch.zeros_like(p), step, 1e-3, 0.9, 0.999, 1e-15)
+    with pytest.raises(RuntimeError, match="visible has 15 rows"):
+        _wrapper.adam_step(*args, torch.ones(15, dtype=torch.bool, device="cuda"))
+    with pytest.raises(RuntimeError, match="1-D bool tensor"):
+        _wrapper.adam_step(*args, torch.ones(16, device="cuda"))
