@@ -256,9 +256,11 @@ def test_visible_rows_only(shape, offset, implementation, kernel_calls):
         opt.step()
         expected, state = _fused_adam_then_keep_visible(expected, p.grad, state, 1e-2, visible)
     assert len(kernel_calls) == (8 if implementation == "bytesplat" else 0)
-    _close(p.detach(), expected, RTOL["fused"])
+    # the kernel repeats fused Adam's float arithmetic; masked_adam_step is torch's single-tensor Adam (1 - beta2 in double)
+    rtol = RTOL["fused"] if implementation == "bytesplat" else RTOL["foreach"]
+    _close(p.detach(), expected, rtol)
     for key in ("exp_avg", "exp_avg_sq"):
-        _close(opt.state[p][key], state[key], RTOL["fused"])
+        _close(opt.state[p][key], state[key], rtol)
     assert opt.state[p]["step"].item() == 8.0
     assert torch.equal(p.detach()[never], initial[never])  # never visible: untouched, bit for bit
     assert not opt.state[p]["exp_avg"][never].any() and not opt.state[p]["exp_avg_sq"][never].any()
