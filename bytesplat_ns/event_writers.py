@@ -159,3 +159,14 @@ def close_tensorboard_writers() -> None:
     for event_writer in writer.EVENT_WRITERS:
         if isinstance(event_writer, writer.TensorboardWriter):
             event_writer.tb_writer.close()
+
+
+def retire_event_writers() -> int:
+    """Close and drop the event writers an earlier trainer of this process left in nerfstudio's global
+    list (``writer.EVENT_WRITERS`` only grows: a second trainer in one process, e.g. ``bytesplat-bench
+    train`` with several methods, would otherwise also write its events into the first run's files and
+    print its console table twice). Returns how many were dropped."""
+    close_tensorboard_writers()
+    dropped = len(writer.EVENT_WRITERS)
+    writer.EVENT_WRITERS.clear()
+    return dropped

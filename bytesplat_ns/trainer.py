@@ -205,6 +205,7 @@ class ByteSplatTrainer(Trainer):
     def setup(self, test_mode="val") -> None:
         if self.config.fast_event_checksums:
             event_crc.install()
+        event_writers.retire_event_writers()  # an earlier trainer's, in this process
         super().setup(test_mode=test_mode)
         config = self.config
         if not (config.timing_scalars_every_step and config.learning_rates_every_step) or config.batched_tensorboard_scalars:

@@ -63,6 +63,18 @@ def test_timings_on_logged_steps_and_everything_else_as_nerfstudio(scene, tmp_pa
     assert {tag: thinned[tag] for tag in others} == {tag: full[tag] for tag in others}
 
 
+def test_a_second_trainer_in_one_process_writes_only_its_own_run(scene, tmp_path):
+    """nerfstudio's global writer list only grows; each trainer's setup retires the earlier one's, so
+    the first run's event file holds its own events once, not the second run's as well."""
+    from nerfstudio.utils import writer
+
+    first = train(scene, tmp_path / "first", every_step=False)
+    train(scene, tmp_path / "second", every_step=False)
+    logged = list(range(0, ITERATIONS, STEPS_PER_LOG))
+    assert scalar_steps(first)["Train Loss"] == logged
+    assert sum(isinstance(w, writer.TensorboardWriter) for w in writer.EVENT_WRITERS) == 1
+
+
 def test_the_switch_is_in_config_yml(scene, tmp_path):
     config = copy.deepcopy(bytesplat_config)
     config.timing_scalars_every_step = True
