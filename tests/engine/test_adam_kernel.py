@@ -18,6 +18,7 @@ import yaml
 from bytesplat_ns import optim
 from bytesplat_ns.errors import BytesplatError
 from bytesplat_ns.optim import DeviceAdam
+from tests.helpers.adam_reference import adam_then_keep_visible
 
 
 # torch's fused Adam (and so the kernel) casts beta2 to float before 1 - beta2: (1 - f32(0.999)) is
@@ -140,24 +141,6 @@ def test_unsupported_groups_take_torchs_step_and_the_others_the_kernel(twin_kern
 # -- visible rows only (gsplat's SelectiveAdam): optim.DeviceAdam.visible_rows ---------------------
 
 
-def _adam_then_keep_visible(param, grad, state, lr, visible):
-    """torch's default Adam over every row of a copy (its state copied in), then only the visible rows
-    kept: what a step on the visible rows must give. Returns (param, state) after the step."""
-    q = param.detach().clone()
-    opt = torch.optim.Adam([q], lr=lr, eps=1e-15, foreach=False)
-    if state:
-        opt.state[q] = {k: v.clone() for k, v in state.items()}
-    q.grad = grad.clone()
-    opt.step()
-    new = opt.state[q]
-    rows = visible.reshape(-1, *([1] * (param.dim() - 1)))
-    old_avg = state.get("exp_avg", torch.zeros_like(param))
-    old_avg_sq = state.get("exp_avg_sq", torch.zeros_like(param))
-    return torch.where(rows, q, param.detach()), {
-        "step": new["step"], "exp_avg": torch.where(rows, new["exp_avg"], old_avg),
-        "exp_avg_sq": torch.where(rows, new["exp_avg_sq"], old_avg_sq)}
-
-
 def _gaussian_params(n=37, seed=0):  # splatfacto's row layouts: 3, 4, 1 and 15x3 floats per Gaussian
     torch.manual_seed(seed)
     return [torch.nn.Parameter(torch.randn(n, *shape)) for shape in ((3,), (4,), (1,), (15, 3))]
@@ -181,7 +164,7 @@ def test_visible_rows_step_is_adam_on_those_rows_and_leaves_the_others(path, req
         opt.visible_rows = visible
         opt.step()
         assert opt.visible_rows is None  # one step's
-        expected = [_adam_then_keep_visible(q, g, st, 1e-2, visible) for (q, st), g in zip(expected, grads)]
+        expected = [adam_then_keep_visible(q, g, st, 1e-2, visible, foreach=False) for (q, st), g in zip(expected, grads)]
     if calls is not None:
         assert len(calls) == 6 * len(params)
     initial = _gaussian_params()

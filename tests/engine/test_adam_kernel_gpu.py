@@ -11,6 +11,7 @@ import torch
 
 from bytesplat_ns.optim import DeviceAdam
 from bytesplat_ns.raster import _wrapper
+from tests.helpers.adam_reference import adam_then_keep_visible
 
 pytestmark = pytest.mark.gpu
 
@@ -221,21 +222,6 @@ def test_zero_sized_parameter(kernel_calls):
 # -- visible rows only (optim.DeviceAdam.visible_rows; cuda/adam.cu's row mask) -----------------------
 
 
-def _fused_adam_then_keep_visible(param, grad, state, lr, visible):
-    """torch's fused Adam over every row of a copy (state copied in), then only the visible rows kept."""
-    q = param.detach().clone()
-    opt = torch.optim.Adam([q], lr=lr, eps=EPS, fused=True)
-    if state:
-        opt.state[q] = {k: v.clone() for k, v in state.items()}
-    q.grad = grad.clone()
-    opt.step()
-    new = opt.state[q]
-    rows = visible.reshape(-1, *([1] * (param.dim() - 1)))
-    old = {k: state.get(k, torch.zeros_like(param)) for k in ("exp_avg", "exp_avg_sq")}
-    return torch.where(rows, q, param.detach()), {
-        "step": new["step"], **{k: torch.where(rows, new[k], old[k]) for k in old}}
-
-
 # rows of 1, 3, 4 and 45 floats (opacities, means, quats, features_rest); offset 1: the scalar path
 @pytest.mark.parametrize("shape,offset", [((100003, 1), 0), ((100003, 3), 0), ((100003, 4), 0), ((20011, 15, 3), 0),
                                           ((100003, 3), 1), ((20011, 15, 3), 3)],
@@ -254,7 +240,7 @@ def test_visible_rows_only(shape, offset, implementation, kernel_calls):
         p.grad = torch.randn(p.shape, generator=gen, device="cuda")
         opt.visible_rows = visible
         opt.step()
-        expected, state = _fused_adam_then_keep_visible(expected, p.grad, state, 1e-2, visible)
+        expected, state = adam_then_keep_visible(expected, p.grad, state, 1e-2, visible, eps=EPS, fused=True)
     assert len(kernel_calls) == (8 if implementation == "bytesplat" else 0)
     # the kernel repeats fused Adam's float arithmetic; masked_adam_step is torch's single-tensor Adam (1 - beta2 in double)
     rtol = RTOL["fused"] if implementation == "bytesplat" else RTOL["foreach"]
