@@ -18,6 +18,9 @@ r"""``bytesplat-bench``: the project's benchmarks, each writing one JSON file.
         (``ns-train`` + ``ns-eval`` as a user runs them, per method and seed: the wall clock and
         where it goes: ``bytesplat_ns.bench.wallclock``)
 
+    bytesplat-bench dram --num-gaussians 1000000 4000000 --stages split gsplat-fussim --out dram.json
+        (device-memory bytes of one raster + loss pass, counted by Nsight Compute: ``bytesplat_ns.bench.dram``)
+
     bytesplat-bench suite NAME [--data PATH] [--results-dir docs/results]
         (a declared suite of the runs above, one JSON document plus plots: ``bytesplat_ns.bench.suites``;
         ``--list`` names them, ``--dry-run`` prints their commands)
@@ -135,7 +138,13 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         wallclock_main(rest)
         return 0
-    print(f"bytesplat-bench: unknown benchmark '{cmd}' (choose raster, step, train, profile, distributed, matrix, plots, wallclock, suite or report)",
+    if cmd == "dram":
+        from bytesplat_ns.bench.dram import main as dram_main
+
+        dram_main(rest)
+        return 0
+    print(f"bytesplat-bench: unknown benchmark '{cmd}' (choose raster, step, dram, train, profile, distributed, matrix, plots, "
+          "wallclock, suite or report)",
           file=sys.stderr)
     return 2
 

@@ -21,6 +21,7 @@ STEP_COMMANDS: Dict[str, Tuple[str, str]] = {
     "profile": ("bytesplat_ns.bench.profile_train", "parser"),
     "wallclock": ("bytesplat_ns.bench.wallclock", "parser"),
     "step": ("bytesplat_ns.bench.step", "parser"),
+    "dram": ("bytesplat_ns.bench.dram", "parser"),
 }
 
 # the option each subcommand writes its JSON to: the suite runner sets it per step

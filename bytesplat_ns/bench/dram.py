@@ -1,15 +1,25 @@
-"""Device-memory traffic of one raster+loss stage (fused vs gsplat), for Nsight Compute.
+r"""``bytesplat-bench dram``: device-memory traffic of one raster + loss pass (forward, loss, backward),
+counted by Nsight Compute.
 
-Runs the stage a few times to warm up, then exactly once between ``cudaProfilerStart/Stop``;
-``ncu --profile-from-start off`` then measures only that run's kernels. ``--parse`` sums ncu's
-CSV (``dram__bytes_read.sum``, ``dram__bytes_write.sum``, base units) into one JSON line.
+    bytesplat-bench dram --num-gaussians 1000000 4000000 --stages split two_launch gsplat-fussim --out dram.json
 
-    ncu --profile-from-start off --metrics dram__bytes_read.sum,dram__bytes_write.sum --csv \\
-        --print-units base python -m bytesplat_ns.bench.dram --stage fused --num-gaussians 1000000 > fused.csv
-    python -m bytesplat_ns.bench.dram --parse fused.csv
+For every scene and stage the command runs, in a child process under ``ncu``::
 
-Stages: ``fused`` (two launches of the fused kernel), ``fused-one-launch``, ``fused-split``
-(render_fwd -> loss_grad -> render_bwd), ``gsplat`` (rasterize_to_pixels + torch loss).
+    ncu --profile-from-start off --metrics dram__bytes_read.sum,dram__bytes_write.sum --csv \
+        --print-units base python -m bytesplat_ns.bench.dram --stage STAGE ...
+
+The child builds the scene's projected and binned 2D inputs (``bench.raster.StageInputs``, the inputs
+the raster benchmark times), runs the stage a few times, then exactly once between
+``cudaProfilerStart`` and ``cudaProfilerStop``, so ncu counts that one pass's kernels; the parent sums
+ncu's CSV per stage (read and written bytes, kernels counted). Stages:
+
+- ``split``: the fused backend's default schedule (render_fwd -> loss_grad -> render_bwd);
+- ``two_launch`` / ``one_launch``: the fused kernel twice / once;
+- ``gsplat-pytorch_msssim`` / ``gsplat-fussim``: this process's gsplat ``rasterize_to_pixels`` with
+  splatfacto's loss, its SSIM from that package, and the backward.
+
+``--ncu`` names the profiler (default ``ncu`` on the PATH). A stage that fails (no ncu, counters not
+readable, a package missing) is its row's ``error``.
 """
 
 from __future__ import annotations
@@ -18,17 +28,23 @@ import argparse
 import csv
 import io
 import json
+import subprocess
 import sys
-from typing import Dict, List, Optional
+import tempfile
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
 
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
+FUSED_STAGES = ("split", "two_launch", "one_launch")
+GSPLAT_STAGES = ("gsplat-pytorch_msssim", "gsplat-fussim")
+STAGES = FUSED_STAGES + GSPLAT_STAGES
 
 
 def parse_ncu_csv(text: str) -> Dict[str, float]:
     """Sum each metric over all profiled kernels of an ``ncu --csv --print-units base`` report."""
     start = text.find('"ID"')
     if start < 0:
-        raise ValueError("no ncu CSV table in the input")
+        raise ValueError("no ncu CSV table in the output")
     totals = {m: 0.0 for m in METRICS}
     kernels = set()
     for row in csv.DictReader(io.StringIO(text[start:])):
@@ -40,48 +56,134 @@ def parse_ncu_csv(text: str) -> Dict[str, float]:
             "dram_write_bytes": totals[METRICS[1]], "dram_bytes": totals[METRICS[0]] + totals[METRICS[1]]}
 
 
-def run_stage(stage: str, n: int, width: int, height: int, sh_degree: int, warmup: int) -> None:
+def stage_function(stage: str, inp) -> Callable[[], object]:
+    """One pass of ``stage`` on ``inp`` (``bench.raster.StageInputs``)."""
+    if stage in FUSED_STAGES:
+        return lambda: inp.fused_raster_loss(schedule=stage)
+    if stage in GSPLAT_STAGES:
+        from gsplat.cuda._wrapper import rasterize_to_pixels
+
+        from bytesplat_ns.bench.baselines import baseline_loss, gsplat_bins, gsplat_version, ssim_function
+
+        ssim = ssim_function(stage.split("-", 1)[1])
+        offsets, flatten_ids = gsplat_bins(inp, gsplat_version())
+        scene = inp.scene
+
+        def gsplat_pass():
+            render, _ = rasterize_to_pixels(*inp.leaves(), inp.W, inp.H, 16, offsets, flatten_ids,
+                                            backgrounds=scene["backgrounds"])
+            loss = baseline_loss(render, scene["gt"], ssim)
+            loss.backward()
+            return loss
+
+        return gsplat_pass
+    raise SystemExit(f"unknown stage {stage!r} (choose from {', '.join(STAGES)})")
+
+
+def run_stage(stage: str, inp, warmup: int) -> None:
+    """Warm ``stage`` up, then run it once inside the profiler range ncu measures."""
     import torch
 
-    from bytesplat_ns.bench.raster import StageInputs
-
-    inp = StageInputs(n, width, height, sh_degree)
-    step = {"fused": lambda: inp.fused_raster_loss(schedule="two_launch"),
-            "fused-one-launch": lambda: inp.fused_raster_loss(schedule="one_launch"),
-            "fused-split": lambda: inp.fused_raster_loss(schedule="split")}.get(stage)
-    if stage == "gsplat":
-        binned = inp.gsplat_binning()
-        step = lambda: inp.gsplat_raster_loss(binned)  # noqa: E731
-    if step is None:
-        raise SystemExit(f"unknown stage {stage!r}")
+    one_pass = stage_function(stage, inp)
     for _ in range(warmup):
-        step()
+        one_pass()
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
-    step()
+    one_pass()
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
 
 
-def main(argv: Optional[List[str]] = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--stage", choices=["fused", "fused-one-launch", "fused-split", "gsplat"],
-                   help="fused: two launches (the default schedule); fused-split: render_fwd -> loss_grad -> render_bwd")
-    p.add_argument("--num-gaussians", type=int, default=1_000_000)
-    p.add_argument("--width", type=int, default=1920)
-    p.add_argument("--height", type=int, default=1080)
-    p.add_argument("--sh-degree", type=int, default=3)
+def ncu_command(ncu: str, stage: str, scene_file: Path, warmup: int) -> List[str]:
+    return [ncu, "--profile-from-start", "off", "--metrics", ",".join(METRICS), "--csv", "--print-units", "base",
+            sys.executable, "-m", "bytesplat_ns.bench.dram", "--stage", stage, "--scene-file", str(scene_file),
+            "--warmup", str(warmup)]
+
+
+def measure_stage(ncu: str, stage: str, scene_file: Path, warmup: int) -> Dict:
+    """``stage``'s row: ncu's sums, or the error that stopped it."""
+    from bytesplat_ns.bench.baselines import child_failure
+
+    try:
+        done = subprocess.run(ncu_command(ncu, stage, scene_file, warmup), capture_output=True, text=True)
+    except OSError as e:
+        return {"stage": stage, "error": f"{ncu}: {e.strerror or e}"}
+    if done.returncode != 0:
+        return {"stage": stage, "error": child_failure(done)}
+    try:
+        return {"stage": stage, **parse_ncu_csv(done.stdout)}
+    except ValueError as e:
+        return {"stage": stage, "error": str(e)}
+
+
+def scenes(args: argparse.Namespace) -> List[tuple]:
+    """(label, scene) to measure: the trained run's view, or one random scene per count."""
+    if args.trained is not None:
+        from bytesplat_ns.bench.trained import load_run, raster_scene
+
+        run = load_run(args.trained)
+        return [(f"trained:{run.run_dir}", raster_scene(run, args.trained_view, 1.0, args.sh_degree, device="cuda"))]
+    from bytesplat_ns.bench.raster import synthetic_scene
+
+    width, height, degree = args.width or 1920, args.height or 1080, 3 if args.sh_degree is None else args.sh_degree
+    return [("synthetic", synthetic_scene(n, width, height, degree)) for n in (args.num_gaussians or [1_000_000])]
+
+
+def parser() -> argparse.ArgumentParser:
+    from bytesplat_ns.bench.trained import add_scene_options
+
+    p = argparse.ArgumentParser(prog="bytesplat-bench dram", description=__doc__.split("\n\n")[0].strip(" r\"`"))
+    add_scene_options(p, "measured from one of its train views (--trained-view) at full resolution")
+    p.add_argument("--trained-view", type=int, default=0, help="with --trained: the train view")
+    p.add_argument("--stages", nargs="+", default=["split", "gsplat-fussim"], choices=STAGES)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--parse", type=str, default=None, help="an ncu CSV file to sum")
-    a = p.parse_args(argv)
-    if a.parse:
-        with open(a.parse) as f:
-            print(json.dumps(parse_ncu_csv(f.read())))
-        return
-    if not a.stage:
-        p.error("--stage or --parse is required")
-    run_stage(a.stage, a.num_gaussians, a.width, a.height, a.sh_degree, a.warmup)
-    sys.stdout.flush()
+    p.add_argument("--ncu", default="ncu", help="the Nsight Compute command line tool")
+    p.add_argument("--out", type=Path, default=Path("dram.json"))
+    # the child under ncu: one stage on the scene of --scene-file
+    p.add_argument("--stage", choices=STAGES, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--scene-file", type=Path, default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict:
+    p = parser()
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    import torch
+
+    from bytesplat_ns.bench.raster import StageInputs
+    from bytesplat_ns.bench.scene_file import load_scene, save_scene
+
+    if args.stage is not None:  # the child
+        if args.scene_file is None:
+            p.error("--stage needs --scene-file")
+        run_stage(args.stage, StageInputs(0, 0, 0, 0, projection="torch", scene=load_scene(args.scene_file)), args.warmup)
+        return {}
+    if args.trained is not None:
+        from bytesplat_ns.bench.trained import reject_random_scene_options
+
+        reject_random_scene_options(p, args)
+    if not torch.cuda.is_available():
+        from bytesplat_ns.errors import BytesplatError
+
+        raise BytesplatError("bytesplat-bench dram needs a CUDA GPU (and Nsight Compute)")
+    rows: List[Dict] = []
+    for label, scene in scenes(args):
+        with tempfile.TemporaryDirectory() as tmp:
+            scene_file = save_scene(scene, Path(tmp) / "scene.pt")
+            for stage in args.stages:
+                row = dict(measure_stage(args.ncu, stage, scene_file, args.warmup), scene=label,
+                           num_gaussians=int(scene["means"].shape[0]), width=scene["width"], height=scene["height"])
+                rows.append(row)
+                print(f"[dram] {row['num_gaussians']:,} Gaussians, {stage}: " + (
+                    f"{row['dram_bytes'] / 1e6:.1f} MB in {row['kernels']} kernels" if "dram_bytes" in row
+                    else row["error"]), flush=True)
+    result: Dict = {"benchmark": "bytesplat-bench dram", "rows": rows}
+    from bytesplat_ns.bench.train import environment
+
+    result.update(environment(list(sys.argv[1:] if argv is None else argv), prog="bytesplat-bench dram"))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    return result
 
 
 if __name__ == "__main__":

@@ -218,15 +218,33 @@ def step_table(steps: List[Dict]) -> List[str]:
             per = [sum(v for k, v in cats.items() if k == c or k.startswith(c + " ")) for c in STEP_CATEGORIES]
             stages = ", ".join(f"{k} {v:.2f}" for k, v in row["stages_ms"].items())
             speedup = step["result"].get("speedups", {}).get(str(row["num_gaussians"]), {}).get(f"vs {row['implementation']}")
-            rows.append([_count(row["num_gaussians"]), row["implementation"], _f(row["wall_ms"]), _f(row["gpu_busy_ms"]),
+            scene = _count(row["num_gaussians"]) + (" trained" if row.get("scene", "synthetic") != "synthetic" else "")
+            rows.append([scene, row["implementation"], _f(row["wall_ms"]), _f(row["gpu_busy_ms"]),
                          _f(row["host_gaps_ms"]), stages, *(_f(v) for v in per),
                          "-" if speedup is None else f"{speedup:.2f}x"])
     return _table(["Gaussians", "step", "wall ms", "GPU busy ms", "host gaps ms", "stage spans ms",
                    *(f"{c} ms" for c in STEP_CATEGORIES), "bytesplat faster by"], rows)
 
 
+def dram_table(steps: List[Dict]) -> List[str]:
+    """Device-memory bytes of one raster + loss pass per stage, and each against the split schedule's."""
+    rows = []
+    for step in steps:
+        result_rows = step["result"]["rows"]
+        for row in result_rows:
+            if "dram_bytes" not in row:
+                rows.append([_count(row["num_gaussians"]), row["stage"], f"error: {row.get('error')}", "-", "-", "-", "-"])
+                continue
+            split = next((r for r in result_rows if r["stage"] == "split" and r["num_gaussians"] == row["num_gaussians"]
+                          and r.get("scene") == row.get("scene") and "dram_bytes" in r), None)
+            rows.append([_count(row["num_gaussians"]), row["stage"], _f(row["dram_read_bytes"] / 1e6, "{:.1f}"),
+                         _f(row["dram_write_bytes"] / 1e6, "{:.1f}"), _f(row["dram_bytes"] / 1e6, "{:.1f}"),
+                         str(row["kernels"]), "-" if split is None else f"{row['dram_bytes'] / split['dram_bytes']:.2f}x"])
+    return _table(["Gaussians", "stage", "read MB", "written MB", "total MB", "kernels", "vs split"], rows)
+
+
 TABLES = {"raster": raster_table, "train": train_table, "distributed": distributed_table,
-          "wallclock": wallclock_table, "quality": quality_table, "step": step_table}
+          "wallclock": wallclock_table, "quality": quality_table, "step": step_table, "dram": dram_table}
 
 
 def _kind(result) -> Optional[str]:
@@ -234,6 +252,8 @@ def _kind(result) -> Optional[str]:
         return "wallclock"
     if isinstance(result, dict) and result.get("benchmark") == "bytesplat-bench step":
         return "step"
+    if isinstance(result, dict) and result.get("benchmark") == "bytesplat-bench dram":
+        return "dram"
     if isinstance(result, dict) and {"baseline", "runs", "summary"} <= set(result) \
             and all("psnr_diff_mean" in row for row in result["summary"].values()):
         return "quality"

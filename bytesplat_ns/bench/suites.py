@@ -221,4 +221,11 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
            Step("step", _args(f"--trained {_TRAINED_CAPTURE} --warmup 10 --repeats 50 --implementations splatfacto "
                               f"bytesplat bytesplat-visible --gsplat-site {_GSPLAT_153}"), name="step_trained")),
           needs_data=True),
+    Suite("dram-traffic",
+          "device-memory bytes of one raster + loss pass (forward, loss, backward), counted by Nsight Compute: the "
+          "default split schedule, the fused kernel's two- and one-launch schedules, and gsplat 1.4.0 with "
+          "pytorch_msssim and with fussim, 1080p, 1M and 4M random Gaussians",
+          1,
+          (Step("dram", _args("--num-gaussians 1000000 4000000 --width 1920 --height 1080 --stages split two_launch "
+                              "one_launch gsplat-pytorch_msssim gsplat-fussim"), name="dram_1080p"),)),
 )}
