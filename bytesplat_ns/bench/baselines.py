@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from bytesplat_ns.bench.timing import record_or_error, time_ms
 from bytesplat_ns.raster.loss import (
@@ -78,11 +78,27 @@ def gsplat_bins(inputs, version: str):
     return isect_offset_encode(isect_ids, 1, tw, th), flatten_ids
 
 
+def gsplat_raster_loss_pass(inputs, offsets, flatten_ids, ssim: SsimFunction) -> Callable[[], "torch.Tensor"]:
+    """One pass from the shared 2D inputs (``raster.StageInputs``): gsplat's ``rasterize_to_pixels``, the
+    loss with ``ssim``, the backward; returns the loss."""
+    from gsplat.cuda._wrapper import rasterize_to_pixels
+
+    scene = inputs.scene
+
+    def raster_loss():
+        render, _ = rasterize_to_pixels(*inputs.leaves(), inputs.W, inputs.H, 16, offsets, flatten_ids,
+                                        backgrounds=scene["backgrounds"])
+        loss = baseline_loss(render, scene["gt"], ssim)
+        loss.backward()
+        return loss
+
+    return raster_loss
+
+
 def measure(inputs, implementations: Sequence[str], warmup: int, repeats: int, raster_only: bool) -> List[Dict]:
     """One row per SSIM implementation for the gsplat of this process: ``raster_loss`` (from the
     shared 2D inputs: rasterize_to_pixels + loss + backward) and, unless ``raster_only``, ``full``
     (gsplat's ``rasterization`` from the 3D Gaussians + loss + backward)."""
-    from gsplat.cuda._wrapper import rasterize_to_pixels
     from gsplat.rendering import rasterization
 
     version = gsplat_version()
@@ -98,12 +114,7 @@ def measure(inputs, implementations: Sequence[str], warmup: int, repeats: int, r
             rows.append(row)
             continue
 
-        def raster_loss():
-            render, _ = rasterize_to_pixels(*inputs.leaves(), inputs.W, inputs.H, 16, offsets, flatten_ids,
-                                            backgrounds=scene["backgrounds"])
-            loss = baseline_loss(render, scene["gt"], ssim)
-            loss.backward()
-            return loss
+        raster_loss = gsplat_raster_loss_pass(inputs, offsets, flatten_ids, ssim)
 
         def full():
             render, _, _ = rasterization(*inputs.args3d(), sh_degree=inputs.sh_degree,

@@ -61,22 +61,9 @@ def stage_function(stage: str, inp) -> Callable[[], object]:
     if stage in FUSED_STAGES:
         return lambda: inp.fused_raster_loss(schedule=stage)
     if stage in GSPLAT_STAGES:
-        from gsplat.cuda._wrapper import rasterize_to_pixels
+        from bytesplat_ns.bench.baselines import gsplat_bins, gsplat_raster_loss_pass, gsplat_version, ssim_function
 
-        from bytesplat_ns.bench.baselines import baseline_loss, gsplat_bins, gsplat_version, ssim_function
-
-        ssim = ssim_function(stage.split("-", 1)[1])
-        offsets, flatten_ids = gsplat_bins(inp, gsplat_version())
-        scene = inp.scene
-
-        def gsplat_pass():
-            render, _ = rasterize_to_pixels(*inp.leaves(), inp.W, inp.H, 16, offsets, flatten_ids,
-                                            backgrounds=scene["backgrounds"])
-            loss = baseline_loss(render, scene["gt"], ssim)
-            loss.backward()
-            return loss
-
-        return gsplat_pass
+        return gsplat_raster_loss_pass(inp, *gsplat_bins(inp, gsplat_version()), ssim_function(stage.split("-", 1)[1]))
     raise SystemExit(f"unknown stage {stage!r} (choose from {', '.join(STAGES)})")
 
 
