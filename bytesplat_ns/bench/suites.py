@@ -53,6 +53,7 @@ _COUNTS = "--views 4 --warmup 1 --repeats 3 --communicators pixel sparse-grad de
 _SEEDS = "--scene large --iterations 3000 --num-downscales 0 --seeds 1 2 3 4 5"
 _GSPLAT_153 = "/tmp/gsplat-1.5.3"  # where scripts/gpu_setup.sh installs the carried gsplat 1.5.3 wheel
 _TRAINED_CAPTURE = "{work}/train/bytesplat-seed0/bytesplat/bytesplat/seed0"  # the train_30k step's run
+_VISIBLE_ONLY = "visible=bytesplat --pipeline.model.optimize-visible-only True"
 _BUDGET_40 = "budget40=bytesplat --pipeline.model.budget-prune-fraction 0.4"
 # gpu1b repeats the one-GPU baseline: how far two runs of one configuration land apart
 _QUALITY = "--pipeline.model.num-downscales 0 --pipeline.views-per-step 2"
@@ -229,4 +230,12 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           1,
           (Step("dram", _args("--num-gaussians 1000000 4000000 --width 1920 --height 1080 --stages split two_launch "
                               "one_launch gsplat-pytorch_msssim gsplat-fussim"), name="dram_1080p"),)),
+    Suite("visible-adam",
+          "Adam on the visible Gaussians only (--pipeline.model.optimize-visible-only) against Adam on all of them: "
+          "ns-train + ns-eval on a real capture (--data), 5000 iterations, 3 seeds, each pair back to back",
+          1,
+          tuple(Step("wallclock", _args(f"--data {{data}} --methods bytesplat '{_VISIBLE_ONLY}' --iterations 5000 "
+                                        f"--seeds {seed} --offline-lpips --work-dir {{work}}/wallclock"),
+                     name=f"seed{seed}") for seed in (0, 1, 2)),
+          needs_data=True),
 )}
