@@ -453,6 +453,10 @@ class ByteSplatModel(SplatfactoModel):
         self.pruning.step_post_backward(
             self.gauss_params, self.optimizers, self.strategy_state, step, info, super().step_post_backward
         )
+        if self.budget.is_prune_step(step):  # one render and backward per training view: say so before it starts
+            views = len(self._train_cameras) if self._train_cameras is not None else 0
+            CONSOLE.log(f"bytesplat: Gaussian budget at step {step}: scoring {self.num_points} Gaussians in {views} "
+                        "training views")
         stats = self.budget.step_post_backward(self.gauss_params, self.optimizers, self.strategy_state, step,
                                                self._budget_importance)
         if stats is not None:
