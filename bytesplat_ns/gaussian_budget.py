@@ -32,6 +32,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from bytesplat_ns.errors import SettingError
 from bytesplat_ns.pruning import apply_prune
 
 
@@ -69,9 +70,9 @@ class BudgetSettings:
 
     def __post_init__(self):
         if not 0.0 <= self.fraction < 1.0:
-            raise ValueError(f"budget_prune_fraction must be in [0, 1), got {self.fraction}")
+            raise SettingError(f"--pipeline.model.budget-prune-fraction must be in [0, 1), got {self.fraction}")
         if any(int(s) <= 0 for s in self.steps):
-            raise ValueError(f"budget_prune_steps must be positive steps, got {tuple(self.steps)}")
+            raise SettingError(f"--pipeline.model.budget-prune-steps must be positive steps, got {tuple(self.steps)}")
 
 
 class GaussianBudget:

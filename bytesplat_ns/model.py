@@ -220,6 +220,7 @@ class ByteSplatModel(SplatfactoModel):
         self.tile_occupancy = TileOccupancyMonitor(self.config.tile_stats_every, self.config.hw_prune_capacity)
         self._pruning: Optional[HardwarePruner] = None
         self._budget: Optional[GaussianBudget] = None
+        self._budget_settings()  # a bad value stops here, before any training
         self._train_cameras: Optional[Cameras] = None
 
     @property
@@ -234,7 +235,7 @@ class ByteSplatModel(SplatfactoModel):
     def budget(self) -> GaussianBudget:
         """The Gaussian budget (gaussian_budget.py), built on first use."""
         if self._budget is None:
-            settings = BudgetSettings(float(self.config.budget_prune_fraction), tuple(self.config.budget_prune_steps))
+            settings = self._budget_settings()
             dist = (torch.distributed.is_available() and torch.distributed.is_initialized()
                     and torch.distributed.get_world_size() > 1)
             if settings.fraction > 0 and dist:
@@ -244,6 +245,9 @@ class ByteSplatModel(SplatfactoModel):
                 CONSOLE.log(f"bytesplat: Gaussian budget: at step(s) {', '.join(map(str, self._budget.steps))} the "
                             f"{settings.fraction:.0%} of the Gaussians least seen in the training views are removed")
         return self._budget
+
+    def _budget_settings(self) -> BudgetSettings:
+        return BudgetSettings(float(self.config.budget_prune_fraction), tuple(self.config.budget_prune_steps))
 
     def _budget_importance(self) -> Tuple[torch.Tensor, int]:
         """Every Gaussian's compositing weights summed over every training view at the current training

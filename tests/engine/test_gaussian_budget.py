@@ -12,6 +12,7 @@ import torch
 
 from bytesplat_ns.bench.train import setup_trainer
 from bytesplat_ns.data.scene import SceneSpec, ensure_scene
+from bytesplat_ns.errors import SettingError
 from bytesplat_ns.gaussian_budget import (
     BudgetSettings,
     GaussianBudget,
@@ -96,10 +97,16 @@ def test_lowest_ranked_takes_the_floor_of_the_share_ties_by_index():
 
 
 def test_settings_and_schedule():
-    with pytest.raises(ValueError, match="fraction"):
+    with pytest.raises(SettingError, match="budget-prune-fraction"):
         BudgetSettings(fraction=1.0)
-    with pytest.raises(ValueError, match="steps"):
+    with pytest.raises(SettingError, match="budget-prune-steps"):
         BudgetSettings(fraction=0.3, steps=(0,))
+    from bytesplat_ns.model import ByteSplatModelConfig
+    from nerfstudio.data.scene_box import SceneBox
+
+    with pytest.raises(SettingError, match="budget-prune-fraction"):  # at model set-up, before any training
+        ByteSplatModelConfig(budget_prune_fraction=1.5, num_random=10, random_init=True).setup(
+            scene_box=SceneBox(torch.tensor([[-1.0, -1, -1], [1, 1, 1]])), num_train_data=2, metadata={})
     assert not GaussianBudget(BudgetSettings(), densify_stop=15000).enabled  # off by default
     budget = GaussianBudget(BudgetSettings(fraction=0.3), densify_stop=15000)
     assert budget.enabled and budget.steps == (15000,) and budget.is_prune_step(15000) and not budget.is_prune_step(14999)
