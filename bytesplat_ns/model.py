@@ -82,7 +82,7 @@ class ByteSplatModelConfig(SplatfactoModelConfig):
     optimize_visible_only: bool = False
     """Adam updates only the Gaussians the step's view shows (radius > 0): Adam's arithmetic on those rows, the
     others' parameters and moments untouched (gsplat's SelectiveAdam). Needs bytesplat's Adam (the default
-    optimizer config); single GPU (bytesplat_ns/optim.py)."""
+    optimizer config; bytesplat_ns/optim.py). Sharded: each rank's Gaussians that any view of the batch shows."""
     # Gaussian budget (bytesplat_ns/gaussian_budget.py, docs/pruning.md).
     budget_prune_fraction: float = 0.0
     """At each budget step, remove this share of the Gaussians: those whose compositing weights, summed over
@@ -418,7 +418,7 @@ class ByteSplatModel(SplatfactoModel):
             fused_options=self.config.fused.options(),
         )
         if self.training:
-            self._after_training_render()
+            self.after_training_render()
 
         rgb = torch.clamp(render[..., :3] + (1 - alpha) * background, 0.0, 1.0)
         if self.config.use_bilateral_grid and self.training and metadata and "cam_idx" in metadata:
@@ -431,10 +431,12 @@ class ByteSplatModel(SplatfactoModel):
             background = background.expand(height, width, 3)
         return {"rgb": rgb.squeeze(0), "depth": depth, "accumulation": alpha.squeeze(0), "background": background}
 
-    def _after_training_render(self) -> None:
-        """gsplat's statistics hook on this step's render, and (optimize_visible_only) the Gaussians it showed
-        handed to the Gaussians' optimizers for this step."""
-        self.strategy.step_pre_backward(self.gauss_params, self.optimizers, self.strategy_state, self.step, self.info)
+    def after_training_render(self, step: Optional[int] = None) -> None:
+        """gsplat's statistics hook on this step's render (``self.info``), and (optimize_visible_only) the
+        Gaussians it showed in any of its views handed to the Gaussians' optimizers for this step. The
+        sharded pipeline calls it too, with this rank's Gaussians in the batch's views."""
+        step = self.step if step is None else step
+        self.strategy.step_pre_backward(self.gauss_params, self.optimizers, self.strategy_state, step, self.info)
         if not self.config.optimize_visible_only:
             return
         radii = self.info["radii"]
@@ -514,7 +516,7 @@ class ByteSplatModel(SplatfactoModel):
             contribution=self.pruning.wants_contribution(self.step),  # the pruning score, from the backward kernel
             options=options,
         )
-        self._after_training_render()
+        self.after_training_render()
         outputs.update(rgb=rgb.squeeze(0), accumulation=alpha.squeeze(0), depth=None, fused_loss=loss)
 
     def get_metrics_dict(self, outputs, batch) -> Dict[str, torch.Tensor]:

@@ -188,9 +188,6 @@ class ShardedPipeline(VanillaPipeline):
             )
         if getattr(model.config, "use_bilateral_grid", False):
             raise BytesplatError("The bilateral grid is not supported with sharded Gaussians yet.")
-        if model.config.optimize_visible_only:
-            raise BytesplatError("Adam on visible Gaussians only is not supported with sharded Gaussians yet.",
-                                 hint="Drop --pipeline.model.optimize-visible-only.")
         if self.config.compositor == "fused" and not self._on_cuda():
             raise BytesplatError(
                 "--pipeline.compositor fused needs CUDA GPUs.", hint="Use --pipeline.compositor reference on the CPU."
@@ -410,7 +407,7 @@ class ShardedPipeline(VanillaPipeline):
                                         logged=self.logs_at(step))
         model.info = out.info
         if getattr(model, "optimizers", None) is not None:
-            model.strategy.step_pre_backward(model.gauss_params, model.optimizers, model.strategy_state, step, model.info)
+            model.after_training_render(step)  # statistics; visible rows: this rank's Gaussians in any view of the batch
         loss_dict = self._batch_loss_dict(step, out.local_loss, out.total_gaussians, out.meta)
         self.exchange.add_meta_bytes(int(out.meta.meta_bytes))
         metrics = {"gaussian_count": out.total_gaussians, "shard_gaussians": out.local_gaussians}

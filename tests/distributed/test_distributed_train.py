@@ -218,6 +218,23 @@ def by_position(g):
     return {n: v[order] for n, v in g.items()}
 
 
+def test_adam_on_visible_gaussians_only_on_two_ranks_trains_like_one_process(runs):
+    """--pipeline.model.optimize-visible-only with sharded Gaussians: each rank updates its Gaussians that
+    any view of the batch shows, so two ranks end where one process does, and away from Adam on all rows."""
+    tmp = runs[0]
+    visible_only = ["--pipeline.model.optimize-visible-only", "True"]
+    _, a = train(tmp, "visible-a", 2, 3, ["--pipeline.communicator", "sparse-grad", *visible_only])
+    _, b = train(tmp, "visible-b", 1, 3, visible_only)
+    ga, gb = gaussians(a), gaussians(b)
+    assert_close(ga, gb)
+    # the switch took effect: against the same 3 steps with Adam on every row, some Gaussians end
+    # elsewhere (moved by their moments while hidden there), while the never-shown ones match
+    all_rows = gaussians(runs[4])
+    differs = (ga["means"] != all_rows["means"]).any(1)
+    assert 0 < int(differs.sum()) < ga["means"].shape[0]
+    assert (ga["means"] - all_rows["means"]).abs().max().item() > 1e-6
+
+
 def test_densification_on_two_ranks_gives_one_process_gaussians(tmp_path):
     """Issue 5, item 3: each owner duplicates and prunes its shard from statistics gathered over every
     rank's views; after a refine step the two ranks together hold the one process's Gaussians."""
