@@ -49,6 +49,14 @@ def _dist(args: str, ranks: int = 2, name: str = "") -> Step:
     return Step("distributed", _args("--width 1920 --height 1080 " + args), name=name, ranks=ranks, env=_EXPANDABLE)
 
 
+def _per_seed_on_capture(methods: str, iterations: int, work: str, name: str) -> Tuple[Step, ...]:
+    """One wallclock step per seed 0, 1, 2 on the capture of --data: the methods of a seed back to back
+    (``methods``: shell words, a labelled entry quoted), each step named ``name.format(seed=...)``."""
+    return tuple(Step("wallclock", _args(f"--data {{data}} --methods {methods} --iterations {iterations} --seeds {seed} "
+                                         f"--offline-lpips --work-dir {{work}}/{work}"), name=name.format(seed=seed))
+                 for seed in (0, 1, 2))
+
+
 _COUNTS = "--views 4 --warmup 1 --repeats 3 --communicators pixel sparse-grad dense"
 _SEEDS = "--scene large --iterations 3000 --num-downscales 0 --seeds 1 2 3 4 5"
 _GSPLAT_153 = "/tmp/gsplat-1.5.3"  # where scripts/gpu_setup.sh installs the carried gsplat 1.5.3 wheel
@@ -192,10 +200,8 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           "the same at 30000 iterations, splatfacto's full schedule: one step per seed, each method of a seed run "
           "back to back (--data)",
           1,
-          tuple(Step("wallclock", _args("--data {data} --methods 'bytesplat-train=bytesplat-train bytesplat' bytesplat "
-                                        f"splatfacto --iterations 30000 --seeds {seed} --offline-lpips "
-                                        "--work-dir {work}/wallclock"), name=f"wallclock_seed{seed}")
-                for seed in (0, 1, 2)),
+          _per_seed_on_capture("'bytesplat-train=bytesplat-train bytesplat' bytesplat splatfacto", 30000, "wallclock",
+                               "wallclock_seed{seed}"),
           needs_data=True),
     Suite("gaussian-budget",
           "the Gaussian budget (40% of the Gaussians removed when densification stops) against none: ns-train + "
@@ -203,9 +209,7 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           "(quality, Gaussians and wall clock); on the built-in large scene the six runs at once (quality and "
           "Gaussians; their wall clocks measure the shared GPU)",
           1,
-          tuple(Step("wallclock", ("--methods", "bytesplat", _BUDGET_40, "--iterations", "30000", "--seeds", str(seed),
-                                   "--data", "{data}", "--offline-lpips", "--work-dir", "{work}/capture"),
-                     name=f"capture_seed{seed}") for seed in (0, 1, 2))
+          _per_seed_on_capture(f"bytesplat '{_BUDGET_40}'", 30000, "capture", "capture_seed{seed}")
           + (Step("wallclock", ("--methods", "bytesplat", _BUDGET_40, "--iterations", "30000", "--seeds", "0", "1", "2",
                                 "--parallel", "6", "--dataparser", "bytesplat-scene --scene-size large", "--offline-lpips",
                                 "--work-dir", "{work}/large"), name="large_seeds"),),
@@ -234,8 +238,6 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           "Adam on the visible Gaussians only (--pipeline.model.optimize-visible-only) against Adam on all of them: "
           "ns-train + ns-eval on a real capture (--data), 5000 iterations, 3 seeds, each pair back to back",
           1,
-          tuple(Step("wallclock", _args(f"--data {{data}} --methods bytesplat '{_VISIBLE_ONLY}' --iterations 5000 "
-                                        f"--seeds {seed} --offline-lpips --work-dir {{work}}/wallclock"),
-                     name=f"seed{seed}") for seed in (0, 1, 2)),
+          _per_seed_on_capture(f"bytesplat '{_VISIBLE_ONLY}'", 5000, "wallclock", "seed{seed}"),
           needs_data=True),
 )}
