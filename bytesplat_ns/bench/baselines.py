@@ -6,7 +6,8 @@ The gsplat importable in the benchmark's process (nerfstudio's, 1.4.0) is timed 
 ``--gsplat-site DIR`` (a ``pip install --target DIR`` of another version, e.g. 1.5.3) is timed in a
 child process that has DIR first on its path, on the same scene (a random one: ``synthetic_scene`` is
 deterministic for a seed in any process; a trained one: handed over in a file, ``bench.scene_file``)
-and binned the same way, so that the rows differ only in the rasterizer and the SSIM. Every row carries its loss value: the pairs compute one loss.
+and binned the same way, so that the rows differ only in the rasterizer and the SSIM. Every row
+carries its loss value: the pairs compute one loss.
 
     python -m bytesplat_ns.bench.baseline_child --num-gaussians 1000000 --width 1920 --height 1080 \
         --ssim pytorch_msssim fussim --out baselines.json     (the child's command line)

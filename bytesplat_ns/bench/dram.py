@@ -103,19 +103,6 @@ def measure_stage(ncu: str, stage: str, scene_file: Path, warmup: int) -> Dict:
         return {"stage": stage, "error": str(e)}
 
 
-def scenes(args: argparse.Namespace) -> List[tuple]:
-    """(label, scene) to measure: the trained run's view, or one random scene per count."""
-    if args.trained is not None:
-        from bytesplat_ns.bench.trained import load_run, raster_scene
-
-        run = load_run(args.trained)
-        return [(f"trained:{run.run_dir}", raster_scene(run, args.trained_view, 1.0, args.sh_degree, device="cuda"))]
-    from bytesplat_ns.bench.raster import synthetic_scene
-
-    width, height, degree = args.width or 1920, args.height or 1080, 3 if args.sh_degree is None else args.sh_degree
-    return [("synthetic", synthetic_scene(n, width, height, degree)) for n in (args.num_gaussians or [1_000_000])]
-
-
 def parser() -> argparse.ArgumentParser:
     from bytesplat_ns.bench.trained import add_scene_options
 
@@ -154,7 +141,9 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
 
         raise BytesplatError("bytesplat-bench dram needs a CUDA GPU (and Nsight Compute)")
     rows: List[Dict] = []
-    for label, scene in scenes(args):
+    from bytesplat_ns.bench.trained import scenes_from_options
+
+    for label, scene in scenes_from_options(args, [1_000_000]):
         with tempfile.TemporaryDirectory() as tmp:
             scene_file = save_scene(scene, Path(tmp) / "scene.pt")
             for stage in args.stages:

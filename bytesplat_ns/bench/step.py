@@ -353,20 +353,14 @@ def run_in_site(site: str, implementation: str, scene: Dict, args: argparse.Name
 
 
 def scenes(args: argparse.Namespace) -> List[Tuple[str, Dict]]:
-    """(label, scene) to time: ``--scene-file``'s, the trained run's view, or one random scene per count."""
+    """(label, scene) to time: ``--scene-file``'s, else the trained run's view or the random scenes."""
     if args.scene_file is not None:
         from bytesplat_ns.bench.scene_file import load_scene
 
         return [("file", load_scene(args.scene_file))]
-    if args.trained is not None:
-        from bytesplat_ns.bench.trained import load_run, raster_scene
+    from bytesplat_ns.bench.trained import scenes_from_options
 
-        run = load_run(args.trained)
-        return [(f"trained:{run.run_dir}", raster_scene(run, args.trained_view, 1.0, None, device="cuda"))]
-    from bytesplat_ns.bench.raster import synthetic_scene
-
-    width, height = args.width or 1920, args.height or 1080
-    return [("synthetic", synthetic_scene(n, width, height, 3)) for n in (args.num_gaussians or [1_000_000, 4_000_000])]
+    return scenes_from_options(args, [1_000_000, 4_000_000])
 
 
 def speedups(rows: List[Dict]) -> Dict[str, float]:

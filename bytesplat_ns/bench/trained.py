@@ -58,6 +58,20 @@ def add_scene_options(parser, trained_use: str) -> None:
                         f"`bytesplat-bench train` records it as run_dir); {trained_use}")
 
 
+def scenes_from_options(args, default_counts: Sequence[int]) -> List[Tuple[str, Dict]]:
+    """(label, scene) for :func:`add_scene_options`' options (and ``--trained-view``): the trained run's
+    view at full resolution, or one random scene per ``--num-gaussians`` count (default
+    ``default_counts``), 1920x1080 and SH degree 3 unless given."""
+    if args.trained is not None:
+        run = load_run(args.trained)
+        return [(f"trained:{run.run_dir}", raster_scene(run, args.trained_view, 1.0, args.sh_degree, device="cuda"))]
+    from bytesplat_ns.bench.raster import synthetic_scene
+
+    width, height = args.width or 1920, args.height or 1080
+    degree = 3 if args.sh_degree is None else args.sh_degree
+    return [("synthetic", synthetic_scene(n, width, height, degree)) for n in (args.num_gaussians or default_counts)]
+
+
 def reject_random_scene_options(parser, args) -> None:
     """With --trained, the random scenes' options are a usage error (argparse's, exit 2)."""
     given = [f for f, v in (("--num-gaussians", args.num_gaussians), ("--width", args.width), ("--height", args.height))
