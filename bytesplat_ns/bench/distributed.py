@@ -80,7 +80,7 @@ def make_scene(n: int, width: int, height: int, num_views: int, sh_degree: int =
     features_dc/features_rest) filling the frustum of a reference camera, and ``num_views`` cameras
     around it (small yaw and sideways shifts, all looking into the same volume), with smooth random
     ground-truth images and backgrounds. CPU tensors; deterministic in ``seed``."""
-    from bytesplat_ns.bench.raster import synthetic_scene
+    from bytesplat_ns.bench.synthetic import synthetic_scene
 
     s = synthetic_scene(n, width, height, sh_degree=sh_degree, seed=seed, device="cpu")
     g = torch.Generator().manual_seed(seed + 1)
@@ -430,7 +430,7 @@ def run_rank(args, rank: int, world: int, device: torch.device, command: str) ->
     names = (torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu")
     gpus = _gather_errors(names, None) if world > 1 else [names]
     scenes: List = [(N, None) for N in args.num_gaussians]  # (N, scene): None = make_scene's random one
-    source, distribution, trained_info = "synthetic", ("bench.raster.synthetic_scene: frustum of the reference camera, "
+    source, distribution, trained_info = "synthetic", ("bench.synthetic.synthetic_scene: frustum of the reference camera, "
                                                        "depth 2..20; views: yaw within +-3.4 deg, shifts <= 0.3"), None
     if args.trained is not None:
         from bytesplat_ns.bench.trained import load_run, spread_views, views_scene

@@ -5,7 +5,7 @@ r"""``bytesplat-bench step``: one whole training step, as each trainer runs it, 
 A step is what a trainer does per image after the data is on the GPU: activations, projection, SH,
 binning, rendering, the loss, the backward pass, the densification statistics and the optimizer.
 Every implementation trains the same Gaussians against the same image, in splatfacto's six parameter
-groups with its learning rates: random ones (``raster.synthetic_scene``: 1920x1080, SH 3, one camera;
+groups with its learning rates: random ones (``synthetic.synthetic_scene``: 1920x1080, SH 3, one camera;
 ``--num-gaussians``) or a trained run's with one of its train views and images (``--trained RUN_DIR``;
 the gsplat of a ``--gsplat-site`` gets the same scene through a file, ``bench.scene_file``):
 
@@ -148,7 +148,7 @@ def model_inputs(params: Dict[str, torch.Tensor]) -> Tuple:
 
 
 class TrainingStep:
-    """One implementation's step on ``scene`` (``raster.synthetic_scene``'s dict)."""
+    """One implementation's step on ``scene`` (``synthetic.synthetic_scene``'s dict)."""
 
     label = ""
 

@@ -18,7 +18,7 @@ background. ``scale`` renders a view at another resolution: intrinsics scaled as
 ``Cameras.rescale_output_resolution`` does (size floored), ground truth resized (bilinear).
 
 - :func:`load_run` -> :class:`TrainedRun`
-- :func:`raster_scene`: ``bench.raster.synthetic_scene``'s dict for one view;
+- :func:`raster_scene`: ``bench.synthetic.synthetic_scene``'s dict for one view;
 - :func:`views_scene`: ``bench.distributed.make_scene``'s dict for B views.
 
 Problems with the run directory raise a :class:`~bytesplat_ns.errors.BytesplatError` (one line on
@@ -65,7 +65,7 @@ def scenes_from_options(args, default_counts: Sequence[int]) -> List[Tuple[str, 
     if args.trained is not None:
         run = load_run(args.trained)
         return [(f"trained:{run.run_dir}", raster_scene(run, args.trained_view, 1.0, args.sh_degree, device="cuda"))]
-    from bytesplat_ns.bench.raster import synthetic_scene
+    from bytesplat_ns.bench.synthetic import synthetic_scene
 
     width, height = args.width or 1920, args.height or 1080
     degree = 3 if args.sh_degree is None else args.sh_degree

@@ -71,7 +71,7 @@ def test_another_gsplat_runs_in_a_child_with_its_site_first(tmp_path):
 def test_a_trained_scene_goes_to_the_child_as_a_file(tmp_path, monkeypatch):
     """The child times the parent's scene (a trained run's, say), not a random one of the same size."""
     from bytesplat_ns.bench import baseline_child
-    from bytesplat_ns.bench.raster import synthetic_scene
+    from bytesplat_ns.bench.synthetic import synthetic_scene
 
     spec = baselines.child_command(str(tmp_path), 1000, 64, 48, 3, 1, 2, ["fussim"], False, "torch", tmp_path / "o.json",
                                    scene_file=tmp_path / "scene.pt")

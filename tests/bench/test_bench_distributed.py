@@ -233,13 +233,13 @@ def test_torchrun_style_launch(tmp_path):
 def test_synthetic_scene_in_blocks_is_deterministic_and_keeps_its_first_block(monkeypatch):
     """Large benchmark scenes are drawn block by block in threads: the same seed gives the same
     scene, the first block is the scene a one-block draw gives, and later blocks are new draws."""
-    from bytesplat_ns.bench import raster
+    from bytesplat_ns.bench import synthetic
 
-    one_block = raster.synthetic_scene(1000, 64, 48, sh_degree=1, seed=3, device="cpu")
-    monkeypatch.setattr(raster, "SCENE_BLOCK", 1000)
-    a = raster.synthetic_scene(3500, 64, 48, sh_degree=1, seed=3, device="cpu")
-    b = raster.synthetic_scene(3500, 64, 48, sh_degree=1, seed=3, device="cpu")
-    other_seed = raster.synthetic_scene(3500, 64, 48, sh_degree=1, seed=4, device="cpu")
+    one_block = synthetic.synthetic_scene(1000, 64, 48, sh_degree=1, seed=3, device="cpu")
+    monkeypatch.setattr(synthetic, "SCENE_BLOCK", 1000)
+    a = synthetic.synthetic_scene(3500, 64, 48, sh_degree=1, seed=3, device="cpu")
+    b = synthetic.synthetic_scene(3500, 64, 48, sh_degree=1, seed=3, device="cpu")
+    other_seed = synthetic.synthetic_scene(3500, 64, 48, sh_degree=1, seed=4, device="cpu")
     keys = ("means", "scales", "quats", "opacities", "colors")
     assert all(torch.equal(a[k], b[k]) for k in keys)
     assert all(torch.equal(a[k][:1000], one_block[k]) for k in keys)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from bytesplat_ns.bench import step
-from bytesplat_ns.bench.raster import synthetic_scene
+from bytesplat_ns.bench.synthetic import synthetic_scene
 
 
 @pytest.mark.parametrize("name, category", [

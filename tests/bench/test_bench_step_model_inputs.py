@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from bytesplat_ns.bench import step
-from bytesplat_ns.bench.raster import synthetic_scene
+from bytesplat_ns.bench.synthetic import synthetic_scene
 from bytesplat_ns.raster import rasterize
 from bytesplat_ns.raster.sh import ShCoefficients
 
