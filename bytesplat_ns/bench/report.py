@@ -8,6 +8,11 @@ generation), so regenerating unchanged results gives the same bytes.
 
     bytesplat-bench report                     # docs/results/*.json -> docs/results.md
     bytesplat-bench report --results-dir R --out R.md
+
+It also writes the wall-clock runs of each capture's suites as one flat list
+(``docs/benchmarks/wallclock_fox_h200.json``: ``{"runs": [...]}``, one entry per ``ns-train`` run with
+its method, seed, iterations, wall clock and breakdown, eval metrics, and the suite, command, GPU,
+versions and date it came from), for tools that want the numbers without the suite documents.
 """
 
 from __future__ import annotations
@@ -316,11 +321,52 @@ def render(docs: Sequence[Dict], results_dir: Path, page: Path) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+# Flat run lists: file name -> (the suites whose wall-clock runs it gathers: name prefix, the GPU they ran on).
+RUN_LISTS = {"wallclock_fox_h200.json": ("wallclock-fox", "H200")}
+
+
+def wallclock_runs(docs: Sequence[Dict], suite_prefix: str, gpu: str) -> Dict:
+    """Every ``ns-train`` run of the wall-clock steps of the suites named ``suite_prefix``* that ran on
+    ``gpu``, each with where it came from; in suite and step order (stable for unchanged documents)."""
+    runs = []
+    for doc in docs:
+        if not doc["suite"].startswith(suite_prefix):
+            continue
+        for step in doc["steps"]:
+            result = step.get("result")
+            if step.get("status") not in ("ok", "partial") or _kind(result) != "wallclock":
+                continue
+            if gpu not in str(result.get("device") or doc.get("gpu") or ""):
+                continue
+            source = {"suite": doc["suite"], "step": step["name"], "command": step["command"],
+                      "date": result.get("date"), "gpu": result.get("device") or doc.get("gpu"),
+                      "versions": {k: result.get(k) for k in ("python", "torch", "nerfstudio", "gsplat") if result.get(k)},
+                      "data": Path(str(result.get("data"))).name if result.get("data") else None}
+            runs += [{**run, "source": source} for run in result.get("runs", [])]
+    return {"generated_by": "bytesplat-bench report (from docs/results/*.json)",
+            "suites": f"{suite_prefix}*", "gpu": gpu, "runs": runs}
+
+
+def write_run_lists(docs: Sequence[Dict], out_dir: Path) -> List[Path]:
+    written = []
+    for name, (prefix, gpu) in RUN_LISTS.items():
+        doc = wallclock_runs(docs, prefix, gpu)
+        if not doc["runs"]:
+            continue
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path = out_dir / name
+        path.write_text(json.dumps(doc, indent=1) + "\n")
+        written.append(path)
+    return written
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bytesplat-bench report", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--results-dir", type=Path, default=Path("docs/results"), help="the suite JSON documents")
     p.add_argument("--out", type=Path, default=Path("docs/results.md"), help="the page to write")
+    p.add_argument("--benchmarks-dir", type=Path, default=Path("docs/benchmarks"),
+                   help="where the flat run lists go (" + ", ".join(RUN_LISTS) + ")")
     return p
 
 
@@ -332,6 +378,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                              f"{a.results_dir} writes one")
     a.out.write_text(render(docs, a.results_dir, a.out))
     print(f"wrote {a.out} ({len(docs)} suites)")
+    for path in write_run_lists(docs, a.benchmarks_dir):
+        print(f"wrote {path}")
     return 0
 
 

@@ -86,6 +86,33 @@ def test_the_committed_results_page_is_up_to_date():
         assert all((results / p).is_file() for p in doc["plots"])
 
 
+def test_wallclock_runs_are_listed_flat_with_where_each_came_from(tmp_path):
+    fox = {**_fixture_doc(), "suite": "wallclock-fox-x", "command": "bytesplat-bench suite wallclock-fox-x"}
+    fox["steps"][2]["result"] = {**fox["steps"][2]["result"], "device": "NVIDIA H200", "torch": "2.11.0+cu130",
+                                 "data": "/somewhere/fox"}
+    other_gpu = json.loads(json.dumps(fox))
+    other_gpu["suite"], other_gpu["steps"][2]["result"]["device"] = "wallclock-fox-y", "NVIDIA A100"
+    docs = [fox, other_gpu, _fixture_doc()]  # _fixture_doc's suite is not a wallclock-fox one
+    listed = report.wallclock_runs(docs, "wallclock-fox", "H200")
+    assert [(r["method"], r["seed"], r["wall_s"]) for r in listed["runs"]] == [
+        ("gpu1", 1, 60.0), ("gpu1", 2, 60.0), ("sparse2", 1, 40.0), ("sparse2", 2, 40.0)]
+    assert listed["runs"][0]["source"] == {"suite": "wallclock-fox-x", "step": "w",
+                                           "command": "bytesplat-bench wallclock --seeds 1 2",
+                                           "date": "2026-12-01 10:00 UTC", "gpu": "NVIDIA H200",
+                                           "versions": {"torch": "2.11.0+cu130"}, "data": "fox"}
+    written = report.write_run_lists(docs, tmp_path / "benchmarks")
+    assert [p.name for p in written] == ["wallclock_fox_h200.json"]
+    assert json.loads(written[0].read_text()) == listed
+
+
+def test_the_committed_run_lists_are_up_to_date():
+    docs = report.load_suites(REPO / "docs" / "results")
+    for name, (prefix, gpu) in report.RUN_LISTS.items():
+        committed = json.loads((REPO / "docs" / "benchmarks" / name).read_text())
+        assert committed == report.wallclock_runs(docs, prefix, gpu)
+        assert {"method", "seed", "iterations", "wall_s", "steps_s", "psnr", "ssim"} <= set(committed["runs"][-1])
+
+
 @pytest.mark.parametrize("headline", ["| raster_1 | 1920x1080 | 1M | 2.98 | 11.77 | 3.95x |",
                                       "| bytesplat:fused | 5 | 8.32 +- 0.63 |", "1.66x +- 0.15x",
                                       "| 125M | bytesplat | sparse-grad | 2 | ok | 8.58 |"])
