@@ -112,45 +112,22 @@ class CitySpec:
                 f"Unknown city preset '{self.preset}'", hint=f"choose one of {', '.join(CITY_PRESETS)}"
             )
         p = CITY_PRESETS[self.preset]
-        width, height = self.width, self.height
-        if width is None and height is None:
-            width, height = p["width"], p["height"]
-        elif height is None:
-            height = max(1, int(round(int(width) * 9 / 16)))
-        elif width is None:
-            width = max(1, int(round(int(height) * 16 / 9)))
-        values = dict(
+        width, height = S.preset_size(self.width, self.height, p["width"], p["height"], (16, 9))
+        S.set_integers(self, "City scene", dict(
             blocks=p["blocks"] if self.blocks is None else self.blocks,
             aerial_views=p["aerial_views"] if self.aerial_views is None else self.aerial_views,
             street_views=p["street_views"] if self.street_views is None else self.street_views,
             width=width,
             height=height,
             num_points=p["num_points"] if self.num_points is None else self.num_points,
-        )
-        for name, value in values.items():
-            minimum = 0 if name in ("aerial_views", "street_views") else 1
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < minimum:
-                raise BytesplatError(f"City scene {name} must be an integer >= {minimum}, got {value!r}")
-            object.__setattr__(self, name, int(value))
+        ), {"aerial_views": 0, "street_views": 0})
         if self.width > 8192 or self.height > 8192:
             raise BytesplatError(f"City scene resolution {self.width}x{self.height} is above 8192 pixels a side")
-        if self.num_views < 2:
-            raise BytesplatError(f"City scene needs at least 2 views, got {self.num_views}")
-        if not isinstance(self.seed, (int, np.integer)) or isinstance(self.seed, bool):
-            raise BytesplatError(f"City scene seed must be an integer, got {self.seed!r}")
-        object.__setattr__(self, "seed", int(self.seed))
+        S.check_views_and_camera(self, "City scene")
         lo, hi = (float(x) for x in self.aerial_pitch_deg)
-        if int(self.eval_every) < 0 or int(self.supersample) < 1 or not 1.0 <= float(self.fov_deg) <= 170.0:
-            raise BytesplatError(
-                f"Invalid city spec: eval_every={self.eval_every}, supersample={self.supersample}, "
-                f"fov_deg={self.fov_deg}"
-            )
         if not 5.0 <= lo <= hi <= 89.0:
             raise BytesplatError(f"aerial_pitch_deg must satisfy 5 <= low <= high <= 89, got {self.aerial_pitch_deg}")
         object.__setattr__(self, "aerial_pitch_deg", (lo, hi))
-        object.__setattr__(self, "eval_every", int(self.eval_every))
-        object.__setattr__(self, "supersample", int(self.supersample))
-        object.__setattr__(self, "fov_deg", float(self.fov_deg))
 
     @property
     def num_views(self) -> int:
@@ -163,25 +140,21 @@ class CitySpec:
 
     @property
     def hash(self) -> str:
-        key = json.dumps({"city_generator_version": CITY_GENERATOR_VERSION, **self.to_dict()}, sort_keys=True)
-        return hashlib.sha256(key.encode()).hexdigest()[:12]
+        return S.spec_hash("city_generator_version", CITY_GENERATOR_VERSION, self.to_dict())
 
     @property
     def dirname(self) -> str:
         return f"city-{self.preset}-{self.hash}"
 
     def eval_indices(self) -> List[int]:
-        if self.eval_every <= 1:
-            return []
-        return [i for i in range(self.num_views) if i % self.eval_every == self.eval_every // 2]
+        return S.held_out_indices(self.num_views, self.eval_every)
 
     def image_name(self, i: int) -> str:
         return f"{IMAGES_DIR}/frame_{i:05d}.png"
 
 
 def city_dir(spec: CitySpec, cache_dir: Optional[Union[str, Path]] = None) -> Path:
-    root = Path(cache_dir).expanduser() if cache_dir is not None else S.default_cache_dir()
-    return root / spec.dirname
+    return S.cache_path(spec.dirname, cache_dir)
 
 
 # ----------------------------------------------------------------------------------------------------

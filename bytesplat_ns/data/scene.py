@@ -80,6 +80,62 @@ _CHUNK = 1 << 15  # rays per vectorised batch: bounds memory, and keeps temporar
 # ----------------------------------------------------------------------------------------------------
 
 
+def preset_size(width, height, preset_width: int, preset_height: int, aspect: Tuple[int, int]):
+    """(width, height): the preset's when neither is given, the other side from ``aspect`` (width,
+    height ratio as two integers) when one is."""
+    if width is None and height is None:
+        return preset_width, preset_height
+    if height is None:
+        return width, max(1, int(round(int(width) * aspect[1] / aspect[0])))
+    if width is None:
+        return max(1, int(round(int(height) * aspect[0] / aspect[1]))), height
+    return width, height
+
+
+def set_integers(spec, what: str, values: Dict[str, object], minimum: Dict[str, int]) -> None:
+    """Set each of ``values`` on the frozen ``spec`` as an int, or stop with one error naming the
+    field (``minimum``: its least value, 1 unless listed)."""
+    for name, value in values.items():
+        least = minimum.get(name, 1)
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < least:
+            kind = "a positive integer" if least == 1 else f"an integer >= {least}"
+            raise BytesplatError(f"{what} {name} must be {kind}, got {value!r}")
+        object.__setattr__(spec, name, int(value))
+
+
+def check_views_and_camera(spec, what: str) -> None:
+    """The checks both generators share: at least two views, an integer seed, a held-out rate,
+    supersampling and a field of view in range; the fields normalised to their types."""
+    if spec.num_views < 2:
+        raise BytesplatError(f"{what} needs at least 2 views, got num_views={spec.num_views}")
+    if not isinstance(spec.seed, (int, np.integer)) or isinstance(spec.seed, bool):
+        raise BytesplatError(f"{what} seed must be an integer, got {spec.seed!r}")
+    if int(spec.eval_every) < 0 or int(spec.supersample) < 1 or not 1.0 <= float(spec.fov_deg) <= 170.0:
+        raise BytesplatError(f"Invalid {what[0].lower() + what[1:]} spec: eval_every={spec.eval_every}, supersample={spec.supersample}, "
+                             f"fov_deg={spec.fov_deg}")
+    for name, kind in (("seed", int), ("eval_every", int), ("supersample", int), ("fov_deg", float)):
+        object.__setattr__(spec, name, kind(getattr(spec, name)))
+
+
+def held_out_indices(num_views: int, eval_every: int) -> List[int]:
+    """Every ``eval_every``-th view (index % eval_every == eval_every // 2); none for 0 or 1."""
+    if eval_every <= 1:
+        return []
+    return [i for i in range(num_views) if i % eval_every == eval_every // 2]
+
+
+def spec_hash(version_key: str, version: int, fields: Dict) -> str:
+    """Cache key: a spec's concrete fields plus its generator's version."""
+    key = json.dumps({version_key: version, **fields}, sort_keys=True)
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def cache_path(dirname: str, cache_dir: Optional[Union[str, Path]] = None) -> Path:
+    """``cache_dir`` (default :func:`default_cache_dir`) / ``dirname``."""
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    return root / dirname
+
+
 @dataclass(frozen=True)
 class SceneSpec:
     """What to generate. ``None`` fields take the value of the ``size`` preset (see ``PRESETS``).
@@ -111,36 +167,14 @@ class SceneSpec:
                 f"Unknown built-in scene size '{self.size}'", hint=f"choose one of {', '.join(PRESETS)}"
             )
         preset = PRESETS[self.size]
-        width, height = self.width, self.height
-        if width is None and height is None:
-            width, height = preset["width"], preset["height"]
-        elif height is None:
-            height = max(1, int(round(int(width) * 3 / 4)))
-        elif width is None:
-            width = max(1, int(round(int(height) * 4 / 3)))
-        values = dict(
+        width, height = preset_size(self.width, self.height, preset["width"], preset["height"], (4, 3))
+        set_integers(self, "Built-in scene", dict(
             width=width,
             height=height,
             num_views=preset["num_views"] if self.num_views is None else self.num_views,
             num_points=preset["num_points"] if self.num_points is None else self.num_points,
-        )
-        for name, value in values.items():
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < 1:
-                raise BytesplatError(f"Built-in scene {name} must be a positive integer, got {value!r}")
-            object.__setattr__(self, name, int(value))
-        if self.num_views < 2:
-            raise BytesplatError(f"Built-in scene needs at least 2 views, got num_views={self.num_views}")
-        if not isinstance(self.seed, (int, np.integer)) or isinstance(self.seed, bool):
-            raise BytesplatError(f"Built-in scene seed must be an integer, got {self.seed!r}")
-        object.__setattr__(self, "seed", int(self.seed))
-        if int(self.eval_every) < 0 or int(self.supersample) < 1 or not 1.0 <= float(self.fov_deg) <= 170.0:
-            raise BytesplatError(
-                f"Invalid built-in scene spec: eval_every={self.eval_every}, supersample={self.supersample}, "
-                f"fov_deg={self.fov_deg}"
-            )
-        object.__setattr__(self, "eval_every", int(self.eval_every))
-        object.__setattr__(self, "supersample", int(self.supersample))
-        object.__setattr__(self, "fov_deg", float(self.fov_deg))
+        ), {})
+        check_views_and_camera(self, "Built-in scene")
         sky = PRESET_SKY[self.size] if self.sky is None else self.sky
         if sky not in PRESET_SKY.values():
             raise BytesplatError(f"Unknown built-in scene sky '{sky}'", hint="choose transparent or gradient")
@@ -151,18 +185,14 @@ class SceneSpec:
 
     @property
     def hash(self) -> str:
-        """Cache key: the concrete spec plus the generator version."""
-        key = json.dumps({"generator_version": GENERATOR_VERSION, **self.to_dict()}, sort_keys=True)
-        return hashlib.sha256(key.encode()).hexdigest()[:12]
+        return spec_hash("generator_version", GENERATOR_VERSION, self.to_dict())
 
     @property
     def dirname(self) -> str:
         return f"{self.size}-{self.hash}"
 
     def eval_indices(self) -> List[int]:
-        if self.eval_every <= 1:
-            return []
-        return [i for i in range(self.num_views) if i % self.eval_every == self.eval_every // 2]
+        return held_out_indices(self.num_views, self.eval_every)
 
 
 def default_cache_dir() -> Path:
@@ -176,8 +206,7 @@ def default_cache_dir() -> Path:
 
 def scene_dir(spec: SceneSpec, cache_dir: Optional[Union[str, Path]] = None) -> Path:
     """Where :func:`ensure_scene` keeps ``spec`` (whether or not it exists yet)."""
-    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    return root / spec.dirname
+    return cache_path(spec.dirname, cache_dir)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -355,3 +355,24 @@ def test_ensure_scene_defaults_to_env_cache(tmp_path, monkeypatch, counted_gener
     monkeypatch.setenv("BYTESPLAT_CACHE", str(tmp_path))
     path = ensure_scene(TINY)
     assert path == tmp_path / "scenes" / TINY.dirname and is_complete(path, TINY)
+
+
+@pytest.mark.parametrize("make, what", [(SceneSpec, "Built-in scene"), (lambda **kw: _city_spec(**kw), "City scene")])
+def test_both_generators_check_their_views_seed_and_camera_alike(make, what):
+    with pytest.raises(BytesplatError, match=f"^{what} seed must be an integer, got True"):
+        make(seed=True)
+    with pytest.raises(BytesplatError, match=f"^Invalid {what[0].lower() + what[1:]} spec: .*fov_deg=200"):
+        make(fov_deg=200.0)
+    with pytest.raises(BytesplatError, match="supersample=0"):
+        make(supersample=0)
+    with pytest.raises(BytesplatError, match=f"^{what} width must be a positive integer, got 0"):
+        make(width=0)
+    spec = make(seed=np.int64(3), eval_every=0, fov_deg=50)
+    assert (type(spec.seed), spec.seed, spec.eval_indices(), type(spec.fov_deg)) == (int, 3, [], float)
+    assert make(eval_every=3).eval_indices()[:3] == [1, 4, 7]
+
+
+def _city_spec(**kw):
+    from bytesplat_ns.data.city import CitySpec
+
+    return CitySpec(preset="tiny", **kw)
