@@ -89,6 +89,21 @@ def _raster(argv: List[str]) -> int:
     return 0
 
 
+# Each subcommand's module: its ``main(argv)`` returns an exit code, or its result (success).
+SUBCOMMANDS = {
+    "step": "bytesplat_ns.bench.step",
+    "dram": "bytesplat_ns.bench.dram",
+    "train": "bytesplat_ns.bench.train",
+    "profile": "bytesplat_ns.bench.profile_train",
+    "distributed": "bytesplat_ns.bench.distributed",
+    "matrix": "bytesplat_ns.bench.matrix",
+    "plots": "bytesplat_ns.bench.plots",
+    "wallclock": "bytesplat_ns.bench.wallclock",
+    "suite": "bytesplat_ns.bench.suite_runner",
+    "report": "bytesplat_ns.bench.report",
+}
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -97,55 +112,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     cmd, rest = argv[0], argv[1:]
     if cmd == "raster":
         return _raster(rest)
-    if cmd == "train":
-        from bytesplat_ns.bench.train import main as train_main
+    if cmd in SUBCOMMANDS:
+        import importlib
 
-        train_main(rest)
-        return 0
-    if cmd == "profile":
-        from bytesplat_ns.bench.profile_train import main as profile_main
-
-        profile_main(rest)
-        return 0
-    if cmd == "distributed":
-        from bytesplat_ns.bench.distributed import main as distributed_main
-
-        distributed_main(rest)
-        return 0
-    if cmd == "matrix":
-        from bytesplat_ns.bench.matrix import main as matrix_main
-
-        return matrix_main(rest)
-    if cmd == "suite":
-        from bytesplat_ns.bench.suite_runner import main as suite_main
-
-        return suite_main(rest)
-    if cmd == "report":
-        from bytesplat_ns.bench.report import main as report_main
-
-        return report_main(rest)
-    if cmd == "plots":
-        from bytesplat_ns.bench.plots import main as plots_main
-
-        return plots_main(rest)
-    if cmd == "step":
-        from bytesplat_ns.bench.step import main as step_main
-
-        step_main(rest)
-        return 0
-    if cmd == "wallclock":
-        from bytesplat_ns.bench.wallclock import main as wallclock_main
-
-        wallclock_main(rest)
-        return 0
-    if cmd == "dram":
-        from bytesplat_ns.bench.dram import main as dram_main
-
-        dram_main(rest)
-        return 0
-    print(f"bytesplat-bench: unknown benchmark '{cmd}' (choose raster, step, dram, train, profile, distributed, matrix, plots, "
-          "wallclock, suite or report)",
-          file=sys.stderr)
+        result = importlib.import_module(SUBCOMMANDS[cmd]).main(rest)
+        return result if isinstance(result, int) else 0
+    print(f"bytesplat-bench: unknown benchmark '{cmd}' (choose raster, {', '.join(SUBCOMMANDS)})", file=sys.stderr)
     return 2
 
 
