@@ -33,7 +33,7 @@ from bytesplat_ns.errors import BytesplatError
 
 BREAKDOWN = ("startup_s", "data_s", "steps_s", "eval_s", "log_s", "save_s", "other_s")
 SUMMARY_KEYS = ("wall_s", *BREAKDOWN, "psnr", "ssim", "lpips", "num_gaussians", "peak_gpu_memory_mb", "gc_full_s",
-                "step_median_ms", "step_p99_ms", "slow_steps", "slow_steps_excess_s")
+                "step_median_ms", "step_p99_ms", "first_step_ms", "slow_steps", "slow_steps_excess_s")
 NS_EVAL = "from nerfstudio.scripts.eval import entrypoint; entrypoint()"
 # --offline-lpips: every method's LPIPS goes through bytesplat's offline check (no network wait, no crash)
 NS_EVAL_OFFLINE_LPIPS = ("from bytesplat_ns.compat import offline_safe_lpips\n"
@@ -113,7 +113,8 @@ SLOW_STEP_FACTOR = 3.0
 
 
 def step_time_fields(step_ms: List[float]) -> Dict[str, float]:
-    """The distribution of single step times: the typical step, its tail, and the steps slower than
+    """The distribution of single step times (in the order they ran): the typical step, its tail, the
+    first (kernel loading and lazy initialisation land there), and the steps slower than
     ``SLOW_STEP_FACTOR`` x the median with the seconds they took beyond a median step."""
     if not step_ms:
         return {}
@@ -122,6 +123,7 @@ def step_time_fields(step_ms: List[float]) -> Dict[str, float]:
     slow = [t for t in ordered if t > SLOW_STEP_FACTOR * median]
     pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
     return {"step_median_ms": median, "step_p90_ms": pick(0.9), "step_p99_ms": pick(0.99), "step_max_ms": ordered[-1],
+            "first_step_ms": step_ms[0],
             "slow_steps": len(slow), "slow_steps_excess_s": sum(t - median for t in slow) / 1000.0}
 
 
