@@ -16,8 +16,9 @@
 # 5. Benchmark-only baselines from a carried .whl_bench/ (never on PYTHONPATH for training): each
 #    gsplat-X.Y.Z wheel into /tmp/gsplat-X.Y.Z (`bytesplat-bench raster --gsplat-site /tmp/gsplat-X.Y.Z`
 #    puts it first in a child process), its extension from .ext/gsplat-X.Y.Z_cuda.so[.xz] or built in
-#    the background (copied to $OUT); fussim into /tmp/site, its extension rebuilt from
-#    .whl_bench/fussim_src when its wheel's does not load against this torch.
+#    the background (copied to $OUT); fussim into /tmp/site, its extension from .ext/fussim_cuda.so or
+#    built from .whl_bench/fussim_src by scripts/build_fussim.py (copied to $OUT): its wheel's
+#    prebuilt ones do not load against torch 2.11. scripts/fetch_bench_baselines.sh fills .whl_bench/.
 # 6. Compiled bytecode, as a pip install leaves it: the machine's own environment ships without
 #    .pyc files (every process compiled ~4,000 modules, ~10 s of each ns-train's start-up, both
 #    methods alike), so bytecode goes to PYTHONPYCACHEPREFIX and one warm-up import (alongside the
@@ -83,11 +84,13 @@ for whl in .whl_bench/gsplat-*.whl; do
 done
 if compgen -G ".whl_bench/fussim-*.tar.xz" > /dev/null; then
   tar xJf .whl_bench/fussim-*.tar.xz -C /tmp/site
-  SO=$(carried_so fussim_cuda.so); FUSSIM_SO=/tmp/site/fussim/_cuda_cu130.cpython-312-x86_64-linux-gnu.so
+  SO=$(carried_so fussim_cuda.so)
+  FUSSIM_SO=/tmp/site/fussim/$($PY -c "import sysconfig, torch; v = torch.version.cuda.split('.'); print(f'_cuda_cu{v[0]}{v[1]}' + sysconfig.get_config_var('EXT_SUFFIX'))")
   if [[ -n "$SO" ]]; then cp "$SO" "$FUSSIM_SO"
-  elif [[ -f .whl_bench/fussim_src/build.py ]]; then
-    stamp "fussim: rebuilding its extension from source in the background (copied to \$OUT/fussim_cuda.so)"
-    ( timeout 600 $PY .whl_bench/fussim_src/build.py /tmp/site > /tmp/fussim_build.log 2>&1 && cp "$FUSSIM_SO" "$OUT/fussim_cuda.so" ) &
+  elif [[ -d .whl_bench/fussim_src ]]; then
+    stamp "fussim: building its extension from its CUDA sources in the background (copied to \$OUT/fussim_cuda.so)"
+    ( timeout 600 $PY scripts/build_fussim.py .whl_bench/fussim_src /tmp/site > /tmp/fussim_build.log 2>&1 \
+      && cp "$FUSSIM_SO" "$OUT/fussim_cuda.so" ) &
     BASELINE_PIDS="$BASELINE_PIDS $!"
   fi
 fi

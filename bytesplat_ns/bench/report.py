@@ -36,7 +36,8 @@ Each table below comes from one suite: a declared list of `bytesplat-bench` runs
 GPUs, `--dry-run` prints their commands). On the GPU machine, from a checkout:
 
 ```bash
-source scripts/gpu_setup.sh          # carried wheels (.whl/), gsplat's extension (.ext/), our kernels
+scripts/fetch_bench_baselines.sh     # once, where PyPI is reachable: gsplat 1.5.3 and fussim into .whl_bench/
+source scripts/gpu_setup.sh          # carried wheels (.whl/, .whl_bench/), built extensions (.ext/), our kernels
 bytesplat-bench suite raster-1080p --results-dir docs/results
 bytesplat-bench suite wallclock-fox --data /path/to/capture --results-dir docs/results
 bytesplat-bench report               # rewrites this page from docs/results/*.json
