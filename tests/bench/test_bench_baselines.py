@@ -103,3 +103,28 @@ def test_a_failing_child_is_one_row_saying_why(tmp_path):
     (site / "gsplat" / "__init__.py").write_text("raise ImportError('this gsplat is broken')\n")
     (row,) = baselines.measure_in_child(str(site), 1000, 64, 48, 3, 1, 2, ["pytorch_msssim"], True, "torch")
     assert row["site"] == str(site) and row["error"].startswith("child exited with")
+
+
+def _build_fussim_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "build_fussim.py"
+    spec = importlib.util.spec_from_file_location("build_fussim", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_fussim_build_names_what_it_lacks_before_compiling(tmp_path, capsys):
+    build_fussim = _build_fussim_script()
+    assert build_fussim.main([]) == 2 and "SRC_DIR SITE_DIR" in capsys.readouterr().err
+    src, site = tmp_path / "csrc", tmp_path / "site"
+    src.mkdir()
+    (src / "ext.cpp").write_text("// only one of the three sources\n")
+    with pytest.raises(SystemExit, match="lacks ssim.cu, ssim_fp16.cu"):
+        build_fussim.build(src, site)
+    for name in ("ssim.cu", "ssim_fp16.cu"):
+        (src / name).write_text("\n")
+    with pytest.raises(SystemExit, match="no fussim package in"):
+        build_fussim.build(src, site)
