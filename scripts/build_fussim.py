@@ -1,6 +1,7 @@
 """Build fussim's CUDA extension against this machine's torch, for the benchmark baselines only.
 
     python3 scripts/build_fussim.py SRC_DIR SITE_DIR
+    python3 scripts/build_fussim.py --target SITE_DIR     # only print where the extension goes
 
 SRC_DIR holds fussim's published CUDA sources (``ext.cpp``, ``ssim.cu``, ``ssim_fp16.cu`` and their
 headers: the ``csrc`` folder of its source distribution, which ``scripts/fetch_bench_baselines.sh``
@@ -24,11 +25,16 @@ from pathlib import Path
 SOURCES = ("ext.cpp", "ssim.cu", "ssim_fp16.cu")
 
 
-def variant() -> str:
+def module_name() -> str:
+    """The extension module fussim imports for this torch's CUDA (``_cuda_cu130`` for CUDA 13.0)."""
     import torch
 
     major, minor = torch.version.cuda.split(".")[:2]
-    return f"cu{major}{minor}"
+    return f"_cuda_cu{major}{minor}"
+
+
+def extension_file(site: Path) -> Path:
+    return site / "fussim" / f"{module_name()}{sysconfig.get_config_var('EXT_SUFFIX')}"
 
 
 def build(src: Path, site: Path) -> Path:
@@ -41,12 +47,13 @@ def build(src: Path, site: Path) -> Path:
     package = site / "fussim"
     if not (package / "__init__.py").is_file():
         raise SystemExit(f"build_fussim: no fussim package in {site}")
+    from bytesplat_ns.raster._build import cxx_std
+
     major, minor = torch.cuda.get_device_capability()
-    std = "-std=c++20" if tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) >= (2, 10) else "-std=c++17"
-    name = f"_cuda_{variant()}"
+    std = f"-std={cxx_std()}"
     with tempfile.TemporaryDirectory(prefix="fussim-build-") as build_dir:
         module = cpp_extension.load(
-            name=name,
+            name=module_name(),
             sources=[str(src / s) for s in SOURCES],
             extra_cflags=["-O3", std],
             extra_cuda_cflags=["-O3", "--maxrregcount=32", "--use_fast_math", std,
@@ -55,7 +62,7 @@ def build(src: Path, site: Path) -> Path:
             build_directory=build_dir,
             verbose=False,
         )
-        target = package / f"{name}{sysconfig.get_config_var('EXT_SUFFIX')}"
+        target = extension_file(site)
         shutil.copyfile(module.__file__, target)
     return target
 
@@ -82,6 +89,9 @@ def check(site: Path) -> float:
 
 
 def main(argv) -> int:
+    if len(argv) == 2 and argv[0] == "--target":
+        print(extension_file(Path(argv[1])))
+        return 0
     if len(argv) != 2:
         print(__doc__.strip(), file=sys.stderr)
         return 2

@@ -85,7 +85,7 @@ done
 if compgen -G ".whl_bench/fussim-*.tar.xz" > /dev/null; then
   tar xJf .whl_bench/fussim-*.tar.xz -C /tmp/site
   SO=$(carried_so fussim_cuda.so)
-  FUSSIM_SO=/tmp/site/fussim/$($PY -c "import sysconfig, torch; v = torch.version.cuda.split('.'); print(f'_cuda_cu{v[0]}{v[1]}' + sysconfig.get_config_var('EXT_SUFFIX'))")
+  FUSSIM_SO=$($PY scripts/build_fussim.py --target /tmp/site)
   if [[ -n "$SO" ]]; then cp "$SO" "$FUSSIM_SO"
   elif [[ -d .whl_bench/fussim_src ]]; then
     stamp "fussim: building its extension from its CUDA sources in the background (copied to \$OUT/fussim_cuda.so)"

@@ -111,8 +111,8 @@ def check_views_and_camera(spec, what: str) -> None:
     if not isinstance(spec.seed, (int, np.integer)) or isinstance(spec.seed, bool):
         raise BytesplatError(f"{what} seed must be an integer, got {spec.seed!r}")
     if int(spec.eval_every) < 0 or int(spec.supersample) < 1 or not 1.0 <= float(spec.fov_deg) <= 170.0:
-        raise BytesplatError(f"Invalid {what[0].lower() + what[1:]} spec: eval_every={spec.eval_every}, supersample={spec.supersample}, "
-                             f"fov_deg={spec.fov_deg}")
+        raise BytesplatError(f"Invalid {what[0].lower() + what[1:]} spec: eval_every={spec.eval_every}, "
+                             f"supersample={spec.supersample}, fov_deg={spec.fov_deg}")
     for name, kind in (("seed", int), ("eval_every", int), ("supersample", int), ("fov_deg", float)):
         object.__setattr__(spec, name, kind(getattr(spec, name)))
 
