@@ -5,7 +5,7 @@ counted by Nsight Compute.
 
 For every scene and stage the command runs, in a child process under ``ncu``::
 
-    ncu --profile-from-start off --metrics dram__bytes_read.sum,dram__bytes_write.sum --csv \
+    ncu --clock-control none --profile-from-start off --metrics dram__bytes_read.sum,dram__bytes_write.sum --csv \
         --print-units base python -m bytesplat_ns.bench.dram --stage STAGE ...
 
 The child builds the scene's projected and binned 2D inputs (``bench.raster.StageInputs``, the inputs
@@ -82,7 +82,9 @@ def run_stage(stage: str, inp, warmup: int) -> None:
 
 
 def ncu_command(ncu: str, stage: str, scene_file: Path, warmup: int) -> List[str]:
-    return [ncu, "--profile-from-start", "off", "--metrics", ",".join(METRICS), "--csv", "--print-units", "base",
+    # counting bytes needs no locked clocks: leave the GPU's clock control alone
+    return [ncu, "--clock-control", "none", "--profile-from-start", "off", "--metrics", ",".join(METRICS), "--csv",
+            "--print-units", "base",
             sys.executable, "-m", "bytesplat_ns.bench.dram", "--stage", stage, "--scene-file", str(scene_file),
             "--warmup", str(warmup)]
 

@@ -52,6 +52,12 @@ def step_name(index: int, step: Step) -> str:
     return step.name or f"{index:02d}_{step.command}"
 
 
+def named_steps(suite: Suite) -> Suite:
+    """``suite`` with every step's name filled in (its 1-based index and command where it has none)."""
+    return dataclasses.replace(suite, steps=tuple(dataclasses.replace(step, name=step_name(i, step))
+                                                  for i, step in enumerate(suite.steps, 1)))
+
+
 def plan(suite: Suite, out_dir: Path, data: Optional[Path]) -> List[Piece]:
     """One matrix piece per step: the process to run, its output file and its environment."""
     if suite.needs_data and data is None:
@@ -128,17 +134,43 @@ def wallclock_runs(steps: List[Dict]) -> Dict[str, List[Dict]]:
     return {"runs": runs} if runs else {}
 
 
+def merge_earlier(steps: List[Dict], earlier: Optional[Dict], order: Sequence[str]) -> List[Dict]:
+    """``steps`` just run, plus the steps of the suite's ``earlier`` document that were not run again
+    (each keeps its own date), in the suite's step ``order``: ``--only`` completes a suite over several
+    calls, such as one whose training step and timing steps must not share the GPU."""
+    if not earlier:
+        return steps
+    by_name = {step["name"]: step for step in earlier.get("steps", [])}
+    for step in earlier.get("steps", []):
+        step.setdefault("date", earlier.get("date"))
+    by_name.update({step["name"]: step for step in steps})
+    return [by_name[name] for name in order if name in by_name]
+
+
+def earlier_document(path: Path, suite: str) -> Optional[Dict]:
+    """The suite's document at ``path`` from an earlier run, if there is one of this suite."""
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text())
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) and doc.get("suite") == suite else None
+
+
 def run_suite(suite: Suite, out_dir: Path, results_dir: Path, data: Optional[Path] = None,
               command: str = "", step_timeout: Optional[float] = None, plots: bool = True, log=print,
-              partial: bool = False) -> Dict:
+              partial: bool = False, whole: Optional[Suite] = None) -> Dict:
     """Run every step of ``suite``, then write ``results_dir/<name>.json`` and its plots (``partial``:
-    ``suite`` holds some of its steps only, and the result says it is incomplete)."""
+    ``suite`` holds some of the steps of ``whole`` only; the steps of ``whole`` that an earlier document
+    in ``results_dir`` holds and this run does not are kept, and the result is complete only when every
+    step of ``whole`` is there and ok)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     pieces = plan(suite, out_dir, data)
+    date = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     doc = {"suite": suite.name, "purpose": suite.purpose, "gpus_needed": suite.gpus,
            "command": command or f"bytesplat-bench suite {suite.name}",
-           "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "gpu": _gpu(), "versions": versions(),
-           "steps": [], "complete": False}
+           "date": date, "gpu": _gpu(), "versions": versions(), "steps": [], "complete": False}
     for batch in _batches(suite):
         threads = []
         for i in batch:
@@ -154,7 +186,7 @@ def run_suite(suite: Suite, out_dir: Path, results_dir: Path, data: Optional[Pat
             log(f"[{suite.name}] {p.name}: {p.status} in {p.seconds:.1f} s" + (f" ({p.reason})" if p.reason else ""))
     for i, p in enumerate(pieces):
         entry = {"name": p.name, "command": user_command(p, suite.steps[i].ranks), "status": p.status,
-                 "seconds": p.seconds, "result": None}
+                 "seconds": p.seconds, "date": date, "result": None}
         output = out_dir / p.output if p.output else None
         if p.status == "ok" and output is not None and output.is_file():
             entry["result"] = json.loads(output.read_text())
@@ -162,9 +194,16 @@ def run_suite(suite: Suite, out_dir: Path, results_dir: Path, data: Optional[Pat
             entry["reason"], entry["stderr_tail"] = p.reason, p.stderr_tail
         doc["steps"].append(entry)
     results_dir.mkdir(parents=True, exist_ok=True)
-    # a matrix step's figures come from its pieces' files, in its folder
+    path = results_dir / f"{suite.name}.json"
+    every = plan(named_steps(whole or suite), out_dir, data)
+    order = [p.name for p in every]
+    if partial:
+        doc["steps"] = merge_earlier(doc["steps"], earlier_document(path, suite.name), order)
+    ok = {step["name"] for step in doc["steps"] if step["status"] == "ok"}
+    # a matrix step's figures come from its pieces' files, in its folder; an earlier run's steps
+    # are drawn too while their files are still in out_dir
     outputs = [(out_dir / p.output).parent if p.kind == "matrix" else out_dir / p.output
-               for p in pieces if p.status == "ok" and p.output]
+               for p in every if p.name in ok and p.output and (out_dir / p.output).exists()]
     doc["plots"] = []
     if plots and outputs:
         from bytesplat_ns.bench.plots import PlotInputError, plot_inputs
@@ -174,9 +213,8 @@ def run_suite(suite: Suite, out_dir: Path, results_dir: Path, data: Optional[Pat
             doc["plots"] = [str(w.relative_to(results_dir)) for w in plot_inputs(outputs, plot_dir, log=log)]
         except PlotInputError as e:
             doc["plots_error"] = str(e)
-    doc["complete"] = not partial and all(p.status == "ok" for p in pieces)
+    doc["complete"] = [s["name"] for s in doc["steps"]] == order and all(s["status"] == "ok" for s in doc["steps"])
     doc.update(wallclock_runs(doc["steps"]))
-    path = results_dir / f"{suite.name}.json"
     path.write_text(json.dumps(doc, indent=1))
     log(f"wrote {path}")
     return doc
@@ -203,7 +241,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--step-timeout", type=float, default=None, help="seconds before a step is stopped and marked failed")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--only", nargs="+", default=None, metavar="STEP",
-                   help="run only these steps (names as --dry-run's output files; the result is marked incomplete)")
+                   help="run only these steps (names as --dry-run's output files); the other steps' results "
+                   "from an earlier NAME.json in --results-dir are kept, and the result is complete once all are ok")
     return p
 
 
@@ -211,7 +250,7 @@ def select_steps(suite: Suite, names: Optional[Sequence[str]]) -> Suite:
     """``suite`` with only the steps named (each keeping its full name); all of them for ``None``."""
     if names is None:
         return suite
-    named = [dataclasses.replace(step, name=step_name(i, step)) for i, step in enumerate(suite.steps)]
+    named = named_steps(suite).steps
     unknown = sorted(set(names) - {step.name for step in named})
     if unknown:
         raise BytesplatError(f"suite '{suite.name}' has no step {', '.join(unknown)}",
@@ -229,7 +268,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         raise BytesplatError("bytesplat-bench suite needs a suite name", hint="bytesplat-bench suite --list names them")
     if a.name not in SUITES:
         raise BytesplatError(f"unknown suite '{a.name}'", hint=f"choose one of {', '.join(SUITES)}")
-    suite = select_steps(SUITES[a.name], a.only)
+    whole = SUITES[a.name]
+    suite = select_steps(whole, a.only)
     out_dir = a.out_dir or Path("outputs/suites") / suite.name
     data = a.data.resolve() if a.data is not None else None
     if data is not None and not data.exists():
@@ -240,5 +280,5 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(user_command(p, step.ranks) + together)
         return 0
     doc = run_suite(suite, out_dir, a.results_dir or out_dir, data, "bytesplat-bench suite " + shlex.join(argv),
-                    a.step_timeout, plots=not a.no_plots, partial=a.only is not None)
+                    a.step_timeout, plots=not a.no_plots, partial=a.only is not None, whole=whole)
     return 0 if all(step["status"] == "ok" for step in doc["steps"]) else 1

@@ -33,7 +33,8 @@ def test_each_stage_runs_once_under_ncu_and_its_report_is_summed(tmp_path):
     assert row == {"stage": "split", "kernels": 2, "dram_read_bytes": 1_004_096.0, "dram_write_bytes": 258.0,
                    "dram_bytes": 1_004_354.0}
     args = (tmp_path / "args.txt").read_text().split()
-    assert args[:2] == ["--profile-from-start", "off"]  # only the pass between cudaProfilerStart/Stop
+    assert args[:4] == ["--clock-control", "none", "--profile-from-start", "off"]  # only the pass between
+    # cudaProfilerStart/Stop, at the clocks the GPU runs at
     assert args[args.index("--metrics") + 1] == "dram__bytes_read.sum,dram__bytes_write.sum"
     assert args[args.index("-m") + 1] == "bytesplat_ns.bench.dram"
     assert args[args.index("--stage") + 1] == "split" and args[args.index("--scene-file") + 1] == str(tmp_path / "scene.pt")

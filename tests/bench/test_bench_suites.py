@@ -113,3 +113,25 @@ def test_only_selects_steps_by_name_and_rejects_unknown_ones():
     run = subprocess.run([sys.executable, "-m", "bytesplat_ns.bench.cli", "suite", "wallclock-fox-seeds", "--data", ".",
                           "--dry-run", "--only", "splatfacto_seed0"], capture_output=True, text=True)
     assert run.returncode == 0 and run.stdout.count("bytesplat-bench wallclock") == 1 and "--methods splatfacto" in run.stdout
+
+
+def test_only_completes_a_suite_over_several_runs(tmp_path):
+    tiny = "--num-gaussians 1500 --width 48 --height 32 --views 2 --warmup 1 --repeats 1 --device cpu --skip-gsplat"
+    whole = Suite("tiny2", "a suite run one step at a time", 0, (
+        Step("distributed", tuple(tiny.split()) + ("--seed", "1"), name="first"),
+        Step("distributed", tuple(tiny.split()) + ("--seed", "2"))))
+    out, results = tmp_path / "out", tmp_path / "results"
+
+    def run(names):
+        return suite_runner.run_suite(suite_runner.select_steps(whole, names), out, results, command="test",
+                                      log=lambda *_: None, partial=True, whole=whole)
+
+    second = suite_runner.step_name(2, whole.steps[1])
+    doc = run([second])
+    assert [s["name"] for s in doc["steps"]] == [second] and doc["complete"] is False
+    doc = run(["first"])  # the second step's result from the document above is kept, in the suite's order
+    assert [s["name"] for s in doc["steps"]] == ["first", second] and doc["complete"] is True
+    assert [s["result"]["scene"]["seed"] for s in doc["steps"]] == [1, 2] and all(s["date"] for s in doc["steps"])
+    assert json.loads((results / "tiny2.json").read_text())["complete"] is True
+    (results / "tiny2.json").write_text(json.dumps({"suite": "another", "steps": doc["steps"]}))
+    assert [s["name"] for s in run(["first"])["steps"]] == ["first"]  # another suite's document is not merged
