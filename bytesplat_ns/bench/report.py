@@ -269,8 +269,8 @@ def _kind(result) -> Optional[str]:
 def _date(step: Dict) -> Optional[str]:
     result = step.get("result")
     if not isinstance(result, dict):
-        return None
-    return result.get("date") or (result.get("environment") or {}).get("date")
+        return step.get("date")
+    return result.get("date") or (result.get("environment") or {}).get("date") or step.get("date")
 
 
 def suite_section(doc: Dict, results_dir: Path, page_dir: Path) -> List[str]:
