@@ -186,8 +186,45 @@ def wallclock_table(steps: List[Dict]) -> List[str]:
                 f" ({run_count} runs)" if run_count is not None and run_count != row.get("seeds") else "")
             label = f"{step['name']}: {method}" if len(steps) > 1 else method
             rows.append((label, runs_of, stats, paired, spread))
-    return _table(["method", "seeds", *keys, "PSNR min-max", "PSNR diff vs the first method, by seed"],
-                  [[m, n, *(_f(s[k]["mean"]) if k in s else "-" for k in keys), sp, d] for m, n, s, d, sp in rows])
+    table = _table(["method", "seeds", *keys, "PSNR min-max", "PSNR diff vs the first method, by seed"],
+                   [[m, n, *(_f(s[k]["mean"]) if k in s else "-" for k in keys), sp, d] for m, n, s, d, sp in rows])
+    across = across_steps_table(steps) if len(steps) > 1 else []
+    return table + (["", *across] if across else [])
+
+
+def _one_seed_per_step(steps: List[Dict]) -> bool:
+    """The steps split one comparison by seed: no method and seed is run by two steps (steps that
+    repeat a seed are different configurations or code versions, not more samples)."""
+    pairs = [(r["method"], r["seed"]) for step in steps for r in step["result"].get("runs", [])]
+    return bool(pairs) and len(pairs) == len(set(pairs))
+
+
+def across_steps_table(steps: List[Dict]) -> List[str]:
+    """Per method over the runs of every step (a suite with one step per seed): wall clock (median and
+    range), the share outside the steps, eval PSNR / SSIM means, and PSNR paired by step and seed with
+    the first method."""
+    if not _one_seed_per_step(steps):
+        return []
+    runs = [(step["name"], r) for step in steps for r in step["result"].get("runs", [])]
+    methods = list(dict.fromkeys(r["method"] for _, r in runs))
+    psnr = {(name, r["method"], r["seed"]): r["psnr"] for name, r in runs if r.get("psnr") is not None}
+    rows = []
+    for method in methods:
+        mine = [(name, r) for name, r in runs if r["method"] == method]
+        walls = [r["wall_s"] for _, r in mine if r.get("wall_s") is not None]
+        outside = [1 - r["steps_s"] / r["wall_s"] for _, r in mine if r.get("wall_s") and r.get("steps_s") is not None]
+        quality = {k: [r[k] for _, r in mine if r.get(k) is not None] for k in ("psnr", "ssim", "num_gaussians")}
+        diffs = [psnr[(name, method, r["seed"])] - psnr[(name, methods[0], r["seed"])] for name, r in mine
+                 if (name, method, r["seed"]) in psnr and (name, methods[0], r["seed"]) in psnr]
+        paired = "baseline" if method == methods[0] else (
+            f"{statistics.fmean(diffs):+.3f} +- {statistics.stdev(diffs) if len(diffs) > 1 else 0.0:.3f}" if diffs else "-")
+        mean = lambda xs, fmt="{:.2f}": _f(statistics.fmean(xs), fmt) if xs else "-"  # noqa: E731
+        rows.append([method, str(len(mine)), _f(statistics.median(walls)) if walls else "-",
+                     f"{min(walls):.2f}-{max(walls):.2f}" if walls else "-", mean(walls),
+                     mean([100 * x for x in outside], "{:.1f}%"), mean(quality["psnr"]), mean(quality["ssim"], "{:.4f}"),
+                     mean(quality["num_gaussians"], "{:.0f}"), paired])
+    return _table(["all steps: method", "runs", "wall_s median", "wall_s min-max", "wall_s mean", "outside the steps",
+                   "psnr mean", "ssim mean", "Gaussians mean", "PSNR diff vs the first method, by step and seed"], rows)
 
 
 def quality_table(steps: List[Dict]) -> List[str]:

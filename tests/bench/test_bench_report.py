@@ -146,3 +146,24 @@ def test_dram_rows_get_a_table_against_the_split_schedule():
     assert "| 1M | split | 300.0 | 100.0 | 400.0 | 3 | 1.00x |" in lines
     assert "| 1M | gsplat-fussim | 900.0 | 300.0 | 1200.0 | 9 | 3.00x |" in lines
     assert any("one_launch | error: child exited with 1: x" in line for line in lines)
+
+
+def _wallclock_step(name, runs):
+    return {"name": name, "status": "ok", "result": {"benchmark": "bytesplat-bench wallclock", "runs": runs, "summary": {}}}
+
+
+def test_steps_split_by_seed_get_one_table_over_all_their_runs():
+    from bytesplat_ns.bench.report import across_steps_table
+
+    def run(method, seed, wall, psnr):
+        return {"method": method, "seed": seed, "wall_s": wall, "steps_s": wall / 2, "psnr": psnr, "ssim": 0.9,
+                "num_gaussians": 100}
+
+    steps = [_wallclock_step(f"seed{s}", [run("a", s, 10.0 + s, 28.0 + s), run("b", s, 20.0, 27.5 + s)]) for s in (0, 1, 2)]
+    header, _, a, b = across_steps_table(steps)
+    assert "wall_s median" in header
+    assert a.split(" | ")[1:6] == ["3", "11.00", "10.00-12.00", "11.00", "50.0%"]
+    assert b.split(" | ")[-1] == "-0.500 +- 0.000 |"
+    # two steps that run the same method and seed are two configurations, not more samples
+    assert across_steps_table([_wallclock_step("x", [run("a", 0, 1.0, 1.0)]),
+                               _wallclock_step("y", [run("a", 0, 2.0, 2.0)])]) == []
