@@ -101,6 +101,18 @@ def breakdown(wall_s: float, launch: float, timings: Dict) -> Dict[str, float]:
     return parts
 
 
+def startup_fields(launch: float, timings: Dict) -> Dict[str, float]:
+    """``startup_s`` in its three parts: the interpreter up to the timing wrapper's first line
+    (``startup_interpreter_s``), the imports and argument parsing up to ``Trainer.setup`` (nerfstudio's
+    method table for ``ns-train``; ``startup_imports_s``), and the setup that is not data: model,
+    optimizers, writers (``startup_setup_s``)."""
+    start, setup = timings.get("process_start"), timings.get("setup_start")
+    if start is None or setup is None:
+        return {}
+    return {"startup_interpreter_s": start - launch, "startup_imports_s": setup - start,
+            "startup_setup_s": timings["seconds"]["setup_s"]}
+
+
 def gc_fields(timings: Dict) -> Dict[str, float]:
     """Full garbage collections while training and their seconds (part of whichever phase they stalled)."""
     gc = timings.get("gc")
@@ -157,7 +169,7 @@ def run_one(entry: MethodEntry, seed: int, args: argparse.Namespace, repeat: int
     record = {
         "method": entry.label, "ns_method": entry.method, "launcher": entry.launcher, "seed": seed, "repeat": repeat,
         "iterations": args.iterations, "concurrent_runs": args.parallel,
-        "wall_s": wall_s, **breakdown(wall_s, launch, timings),
+        "wall_s": wall_s, **breakdown(wall_s, launch, timings), **startup_fields(launch, timings),
         # the part of other_s after the trainer finished: interpreter and writer shutdown
         "exit_s": launch + wall_s - timings["process_end"],
         "num_gaussians": timings.get("num_gaussians"), "peak_gpu_memory_mb": timings.get("peak_gpu_memory_mb"),

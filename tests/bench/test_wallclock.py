@@ -100,6 +100,8 @@ def test_two_configurations_end_to_end(tmp_path):
         assert sum(parts) == pytest.approx(run["wall_s"], abs=1e-6)
         assert all(part >= 0 for part in parts), run
         assert 0 <= run["exit_s"] <= run["other_s"]
+        startup = [run["startup_interpreter_s"], run["startup_imports_s"], run["startup_setup_s"]]
+        assert sum(startup) == pytest.approx(run["startup_s"], abs=1e-6) and min(startup) > 0
         # every phase ran: 3 steps, eval images at step 2, the final checkpoint, the writers
         assert min(run["startup_s"], run["data_s"], run["steps_s"], run["eval_s"], run["log_s"], run["save_s"]) > 0
         assert run["num_gaussians"] > 0 and 0 < run["ssim"] <= 1 and run["psnr"] > 5
