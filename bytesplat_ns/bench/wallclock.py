@@ -103,9 +103,10 @@ def breakdown(wall_s: float, launch: float, timings: Dict) -> Dict[str, float]:
 
 def startup_fields(launch: float, timings: Dict) -> Dict[str, float]:
     """``startup_s`` in its three parts: the interpreter up to the timing wrapper's first line, which
-    comes after the bytesplat package's import and so after torch's (``startup_interpreter_s``), the imports and argument parsing up to ``Trainer.setup`` (nerfstudio's
-    method table for ``ns-train``; ``startup_imports_s``), and the setup that is not data: model,
-    optimizers, writers (``startup_setup_s``)."""
+    comes after the bytesplat package's import and so after torch's (``startup_interpreter_s``); the
+    imports and argument parsing up to ``Trainer.setup``, nerfstudio's method table for ``ns-train``
+    included (``startup_imports_s``); the setup that is not data: model, optimizers, writers
+    (``startup_setup_s``)."""
     start, setup = timings.get("process_start"), timings.get("setup_start")
     if start is None or setup is None:
         return {}
