@@ -164,6 +164,13 @@ def distributed_table(steps: List[Dict]) -> List[str]:
                    "peak GiB/GPU", "forward MB/step", "backward MB/step"], rows)
 
 
+def _paired(diffs: List[float]) -> str:
+    """Paired differences as mean +- standard deviation ("-" for none)."""
+    if not diffs:
+        return "-"
+    return f"{statistics.fmean(diffs):+.3f} +- {statistics.stdev(diffs) if len(diffs) > 1 else 0.0:.3f}"
+
+
 def wallclock_table(steps: List[Dict]) -> List[str]:
     """Per method: the mean of every summarized number over its seeds, and its eval PSNR paired by seed
     with the step's first method."""
@@ -176,9 +183,7 @@ def wallclock_table(steps: List[Dict]) -> List[str]:
             stats = {k: v for k, v in row.items() if isinstance(v, dict) and "mean" in v}
             keys += [k for k in stats if k not in keys]
             diffs = [v - psnr[(first, seed)] for (m, seed), v in psnr.items() if m == method and (first, seed) in psnr]
-            paired = "baseline" if method == first else (
-                f"{statistics.fmean(diffs):+.3f} +- {statistics.stdev(diffs) if len(diffs) > 1 else 0.0:.3f}"
-                if diffs else "-")
+            paired = "baseline" if method == first else _paired(diffs)
             psnr_stats = stats.get("psnr", {})
             spread = f"{psnr_stats['min']:.2f}-{psnr_stats['max']:.2f}" if "min" in psnr_stats else "-"
             run_count = row.get("runs")
@@ -216,13 +221,12 @@ def across_steps_table(steps: List[Dict]) -> List[str]:
         quality = {k: [r[k] for _, r in mine if r.get(k) is not None] for k in ("psnr", "ssim", "num_gaussians")}
         diffs = [psnr[(name, method, r["seed"])] - psnr[(name, methods[0], r["seed"])] for name, r in mine
                  if (name, method, r["seed"]) in psnr and (name, methods[0], r["seed"]) in psnr]
-        paired = "baseline" if method == methods[0] else (
-            f"{statistics.fmean(diffs):+.3f} +- {statistics.stdev(diffs) if len(diffs) > 1 else 0.0:.3f}" if diffs else "-")
+        paired = "baseline" if method == methods[0] else _paired(diffs)
         mean = lambda xs, fmt="{:.2f}": _f(statistics.fmean(xs), fmt) if xs else "-"  # noqa: E731
         rows.append([method, str(len(mine)), _f(statistics.median(walls)) if walls else "-",
                      f"{min(walls):.2f}-{max(walls):.2f}" if walls else "-", mean(walls),
-                     mean([100 * x for x in outside], "{:.1f}%"), mean(quality["psnr"]), mean(quality["ssim"], "{:.4f}"),
-                     mean(quality["num_gaussians"], "{:.0f}"), paired])
+                     mean([100 * x for x in outside], "{:.1f}%"), mean(quality["psnr"]),
+                     mean(quality["ssim"], "{:.4f}"), mean(quality["num_gaussians"], "{:.0f}"), paired])
     return _table(["all steps: method", "runs", "wall_s median", "wall_s min-max", "wall_s mean", "outside the steps",
                    "psnr mean", "ssim mean", "Gaussians mean", "PSNR diff vs the first method, by step and seed"], rows)
 

@@ -149,7 +149,8 @@ def test_dram_rows_get_a_table_against_the_split_schedule():
 
 
 def _wallclock_step(name, runs):
-    return {"name": name, "status": "ok", "result": {"benchmark": "bytesplat-bench wallclock", "runs": runs, "summary": {}}}
+    result = {"benchmark": "bytesplat-bench wallclock", "runs": runs, "summary": {}}
+    return {"name": name, "status": "ok", "result": result}
 
 
 def test_steps_split_by_seed_get_one_table_over_all_their_runs():
@@ -159,7 +160,8 @@ def test_steps_split_by_seed_get_one_table_over_all_their_runs():
         return {"method": method, "seed": seed, "wall_s": wall, "steps_s": wall / 2, "psnr": psnr, "ssim": 0.9,
                 "num_gaussians": 100}
 
-    steps = [_wallclock_step(f"seed{s}", [run("a", s, 10.0 + s, 28.0 + s), run("b", s, 20.0, 27.5 + s)]) for s in (0, 1, 2)]
+    steps = [_wallclock_step(f"seed{s}", [run("a", s, 10.0 + s, 28.0 + s), run("b", s, 20.0, 27.5 + s)])
+             for s in (0, 1, 2)]
     header, _, a, b = across_steps_table(steps)
     assert "wall_s median" in header
     assert a.split(" | ")[1:6] == ["3", "11.00", "10.00-12.00", "11.00", "50.0%"]
