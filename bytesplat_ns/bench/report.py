@@ -213,6 +213,7 @@ def across_steps_table(steps: List[Dict]) -> List[str]:
     runs = [(step["name"], r) for step in steps for r in step["result"].get("runs", [])]
     methods = list(dict.fromkeys(r["method"] for _, r in runs))
     psnr = {(name, r["method"], r["seed"]): r["psnr"] for name, r in runs if r.get("psnr") is not None}
+    mean = lambda xs, fmt="{:.2f}": _f(statistics.fmean(xs), fmt) if xs else "-"  # noqa: E731
     rows = []
     for method in methods:
         mine = [(name, r) for name, r in runs if r["method"] == method]
@@ -222,7 +223,6 @@ def across_steps_table(steps: List[Dict]) -> List[str]:
         diffs = [psnr[(name, method, r["seed"])] - psnr[(name, methods[0], r["seed"])] for name, r in mine
                  if (name, method, r["seed"]) in psnr and (name, methods[0], r["seed"]) in psnr]
         paired = "baseline" if method == methods[0] else _paired(diffs)
-        mean = lambda xs, fmt="{:.2f}": _f(statistics.fmean(xs), fmt) if xs else "-"  # noqa: E731
         rows.append([method, str(len(mine)), _f(statistics.median(walls)) if walls else "-",
                      f"{min(walls):.2f}-{max(walls):.2f}" if walls else "-", mean(walls),
                      mean([100 * x for x in outside], "{:.1f}%"), mean(quality["psnr"]),

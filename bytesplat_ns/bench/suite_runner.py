@@ -160,11 +160,11 @@ def earlier_document(path: Path, suite: str) -> Optional[Dict]:
 
 def run_suite(suite: Suite, out_dir: Path, results_dir: Path, data: Optional[Path] = None,
               command: str = "", step_timeout: Optional[float] = None, plots: bool = True, log=print,
-              partial: bool = False, whole: Optional[Suite] = None) -> Dict:
-    """Run every step of ``suite``, then write ``results_dir/<name>.json`` and its plots (``partial``:
-    ``suite`` holds some of the steps of ``whole`` only; the steps of ``whole`` that an earlier document
-    in ``results_dir`` holds and this run does not are kept, and the result is complete only when every
-    step of ``whole`` is there and ok)."""
+              whole: Optional[Suite] = None) -> Dict:
+    """Run every step of ``suite``, then write ``results_dir/<name>.json`` and its plots (``whole``:
+    the declared suite when ``suite`` holds some of its steps only, ``--only``; the steps of ``whole``
+    that an earlier document in ``results_dir`` holds and this run does not are kept, and the result
+    is complete only when every step of ``whole`` is there and ok)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     pieces = plan(suite, out_dir, data)
     date = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -197,7 +197,7 @@ def run_suite(suite: Suite, out_dir: Path, results_dir: Path, data: Optional[Pat
     path = results_dir / f"{suite.name}.json"
     every = plan(named_steps(whole or suite), out_dir, data)
     order = [p.name for p in every]
-    if partial:
+    if whole is not None:
         doc["steps"] = merge_earlier(doc["steps"], earlier_document(path, suite.name), order)
     ok = {step["name"] for step in doc["steps"] if step["status"] == "ok"}
     # a matrix step's figures come from its pieces' files, in its folder; an earlier run's steps
@@ -280,5 +280,5 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(user_command(p, step.ranks) + together)
         return 0
     doc = run_suite(suite, out_dir, a.results_dir or out_dir, data, "bytesplat-bench suite " + shlex.join(argv),
-                    a.step_timeout, plots=not a.no_plots, partial=a.only is not None, whole=whole)
+                    a.step_timeout, plots=not a.no_plots, whole=whole if a.only is not None else None)
     return 0 if all(step["status"] == "ok" for step in doc["steps"]) else 1

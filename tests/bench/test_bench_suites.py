@@ -133,7 +133,7 @@ def test_only_completes_a_suite_over_several_runs(tmp_path):
 
     def run(names):
         return suite_runner.run_suite(suite_runner.select_steps(whole, names), out, results, command="test",
-                                      log=lambda *_: None, partial=True, whole=whole)
+                                      log=lambda *_: None, whole=whole)
 
     second = suite_runner.step_name(2, whole.steps[1])
     doc = run([second])
