@@ -16,7 +16,9 @@ ncu's CSV per stage (read and written bytes, kernels counted). Stages:
 - ``split``: the fused backend's default schedule (render_fwd -> loss_grad -> render_bwd);
 - ``two_launch`` / ``one_launch``: the fused kernel twice / once;
 - ``gsplat-pytorch_msssim`` / ``gsplat-fussim``: this process's gsplat ``rasterize_to_pixels`` with
-  splatfacto's loss, its SSIM from that package, and the backward.
+  splatfacto's loss, its SSIM from that package, and the backward; with ``--gsplat-site DIR`` (a
+  ``pip install --target DIR`` of another version, e.g. 1.5.3) each gsplat stage is counted again with
+  DIR first on the child's path. Every gsplat row names its ``gsplat_version``.
 
 ``--ncu`` names the profiler (default ``ncu`` on the PATH). A stage that fails (no ncu, counters not
 readable, a package missing) is its row's ``error``.
@@ -32,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
 FUSED_STAGES = ("split", "two_launch", "one_launch")
@@ -89,12 +91,25 @@ def ncu_command(ncu: str, stage: str, scene_file: Path, warmup: int) -> List[str
             "--warmup", str(warmup)]
 
 
-def measure_stage(ncu: str, stage: str, scene_file: Path, warmup: int) -> Dict:
-    """``stage``'s row: ncu's sums, or the error that stopped it."""
-    from bytesplat_ns.bench.baselines import child_failure
+def site_gsplat_version(site: Optional[str]) -> str:
+    """The version of the gsplat a child imports: the one installed in ``site``, or this process's."""
+    from bytesplat_ns.bench.baselines import gsplat_version
 
+    if site is None:
+        return gsplat_version()
+    found = sorted(Path(site).glob("gsplat-*.dist-info"))
+    if not found:
+        raise SystemExit(f"--gsplat-site {site}: no gsplat installed there (no gsplat-*.dist-info)")
+    return found[-1].name[len("gsplat-"):-len(".dist-info")]
+
+
+def measure_stage(ncu: str, stage: str, scene_file: Path, warmup: int, site: Optional[str] = None) -> Dict:
+    """``stage``'s row: ncu's sums, or the error that stopped it; ``site`` goes first on the child's path."""
+    from bytesplat_ns.bench.baselines import child_failure, site_env
+
+    env = site_env(site) if site is not None else None
     try:
-        done = subprocess.run(ncu_command(ncu, stage, scene_file, warmup), capture_output=True, text=True)
+        done = subprocess.run(ncu_command(ncu, stage, scene_file, warmup), capture_output=True, text=True, env=env)
     except OSError as e:
         return {"stage": stage, "error": f"{ncu}: {e.strerror or e}"}
     if done.returncode != 0:
@@ -103,6 +118,23 @@ def measure_stage(ncu: str, stage: str, scene_file: Path, warmup: int) -> Dict:
         return {"stage": stage, **parse_ncu_csv(done.stdout)}
     except ValueError as e:
         return {"stage": stage, "error": str(e)}
+
+
+def stage_runs(stages: Sequence[str], gsplat_sites: Sequence[str]) -> List[Tuple[str, Optional[str], Optional[str]]]:
+    """(stage, site, gsplat version) per child: the fused stages once, each gsplat stage with this
+    process's gsplat and with each site's."""
+    runs: List[Tuple[str, Optional[str], Optional[str]]] = []
+    for stage in stages:
+        if stage in GSPLAT_STAGES:
+            runs += [(stage, site, site_gsplat_version(site)) for site in (None, *gsplat_sites)]
+        else:
+            runs.append((stage, None, None))
+    return runs
+
+
+def stage_label(row: Dict) -> str:
+    """A row's stage, with its gsplat version where it has one."""
+    return f"{row['stage']} {row['gsplat_version']}" if row.get("gsplat_version") else row["stage"]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -114,6 +146,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--stages", nargs="+", default=["split", "gsplat-fussim"], choices=STAGES)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--ncu", default="ncu", help="the Nsight Compute command line tool")
+    p.add_argument("--gsplat-site", nargs="+", default=[], metavar="DIR",
+                   help="count each gsplat stage again with the gsplat installed in DIR (pip install --target DIR)")
     p.add_argument("--out", type=Path, default=Path("dram.json"))
     # the child under ncu: one stage on the scene of --scene-file
     p.add_argument("--stage", choices=STAGES, default=None, help=argparse.SUPPRESS)
@@ -145,14 +179,17 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     rows: List[Dict] = []
     from bytesplat_ns.bench.trained import scenes_from_options
 
+    runs = stage_runs(args.stages, args.gsplat_site)
     for label, scene in scenes_from_options(args, [1_000_000]):
         with tempfile.TemporaryDirectory() as tmp:
             scene_file = save_scene(scene, Path(tmp) / "scene.pt")
-            for stage in args.stages:
-                row = dict(measure_stage(args.ncu, stage, scene_file, args.warmup), scene=label,
+            for stage, site, version in runs:
+                row = dict(measure_stage(args.ncu, stage, scene_file, args.warmup, site), scene=label,
                            num_gaussians=int(scene["means"].shape[0]), width=scene["width"], height=scene["height"])
+                if version is not None:
+                    row["gsplat_version"] = version
                 rows.append(row)
-                print(f"[dram] {row['num_gaussians']:,} Gaussians, {stage}: " + (
+                print(f"[dram] {row['num_gaussians']:,} Gaussians, {stage_label(row)}: " + (
                     f"{row['dram_bytes'] / 1e6:.1f} MB in {row['kernels']} kernels" if "dram_bytes" in row
                     else row["error"]), flush=True)
     result: Dict = {"benchmark": "bytesplat-bench dram", "rows": rows}

@@ -275,16 +275,18 @@ def step_table(steps: List[Dict]) -> List[str]:
 
 def dram_table(steps: List[Dict]) -> List[str]:
     """Device-memory bytes of one raster + loss pass per stage, and each against the split schedule's."""
+    from bytesplat_ns.bench.dram import stage_label
+
     rows = []
     for step in steps:
         result_rows = step["result"]["rows"]
         for row in result_rows:
             if "dram_bytes" not in row:
-                rows.append([_count(row["num_gaussians"]), row["stage"], f"error: {row.get('error')}", "-", "-", "-", "-"])
+                rows.append([_count(row["num_gaussians"]), stage_label(row), f"error: {row.get('error')}", "-", "-", "-", "-"])
                 continue
             split = next((r for r in result_rows if r["stage"] == "split" and r["num_gaussians"] == row["num_gaussians"]
                           and r.get("scene") == row.get("scene") and "dram_bytes" in r), None)
-            rows.append([_count(row["num_gaussians"]), row["stage"], _f(row["dram_read_bytes"] / 1e6, "{:.1f}"),
+            rows.append([_count(row["num_gaussians"]), stage_label(row), _f(row["dram_read_bytes"] / 1e6, "{:.1f}"),
                          _f(row["dram_write_bytes"] / 1e6, "{:.1f}"), _f(row["dram_bytes"] / 1e6, "{:.1f}"),
                          str(row["kernels"]), "-" if split is None else f"{row['dram_bytes'] / split['dram_bytes']:.2f}x"])
     return _table(["Gaussians", "stage", "read MB", "written MB", "total MB", "kernels", "vs split"], rows)

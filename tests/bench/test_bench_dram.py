@@ -1,5 +1,7 @@
 """Summing Nsight Compute's CSV into device-memory bytes per stage (bytesplat_ns.bench.dram)."""
 
+import pytest
+
 from bytesplat_ns.bench.dram import parse_ncu_csv
 
 CSV = '''==PROF== Connected to process 123
@@ -56,3 +58,28 @@ def test_dram_is_a_subcommand_with_a_suite():
     args = step_parser("dram").parse_args(["--num-gaussians", "1000", "--stages", "split", "two_launch"])
     assert args.stages == ["split", "two_launch"] and args.ncu == "ncu"
     assert suites.SUITES["dram-traffic"].steps[0].command == "dram"
+
+
+def test_each_gsplat_stage_is_counted_again_for_every_gsplat_site(tmp_path):
+    from bytesplat_ns.bench import dram
+
+    site = tmp_path / "gsplat-1.5.3"
+    (site / "gsplat-1.5.3.dist-info").mkdir(parents=True)
+    runs = dram.stage_runs(["split", "gsplat-fussim"], [str(site)])
+    assert [(stage, where) for stage, where, _ in runs] == [("split", None), ("gsplat-fussim", None),
+                                                              ("gsplat-fussim", str(site))]
+    assert runs[0][2] is None and runs[2][2] == "1.5.3"
+    with pytest.raises(SystemExit, match="no gsplat installed there"):
+        dram.stage_runs(["gsplat-fussim"], [str(tmp_path / "empty")])
+
+
+def test_a_site_goes_first_on_the_childs_path(tmp_path):
+    from bytesplat_ns.bench.dram import measure_stage
+
+    script = tmp_path / "ncu"
+    script.write_text(f"#!/bin/sh\necho \"$PYTHONPATH\" > {tmp_path}/path.txt\ncat {tmp_path}/csv.txt\n")
+    script.chmod(0o755)
+    (tmp_path / "csv.txt").write_text(CSV)
+    row = measure_stage(str(script), "gsplat-fussim", tmp_path / "scene.pt", 2, site="/opt/gsplat-site")
+    assert row["dram_bytes"] == 1_004_354.0
+    assert (tmp_path / "path.txt").read_text().split(":")[0].strip() == "/opt/gsplat-site"

@@ -139,12 +139,12 @@ def test_dram_rows_get_a_table_against_the_split_schedule():
         {"stage": "split", "scene": "synthetic", "num_gaussians": 1_000_000, "kernels": 3, "dram_read_bytes": 300e6,
          "dram_write_bytes": 100e6, "dram_bytes": 400e6},
         {"stage": "gsplat-fussim", "scene": "synthetic", "num_gaussians": 1_000_000, "kernels": 9,
-         "dram_read_bytes": 900e6, "dram_write_bytes": 300e6, "dram_bytes": 1200e6},
+         "dram_read_bytes": 900e6, "dram_write_bytes": 300e6, "dram_bytes": 1200e6, "gsplat_version": "1.5.3"},
         {"stage": "one_launch", "scene": "synthetic", "num_gaussians": 1_000_000, "error": "child exited with 1: x"}]}
     assert report._kind(result) == "dram"
     lines = report.dram_table([{"name": "d", "result": result}])
     assert "| 1M | split | 300.0 | 100.0 | 400.0 | 3 | 1.00x |" in lines
-    assert "| 1M | gsplat-fussim | 900.0 | 300.0 | 1200.0 | 9 | 3.00x |" in lines
+    assert "| 1M | gsplat-fussim 1.5.3 | 900.0 | 300.0 | 1200.0 | 9 | 3.00x |" in lines
     assert any("one_launch | error: child exited with 1: x" in line for line in lines)
 
 
