@@ -2,8 +2,9 @@
 // `bin_tiles_torch` in bytesplat_ns/raster/_torch_impl.py, same result bit for bit).
 //
 // A Gaussian with radius > 0 covers tiles x in [floor(tx - r), ceil(tx + r)) clamped to [0, tw]
-// (same for y) with tx = mean.x / tile_size, r = radius / tile_size in float32. Entries with radius
-// <= 0 are culled (their means may be uninitialised). Each tile's list is sorted by the depth's
+// (same for y) with tx = mean.x / tile_size, r = radius / tile_size in float32. Radii are [C,N]
+// (the same along x and y) or [C,N,2] (x, y: the opacity-aware reach, raster/tile_reach.py).
+// Entries with a radius <= 0 on either axis are culled (their means may be uninitialised). Each tile's list is sorted by the depth's
 // float32 bits, ties in flattened (camera * N + gaussian) order.
 //
 // 1. count intersections per flattened Gaussian; 2. inclusive cumsum (int64) gives each its slot
@@ -45,45 +46,50 @@ struct Box {
 
 // torch divides a float tensor by a Python number as a * (1 / b) on CUDA; the _rn intrinsics
 // keep nvcc from contracting the multiply and the +-r into an FMA (a different rounding).
-__device__ __forceinline__ Box tile_box(float mx, float my, int32_t radius, float inv_ts,
-                                        int64_t tw, int64_t th) {
+__device__ __forceinline__ Box tile_box(float mx, float my, int32_t radius_x, int32_t radius_y,
+                                        float inv_ts, int64_t tw, int64_t th) {
     const float tx = __fmul_rn(mx, inv_ts), ty = __fmul_rn(my, inv_ts);
-    const float r = __fmul_rn((float)radius, inv_ts);
+    const float rx = __fmul_rn((float)radius_x, inv_ts), ry = __fmul_rn((float)radius_y, inv_ts);
     Box b;
-    b.x0 = clamp_tile(floorf(__fsub_rn(tx, r)), tw);
-    b.x1 = clamp_tile(ceilf(__fadd_rn(tx, r)), tw);
-    b.y0 = clamp_tile(floorf(__fsub_rn(ty, r)), th);
-    b.y1 = clamp_tile(ceilf(__fadd_rn(ty, r)), th);
+    b.x0 = clamp_tile(floorf(__fsub_rn(tx, rx)), tw);
+    b.x1 = clamp_tile(ceilf(__fadd_rn(tx, rx)), tw);
+    b.y0 = clamp_tile(floorf(__fsub_rn(ty, ry)), th);
+    b.y1 = clamp_tile(ceilf(__fadd_rn(ty, ry)), th);
     return b;
 }
 
+// Gaussian i's radii along x and y: `axes` (1 or 2) int32 per Gaussian.
+__device__ __forceinline__ int2 radii_of(const int32_t *__restrict__ radii, int64_t i, int axes) {
+    return make_int2(radii[i * axes], radii[i * axes + axes - 1]);
+}
+
 __global__ void count_kernel(int64_t CN, const float2 *__restrict__ means2d,
-                             const int32_t *__restrict__ radii, float inv_ts, int64_t tw,
+                             const int32_t *__restrict__ radii, int axes, float inv_ts, int64_t tw,
                              int64_t th, int64_t *__restrict__ counts) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= CN) return;
-    const int32_t rad = radii[i];
-    if (rad <= 0) {  // culled: means2d[i] may be garbage, never read it
+    const int2 rad = radii_of(radii, i, axes);
+    if (rad.x <= 0 || rad.y <= 0) {  // culled: means2d[i] may be garbage, never read it
         counts[i] = 0;
         return;
     }
     const float2 m = means2d[i];
-    counts[i] = tile_box(m.x, m.y, rad, inv_ts, tw, th).count();
+    counts[i] = tile_box(m.x, m.y, rad.x, rad.y, inv_ts, tw, th).count();
 }
 
 // One thread per flattened Gaussian; its slots [cum[i] - count, cum[i]) follow gid order, which
 // is the tie order the stable sort then preserves.
 __global__ void emit_kernel(int64_t CN, int64_t N, const float2 *__restrict__ means2d,
-                            const int32_t *__restrict__ radii, const float *__restrict__ depths,
+                            const int32_t *__restrict__ radii, int axes, const float *__restrict__ depths,
                             float inv_ts, int64_t tw, int64_t th,
                             const int64_t *__restrict__ cum, int64_t M,
                             uint64_t *__restrict__ keys, int32_t *__restrict__ vals) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= CN) return;
-    const int32_t rad = radii[i];
-    if (rad <= 0) return;
+    const int2 rad = radii_of(radii, i, axes);
+    if (rad.x <= 0 || rad.y <= 0) return;
     const float2 m = means2d[i];
-    const Box b = tile_box(m.x, m.y, rad, inv_ts, tw, th);
+    const Box b = tile_box(m.x, m.y, rad.x, rad.y, inv_ts, tw, th);
     const int64_t n = b.count();
     if (n == 0) return;
     int64_t slot = cum[i] - n;
@@ -122,9 +128,9 @@ void check_inputs(const at::Tensor &means2d, const at::Tensor &radii, int64_t wi
                   int64_t tile_size) {
     TORCH_CHECK(means2d.is_cuda() && radii.is_cuda(), "bytesplat: binning needs CUDA tensors");
     TORCH_CHECK(means2d.dim() == 3 && means2d.size(2) == 2, "bytesplat: means2d must be [C,N,2]");
-    TORCH_CHECK(radii.dim() == 2 && radii.size(0) == means2d.size(0) &&
-                    radii.size(1) == means2d.size(1),
-                "bytesplat: radii must be [C,N] like means2d");
+    TORCH_CHECK((radii.dim() == 2 || (radii.dim() == 3 && radii.size(2) == 2)) &&
+                    radii.size(0) == means2d.size(0) && radii.size(1) == means2d.size(1),
+                "bytesplat: radii must be [C,N] or [C,N,2] like means2d");
     TORCH_CHECK(means2d.scalar_type() == at::kFloat, "bytesplat: means2d must be float32");
     TORCH_CHECK(radii.scalar_type() == at::kInt, "bytesplat: radii must be int32");
     TORCH_CHECK(means2d.is_contiguous() && radii.is_contiguous(),
@@ -136,16 +142,19 @@ void check_inputs(const at::Tensor &means2d, const at::Tensor &radii, int64_t wi
 // Same reciprocal as torch's division by a Python scalar (exact for power-of-two tiles).
 inline float inv_tile(int64_t tile_size) { return (float)(1.0 / (double)tile_size); }
 
+// 1: [C,N] radii (the same along x and y); 2: [C,N,2] (x, y).
+inline int radius_axes(const at::Tensor &radii) { return radii.dim() == 3 ? 2 : 1; }
+
 // counts [C*N] int64: the tiles each flattened Gaussian reaches.
 at::Tensor tile_counts(const at::Tensor &means2d, const at::Tensor &radii, int64_t width,
                        int64_t height, int64_t tile_size, cudaStream_t stream) {
-    const int64_t CN = radii.numel();
+    const int64_t CN = radii.size(0) * radii.size(1);
     const int64_t tw = (width + tile_size - 1) / tile_size, th = (height + tile_size - 1) / tile_size;
     at::Tensor counts = at::empty({CN}, radii.options().dtype(at::kLong));
     if (CN == 0) return counts;
     count_kernel<<<blocks_for(CN), kBinThreads, 0, stream>>>(
         CN, reinterpret_cast<const float2 *>(means2d.data_ptr<float>()), radii.data_ptr<int32_t>(),
-        inv_tile(tile_size), tw, th, counts.data_ptr<int64_t>());
+        radius_axes(radii), inv_tile(tile_size), tw, th, counts.data_ptr<int64_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return counts;
 }
@@ -157,14 +166,15 @@ at::Tensor tile_intersections(const at::Tensor &means2d, const at::Tensor &radii
     check_inputs(means2d, radii, width, height, tile_size);
     const at::cuda::CUDAGuard guard(means2d.device());
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-    return tile_counts(means2d, radii, width, height, tile_size, stream).view(radii.sizes()).sum(1);
+    return tile_counts(means2d, radii, width, height, tile_size, stream).view({radii.size(0), radii.size(1)}).sum(1);
 }
 
 std::vector<at::Tensor> bin_tiles(const at::Tensor &means2d, const at::Tensor &radii,
                                   const at::Tensor &depths, int64_t width, int64_t height,
                                   int64_t tile_size, int64_t known_total) {
     check_inputs(means2d, radii, width, height, tile_size);
-    TORCH_CHECK(depths.is_cuda() && depths.sizes() == radii.sizes(),
+    TORCH_CHECK(depths.is_cuda() && depths.dim() == 2 && depths.size(0) == radii.size(0) &&
+                    depths.size(1) == radii.size(1),
                 "bytesplat: depths must be [C,N] like radii, on the GPU");
     TORCH_CHECK(depths.scalar_type() == at::kFloat && depths.is_contiguous(),
                 "bytesplat: depths must be contiguous float32");
@@ -197,7 +207,7 @@ std::vector<at::Tensor> bin_tiles(const at::Tensor &means2d, const at::Tensor &r
     if (known) keys.fill_((int64_t)((uint64_t)ntot << 32 | 0xFFFFFFFFull));
     auto *keys_p = reinterpret_cast<uint64_t *>(keys.data_ptr<int64_t>());
     emit_kernel<<<blocks_for(CN), kBinThreads, 0, stream>>>(
-        CN, N, m2, radii.data_ptr<int32_t>(), depths.data_ptr<float>(), inv_tile(tile_size), tw, th,
+        CN, N, m2, radii.data_ptr<int32_t>(), radius_axes(radii), depths.data_ptr<float>(), inv_tile(tile_size), tw, th,
         cum.data_ptr<int64_t>(), M, keys_p, vals.data_ptr<int32_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
 

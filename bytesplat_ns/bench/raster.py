@@ -10,6 +10,9 @@ Measured per Gaussian count (median ms over ``repeats`` after ``warmup``, CUDA e
   pruning score gathered in the backward (``..._contribution``: its cost, docs/pruning.md), and
   the split schedule and the forward without the kernels' per-warp culling
   (``..._no_warp_cull``: ``FusedOptions(warp_cull=False)``, the A/B of cuda/common.cuh ``warp_mask``).
+  The split schedule, the from-3D path and the binning are also timed on opacity-aware tile lists
+  (``..._opacity_tiles``: ``FusedOptions(opacity_aware_tiles=True)``, raster/tile_reach.py), with their
+  ``intersections_opacity_aware`` and their loss value (the same as the default's).
 - ``full``: from the 3D Gaussians (projection, SH, binning, raster, loss, backward to the 3D
   parameters): gsplat ``rasterization`` + the same loss vs ``fused_render_loss``.
 - ``full_fused_raster_torch_loss``: ``rasterize_fused`` (our plain fwd/bwd kernels) + the torch
@@ -53,6 +56,7 @@ from bytesplat_ns.raster.fused import (
     rasterize_fused,
     splatfacto_loss_torch,
 )
+from bytesplat_ns.raster.tile_reach import opacity_aware_radii
 
 
 def gsplat_extension_error(skip_gsplat: bool = False) -> Optional[str]:
@@ -84,6 +88,15 @@ class StageInputs:
                 *self.args3d(), sh_degree=sh_degree, near_plane=0.01, far_plane=1e10, eps2d=0.3, projection=projection)
         self.m2, self.con, self.col, self.op = (t.contiguous() for t in (m2, con, col, op))
         self.offsets, self.fids = bin_tiles(self.m2, self.radii, self.depths, width, height)
+        self._opacity_aware_bins = None
+
+    def opacity_aware_bins(self):
+        """The tile lists of the same 2D inputs binned into each Gaussian's opacity-aware reach
+        (``raster.tile_reach``: shorter lists, the same render)."""
+        if self._opacity_aware_bins is None:
+            reach = opacity_aware_radii(self.radii, self.con, self.op)
+            self._opacity_aware_bins = bin_tiles(self.m2, reach, self.depths, self.W, self.H)
+        return self._opacity_aware_bins
 
     def args3d(self):
         p, s = self.params, self.scene
@@ -93,12 +106,14 @@ class StageInputs:
         return [t.detach().clone().requires_grad_(True) for t in (self.m2, self.con, self.col, self.op)]
 
     def fused_raster_loss(self, blocks_per_sm: int = 2, schedule: str = "one_launch", contribution: bool = False,
-                          butterfly: bool = True, warp_cull: bool = True):
+                          butterfly: bool = True, warp_cull: bool = True, opacity_aware_tiles: bool = False):
         """The fused loss (``schedule``: one_launch | two_launch | split): render + splatfacto loss +
         2D gradients (and the pruning score with ``contribution``), then autograd's hand-over.
-        ``butterfly`` / ``warp_cull``: the backward reduction and the per-warp culling (A/B runs)."""
+        ``butterfly`` / ``warp_cull``: the backward reduction and the per-warp culling (A/B runs);
+        ``opacity_aware_tiles``: on :meth:`opacity_aware_bins`."""
         s = self.scene
-        loss, _, _, _, _ = _FusedLoss.apply(*self.leaves(), s["backgrounds"], s["gt"], self.offsets, self.fids,
+        offsets, fids = self.opacity_aware_bins() if opacity_aware_tiles else (self.offsets, self.fids)
+        loss, _, _, _, _ = _FusedLoss.apply(*self.leaves(), s["backgrounds"], s["gt"], offsets, fids,
                                             self.W, self.H, 0.2, False, None, blocks_per_sm, schedule, butterfly,
                                             warp_cull, contribution)
         loss.backward()
@@ -160,6 +175,12 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
     # A/B of the per-warp culling (cuda/common.cuh warp_mask)
     _safe(out, "raster_loss_fused_split_no_warp_cull", lambda: time_ms(
         lambda: inp.fused_raster_loss(schedule="split", warp_cull=False), warmup, repeats))
+    # A/B of the opacity-aware tile reach (raster/tile_reach.py): shorter lists, the same loss
+    _safe(out, "intersections_opacity_aware", lambda: int(inp.opacity_aware_bins()[1].numel()))
+    _safe(out, "fused_split_opacity_tiles_loss_value", lambda: inp.fused_raster_loss(
+        schedule="split", opacity_aware_tiles=True).item())
+    _safe(out, "raster_loss_fused_split_opacity_tiles", lambda: time_ms(
+        lambda: inp.fused_raster_loss(schedule="split", opacity_aware_tiles=True), warmup, repeats))
     for sched in ("two_launch", "split"):  # the pruning score gathered in the backward: what it costs
         _safe(out, f"raster_loss_fused_{sched}_contribution", lambda sched=sched: time_ms(
             lambda: inp.fused_raster_loss(schedule=sched, contribution=True), warmup, repeats))
@@ -195,8 +216,9 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
     out["baselines"] = baseline_rows(inp, scene_label, gsplat_ok, baseline_ssim, gsplat_sites, warmup, repeats,
                                      raster_only, out.get("fused_split_loss_value"))
 
-    def fused_full(schedule=None):
-        options = FusedOptions(projection=projection, **({"schedule": schedule} if schedule else {}))
+    def fused_full(schedule=None, opacity_aware_tiles=False):
+        options = FusedOptions(projection=projection, opacity_aware_tiles=opacity_aware_tiles,
+                               **({"schedule": schedule} if schedule else {}))
         loss, _, _, _ = fused_render_loss(*args3d(), s["gt"], s["backgrounds"], sh_degree=sh_degree, options=options)
         loss.backward()
 
@@ -212,10 +234,13 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
     if not raster_only:
         _safe(out, "full_fused", lambda: time_ms(fused_full, warmup, repeats))
         _safe(out, "full_fused_split", lambda: time_ms(lambda: fused_full("split"), warmup, repeats))
+        _safe(out, "full_fused_split_opacity_tiles", lambda: time_ms(lambda: fused_full("split", True), warmup, repeats))
         _safe(out, "full_fused_raster_torch_loss", lambda: time_ms(fused_raster_torch_loss_full, warmup, repeats))
     _safe(out, "raster_fwd_fused", lambda: time_ms(fused_raster_fwd, warmup, repeats))
     _safe(out, "raster_fwd_fused_no_warp_cull", lambda: time_ms(lambda: fused_raster_fwd(False), warmup, repeats))
     _safe(out, "binning_cuda", lambda: time_ms(lambda: bin_tiles(m2, radii, depths, W, H), warmup, repeats))
+    _safe(out, "binning_cuda_opacity_tiles", lambda: time_ms(
+        lambda: bin_tiles(m2, opacity_aware_radii(radii, con, op), depths, W, H), warmup, repeats))
     _safe(out, "binning_torch", lambda: time_ms(lambda: bin_tiles_torch(m2, radii, depths, W, H), warmup, repeats))
     if gsplat_ok:
         _safe(out, "binning_gsplat", lambda: time_ms(inp.gsplat_binning, warmup, repeats))

@@ -84,7 +84,31 @@ def raster_table(steps: List[Dict]) -> List[str]:
     lines = _table(["step", "size", "Gaussians", "raster+loss fused ms", "gsplat ms", "speed-up",
                     "from 3D: render+loss+bwd fused ms", "gsplat ms", "speed-up"], rows)
     baselines = baseline_table(steps)
-    return lines + ([""] + baselines if baselines else [])
+    tiles = opacity_tiles_table(steps)
+    return lines + ([""] + baselines if baselines else []) + ([""] + tiles if tiles else [])
+
+
+def opacity_tiles_table(steps: List[Dict]) -> List[str]:
+    """The split schedule on the projection's square tile boxes and on the opacity-aware reach
+    (``FusedOptions.opacity_aware_tiles``): tile-list entries, binning, raster + loss and from-3D times,
+    and the two loss values' relative difference (the same render: rounding only)."""
+    rows = []
+    for step in steps:
+        for run in step["result"]["runs"]:
+            if "intersections_opacity_aware" not in run:
+                continue
+            cells = [_count(run["num_gaussians"]), str(run.get("intersections")), str(run["intersections_opacity_aware"])]
+            for key in ("binning_cuda", "raster_loss_fused_split", "full_fused_split"):
+                square, tight = _ms(run.get(key)), _ms(run.get(key + "_opacity_tiles"))
+                cells += [_f(square), _f(tight), _f(square / tight if square and tight else None, "{:.2f}x")]
+            a, b = run.get("fused_split_loss_value"), run.get("fused_split_opacity_tiles_loss_value")
+            cells.append(_f(abs(b - a) / abs(a) if isinstance(a, float) and isinstance(b, float) and a else None, "{:.1e}"))
+            rows.append(cells)
+    if not rows:
+        return []
+    return _table(["Gaussians", "tile entries", "opacity-aware", "binning ms", "opacity-aware", "faster by",
+                   "raster+loss ms", "opacity-aware", "faster by", "from 3D ms", "opacity-aware", "faster by",
+                   "loss diff (rel.)"], rows)
 
 
 def baseline_table(steps: List[Dict]) -> List[str]:

@@ -20,6 +20,8 @@ the gsplat of a ``--gsplat-site`` gets the same scene through a file, ``bench.sc
   bytesplat`` gives it (:func:`model_inputs`).
 - ``bytesplat-visible``: the same with Adam on the visible Gaussians only
   (``--pipeline.model.optimize-visible-only``: ``DeviceAdam.visible_rows``, the kernel's row mask).
+- ``bytesplat-opacity-tiles``: ``bytesplat`` binning each Gaussian into its opacity-aware reach
+  (``--pipeline.model.fused.opacity-aware-tiles``, ``raster/tile_reach.py``: the same render).
 
 Reported per implementation: ``wall_ms`` (host clock over ``--repeats`` back-to-back steps, the
 GPU drained at both ends: what a training loop gets), the stages' spans (CUDA events at the stage
@@ -49,7 +51,7 @@ import torch
 LEARNING_RATES = {"means": 1.6e-4, "scales": 5e-3, "quats": 1e-3, "features_dc": 2.5e-3,
                   "features_rest": 2.5e-3 / 20, "opacities": 5e-2}
 ADAM_EPS = 1e-15
-IMPLEMENTATIONS = ("splatfacto", "gsplat", "bytesplat", "bytesplat-visible")
+IMPLEMENTATIONS = ("splatfacto", "gsplat", "bytesplat", "bytesplat-visible", "bytesplat-opacity-tiles")
 
 # kernel name -> category; the first pattern that matches wins, "bwd"/"backward" in a name marks it backward
 KERNEL_CATEGORIES: Tuple[Tuple[str, str], ...] = (
@@ -224,11 +226,16 @@ class BytesplatStep(TrainingStep):
 
     label = "bytesplat (fused split) + bytesplat Adam"
 
-    def __init__(self, scene: Dict, visible_only: bool = False):
+    def __init__(self, scene: Dict, visible_only: bool = False, opacity_aware_tiles: bool = False):
         super().__init__(scene)
+        from bytesplat_ns.raster.options import FusedOptions
+
         self.visible_only = visible_only
+        self.options = FusedOptions(opacity_aware_tiles=opacity_aware_tiles)
         if visible_only:
             self.label = "bytesplat (fused split) + bytesplat Adam, visible Gaussians only"
+        if opacity_aware_tiles:
+            self.label = "bytesplat (fused split, opacity-aware tiles) + bytesplat Adam"
         from bytesplat_ns.optim import DeviceAdam
         from bytesplat_ns.strategy import SyncFreeDefaultStrategy
 
@@ -242,7 +249,7 @@ class BytesplatStep(TrainingStep):
         s = self.scene
         clock.start()
         loss, _, _, info = fused_render_loss(*model_inputs(self.params), s["viewmats"], s["Ks"], self.W, self.H, s["gt"],
-                                             s["backgrounds"], sh_degree=self.sh_degree)
+                                             s["backgrounds"], sh_degree=self.sh_degree, options=self.options)
         info["means2d"].retain_grad()
         clock.mark("rasterize+loss")
         loss.backward()
@@ -267,6 +274,8 @@ def build_step(implementation: str, scene: Dict) -> TrainingStep:
         return BytesplatStep(scene)
     if implementation == "bytesplat-visible":
         return BytesplatStep(scene, visible_only=True)
+    if implementation == "bytesplat-opacity-tiles":
+        return BytesplatStep(scene, opacity_aware_tiles=True)
     raise ValueError(f"unknown implementation {implementation!r} (choose from {IMPLEMENTATIONS})")
 
 

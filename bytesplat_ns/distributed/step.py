@@ -260,12 +260,12 @@ def composite_records(
     m = means2d[None]
     absgrad = absgrad_sink is not None and m.requires_grad
     if compositor == "fused" and means2d.shape[0] > 0:
-        from bytesplat_ns.raster.fused import _RasterizeFused, bin_tiles
+        from bytesplat_ns.raster.fused import _RasterizeFused, bin_tiles, tile_radii
 
         if not means2d.is_cuda or colors.shape[-1] != 3:
             raise ValueError("the fused compositor needs CUDA tensors and RGB colors")
-        offsets, flatten_ids = bin_tiles(m, radii[None], depths[None], width, height, tile_size,
-                                         binning=options.binning)
+        offsets, flatten_ids = bin_tiles(m, tile_radii(radii[None], conics[None], opacities[None], options),
+                                         depths[None], width, height, tile_size, binning=options.binning)
         render, alpha = _RasterizeFused.apply(
             m, conics[None], colors[None], opacities[None], None, offsets, flatten_ids, width, height, absgrad,
             options.warp_cull, options.butterfly,
@@ -345,13 +345,14 @@ def _score_padded_views(
     """The one fused call of :func:`composite_views_fused_loss` on the views' padded fields
     (means2d [C,M,2], conics, colors, opacities, depths, radii; view j's records in its first
     ``rows[j]`` rows, ``orders[j]`` their permutation from the caller's order or None)."""
-    from bytesplat_ns.raster.fused import _check, _FusedLoss, bin_tiles
+    from bytesplat_ns.raster.fused import _check, _FusedLoss, bin_tiles, tile_radii
 
     m, conics, colors, opacities, depths, radii = padded
     C = m.shape[0]
     _check(width, height, tile_size, m.device)
     absgrad = absgrad_sinks is not None and m.requires_grad
-    offsets, flatten_ids = bin_tiles(m, radii, depths, width, height, tile_size, known_intersections, options.binning)
+    offsets, flatten_ids = bin_tiles(m, tile_radii(radii, conics, opacities, options), depths, width, height, tile_size,
+                                     known_intersections, options.binning)
     # _FusedLoss scores the mean over the C views (they share the image size), so C x that is the sum
     loss, rgb, _, _, _ = _FusedLoss.apply(
         m, conics, colors, opacities, backgrounds.reshape(C, 3).detach().float(),
@@ -769,9 +770,11 @@ def sharded_render_loss(
     if compositor == "fused" and proj.means2d.dtype == torch.float32:
         # the renderers' binning sizes ride on the one gather (records travel bit for bit, so the
         # renderer's binning counts what the sender counted)
-        from bytesplat_ns.raster.fused import tile_intersections
+        from bytesplat_ns.raster.fused import tile_intersections, tile_radii
 
-        tiles = tile_intersections(proj.means2d, proj.radii, views.width, views.height, tile_size, options.binning)
+        # the renderers bin the records they receive with the same reach (tile_radii of the same values)
+        tiles = tile_intersections(proj.means2d, tile_radii(proj.radii, proj.conics, proj.opacities, options),
+                                   views.width, views.height, tile_size, options.binning)
     layout, view_counts, view_tiles = gather_layout_and_view_counts(visible, communicator.group, meta, tiles)
     stats.meta_bytes += meta.meta_bytes
     runner = _Runner(views, communicator, layout, loss_fn, stats, tile_size, absgrad, compositor, options)

@@ -34,17 +34,21 @@ def _ssim(rgb: Tensor, gt: Tensor) -> Tensor:
 
 
 def tile_boxes(means2d: Tensor, radii: Tensor, width: int, height: int, tile_size: int):
-    """(counts [C,N] int64, x0 [C,N], y0 [C,N], nx [C,N]): each Gaussian's tile box, as the kernel's."""
+    """(counts [C,N] int64, x0 [C,N], y0 [C,N], nx [C,N]): each Gaussian's tile box, as the kernel's.
+    ``radii`` [C,N] (the same in x and y) or [C,N,2] (x, y); a radius <= 0 on either axis bins nothing."""
     tw, th = math.ceil(width / tile_size), math.ceil(height / tile_size)
-    r = radii.to(torch.float32) / tile_size
+    r_xy = radii if radii.dim() == 3 else radii[..., None].expand(*radii.shape, 2)
+    rx = r_xy[..., 0].to(torch.float32) / tile_size
+    ry = r_xy[..., 1].to(torch.float32) / tile_size
     tx = means2d[..., 0].detach().float() / tile_size
     ty = means2d[..., 1].detach().float() / tile_size
-    x0 = torch.floor(tx - r).clamp(0, tw).long()
-    x1 = torch.ceil(tx + r).clamp(0, tw).long()
-    y0 = torch.floor(ty - r).clamp(0, th).long()
-    y1 = torch.ceil(ty + r).clamp(0, th).long()
+    x0 = torch.floor(tx - rx).clamp(0, tw).long()
+    x1 = torch.ceil(tx + rx).clamp(0, tw).long()
+    y0 = torch.floor(ty - ry).clamp(0, th).long()
+    y1 = torch.ceil(ty + ry).clamp(0, th).long()
     nx = (x1 - x0).clamp_min(0)
-    counts = torch.where(radii > 0, nx * (y1 - y0).clamp_min(0), torch.zeros_like(nx))
+    binned = (r_xy[..., 0] > 0) & (r_xy[..., 1] > 0)
+    counts = torch.where(binned, nx * (y1 - y0).clamp_min(0), torch.zeros_like(nx))
     return counts, x0, y0, nx
 
 
@@ -53,7 +57,7 @@ def bin_tiles_torch(
     known_total: Optional[int] = None,
 ) -> Tuple[Tensor, Tensor]:
     """Pure-PyTorch ``fused.bin_tiles`` (CPU tensors, ``fused.binning="torch"``; the kernel's oracle)."""
-    C, N = radii.shape
+    C, N = radii.shape[:2]
     dev = means2d.device
     tw, th = math.ceil(width / tile_size), math.ceil(height / tile_size)
     ntot = C * tw * th

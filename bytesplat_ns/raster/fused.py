@@ -33,6 +33,7 @@ from bytesplat_ns.raster._wrapper import RENDER_BATCH, TILE_SIZE, _FusedLoss, _R
 from bytesplat_ns.raster.loss import SSIM_WIN_SIGMA, SSIM_WIN_SIZE, splatfacto_loss_torch
 from bytesplat_ns.raster.options import DEFAULT_OPTIONS, SCHEDULES, FusedOptions
 from bytesplat_ns.raster.sh import ShCoefficients, stacked_coefficients
+from bytesplat_ns.raster.tile_reach import opacity_aware_radii
 
 __all__ = [
     "DEFAULT_OPTIONS", "RENDER_BATCH", "SCHEDULES", "SSIM_WIN_SIGMA", "SSIM_WIN_SIZE", "TILE_SIZE",
@@ -151,7 +152,8 @@ def _sh_kernel_serves(means: Tensor, colors: Union[Tensor, ShCoefficients], view
 
 def _binning_on_gpu(means2d: Tensor, radii: Tensor, binning: str):
     """The extension when these inputs take the CUDA binning, else None (the torch twin)."""
-    if binning == "cuda" and means2d.is_cuda and not radii.is_floating_point() and radii.dim() == 2:
+    per_axis = radii.dim() == 3 and radii.shape[-1] == 2
+    if binning == "cuda" and means2d.is_cuda and not radii.is_floating_point() and (radii.dim() == 2 or per_axis):
         return _wrapper._optional_ops()
     return None
 
@@ -162,7 +164,8 @@ def bin_tiles(
     known_total: Optional[int] = None, binning: str = "cuda",
 ) -> Tuple[Tensor, Tensor]:
     """Tile lists in gsplat's order: a Gaussian reaches the tiles its radius box touches; each
-    tile's list is sorted front to back by camera depth (ties in Gaussian order).
+    tile's list is sorted front to back by camera depth (ties in Gaussian order). ``radii`` [C,N]
+    (the same along x and y) or [C,N,2] (x, y: ``tile_reach.opacity_aware_radii``).
 
     Returns ``offsets`` int32 [C*tiles_y*tiles_x + 1] (tile t's list is
     ``flatten_ids[offsets[t]:offsets[t+1]]``) and ``flatten_ids`` int32 (indices into [C*N]).
@@ -195,6 +198,12 @@ def tile_intersections(means2d: Tensor, radii: Tensor, width: int, height: int,
         return ops.tile_intersections(means2d.detach().float().contiguous(), radii.to(torch.int32).contiguous(),
                                       int(width), int(height), int(tile_size))
     return tile_intersections_torch(means2d, radii, width, height, tile_size)
+
+
+def tile_radii(radii: Tensor, conics: Tensor, opacities: Tensor, options: FusedOptions) -> Tensor:
+    """The radii the binning takes: the projection's, or with ``options.opacity_aware_tiles`` the
+    per-axis reach of each Gaussian's alpha >= 1/255 ellipse (``tile_reach``; the same render)."""
+    return opacity_aware_radii(radii, conics, opacities) if options.opacity_aware_tiles else radii
 
 
 # ----------------------------------------------------------------------------------------------
@@ -263,7 +272,8 @@ def rasterize_fused(
         means, quats, scales, opacities, colors, viewmats, Ks, width, height,
         sh_degree=sh_degree, near_plane=near_plane, far_plane=far_plane, eps2d=eps2d, projection=options.projection,
     )
-    offsets, flatten_ids = bin_tiles(means2d, radii, depths, width, height, tile_size, binning=options.binning)
+    offsets, flatten_ids = bin_tiles(means2d, tile_radii(radii, conics, opac, options), depths, width, height,
+                                     tile_size, binning=options.binning)
     switches = (options.warp_cull, options.butterfly)
     render, alpha = _RasterizeFused.apply(
         means2d, conics, rgb, opac, backgrounds, offsets, flatten_ids, width, height, absgrad, *switches
@@ -337,7 +347,8 @@ def fused_render_loss(
         means, quats, scales, opacities, colors, viewmats, Ks, width, height,
         sh_degree=sh_degree, near_plane=near_plane, far_plane=far_plane, eps2d=eps2d, projection=options.projection,
     )
-    offsets, flatten_ids = bin_tiles(means2d, radii, depths, width, height, tile_size, binning=options.binning)
+    offsets, flatten_ids = bin_tiles(means2d, tile_radii(radii, conics, opac, options), depths, width, height,
+                                     tile_size, binning=options.binning)
     loss, img, alpha, stats, contrib = _FusedLoss.apply(
         means2d, conics, rgb, opac, backgrounds.detach(), gt_images.detach(), offsets, flatten_ids,
         width, height, ssim_lambda, absgrad, capacity, blocks_per_sm, options.schedule, options.butterfly,

@@ -43,14 +43,16 @@ class FusedOptions:
     bwd_reduce: BwdReduce = "butterfly"
     projection: Projection = "auto"
     binning: Binning = "cuda"
+    opacity_aware_tiles: bool = False
 
     def __post_init__(self):
         _check_choice("schedule", self.schedule, SCHEDULES)
         _check_choice("bwd_reduce", self.bwd_reduce, BWD_REDUCTIONS)
         _check_choice("projection", self.projection, PROJECTIONS)
         _check_choice("binning", self.binning, BINNINGS)
-        if not isinstance(self.warp_cull, bool):
-            raise SettingError(f"fused.warp_cull must be true or false, got {self.warp_cull!r}")
+        for field in ("warp_cull", "opacity_aware_tiles"):
+            if not isinstance(getattr(self, field), bool):
+                raise SettingError(f"fused.{field} must be true or false, got {getattr(self, field)!r}")
 
     @property
     def butterfly(self) -> bool:
@@ -76,10 +78,14 @@ class FusedRasterConfig:
     """3D -> 2D projection and SH: gsplat's CUDA kernels, the pure-PyTorch ones, or auto (gsplat when importable)."""
     binning: Binning = "cuda"
     """Tile binning: bytesplat's kernel (cuda/binning.cu, on CUDA tensors) or its PyTorch twin (same lists)."""
+    opacity_aware_tiles: bool = False
+    """Bin each Gaussian only into the tiles its alpha >= 1/255 ellipse reaches, per axis (raster/tile_reach.py;
+    exact: shorter tile lists, the same render). Off until measured on a GPU."""
     check_every: int = 0
     """Every this many training steps, compare the fused loss and gradients with the unfused (splatfacto) path
     and log the errors (model.fused_check_log; 0: off). Costs two extra steps each time."""
 
     def options(self) -> FusedOptions:
         return FusedOptions(schedule=self.schedule, warp_cull=self.warp_cull, bwd_reduce=self.bwd_reduce,
-                            projection=self.projection, binning=self.binning)
+                            projection=self.projection, binning=self.binning,
+                            opacity_aware_tiles=self.opacity_aware_tiles)

@@ -134,6 +134,22 @@ def test_baseline_pairs_get_their_own_table_against_the_fused_schedule():
     assert any("child exited with 1: boom" in line for line in lines)
 
 
+def test_opacity_aware_tiles_get_their_own_table_against_the_square_boxes():
+    from bytesplat_ns.bench.report import raster_table
+
+    run = {"num_gaussians": 224_129, "intersections": 3_000_000, "intersections_opacity_aware": 2_000_000,
+           "binning_cuda": {"median_ms": 0.8}, "binning_cuda_opacity_tiles": {"median_ms": 0.5},
+           "raster_loss_fused_split": {"median_ms": 3.0}, "raster_loss_fused_split_opacity_tiles": {"median_ms": 2.5},
+           "full_fused_split": {"median_ms": 5.0}, "fused_split_loss_value": 0.25,
+           "fused_split_opacity_tiles_loss_value": 0.25 * (1 + 4e-7)}
+    lines = raster_table([{"name": "s", "result": {"width": 1079, "height": 1919, "runs": [run]}}])
+    row = next(line for line in lines if "3000000" in line)
+    assert row == "| 224.129k | 3000000 | 2000000 | 0.80 | 0.50 | 1.60x | 3.00 | 2.50 | 1.20x | 5.00 | - | - | 4.0e-07 |"
+    plain = dict(run)
+    del plain["intersections_opacity_aware"]  # results measured before the switch existed: no table
+    assert not any("opacity-aware" in line for line in raster_table([{"name": "s", "result": {"runs": [plain]}}]))
+
+
 def test_dram_rows_get_a_table_against_the_split_schedule():
     result = {"benchmark": "bytesplat-bench dram", "rows": [
         {"stage": "split", "scene": "synthetic", "num_gaussians": 1_000_000, "kernels": 3, "dram_read_bytes": 300e6,

@@ -115,6 +115,8 @@ def test_step_is_a_registered_subcommand_with_a_suite():
     from bytesplat_ns.bench.commands import step_parser
 
     assert step_parser("step").parse_args([]).implementations == ["splatfacto", "bytesplat"]
+    assert step_parser("step").parse_args(["--implementations", "bytesplat-opacity-tiles"]).implementations == [
+        "bytesplat-opacity-tiles"]
     assert suites.SUITES["step-baselines"].steps[0].command == "step"
 
 
@@ -122,7 +124,8 @@ def test_step_is_a_registered_subcommand_with_a_suite():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_steps_train_the_same_scene_from_the_same_loss():
     scene = synthetic_scene(20_000, 256, 192, 3)
-    rows = step.run_here(["splatfacto", "bytesplat", "bytesplat-visible"], scene, warmup=3, repeats=5, profile_steps=2)
+    rows = step.run_here(["splatfacto", "bytesplat", "bytesplat-visible", "bytesplat-opacity-tiles"], scene, warmup=3,
+                         repeats=5, profile_steps=2)
     assert all("error" not in r for r in rows), rows
     first = rows[0]["loss_step0"]
     for row in rows:
@@ -131,6 +134,8 @@ def test_steps_train_the_same_scene_from_the_same_loss():
         assert row["wall_ms"] > 0 and row["gpu_busy_ms"] > 0 and sum(row["stages_ms"].values()) > 0
         assert {"backward", "densification", "optimizer"} <= set(row["stages_ms"])
         assert "optimizer" in row["kernel_categories_ms"] and "render fwd" in row["kernel_categories_ms"]
-    ours, visible_only = rows[1], rows[2]
+    ours, visible_only, opacity_tiles = rows[1], rows[2], rows[3]
     assert "visible Gaussians only" in visible_only["implementation"]
+    assert "opacity-aware tiles" in opacity_tiles["implementation"]
+    assert opacity_tiles["loss_step0"] == pytest.approx(ours["loss_step0"], rel=1e-6)  # the same render
     assert "render bwd" in ours["kernel_categories_ms"] and "binning fwd" in ours["kernel_categories_ms"]

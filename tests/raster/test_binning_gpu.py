@@ -82,6 +82,36 @@ def test_matches_torch(C, N, W, H, kw):
     assert _check(m, r, d, W, H) > 0
 
 
+def _per_axis(r, seed):
+    """[C,N,2] radii from [C,N] ones: y independent of x, a share of one-axis zeros (culled)."""
+    g = torch.Generator().manual_seed(seed)
+    ry = (r.cpu().float() * torch.rand(r.shape, generator=g)).round().to(torch.int32)
+    ry[torch.rand(r.shape, generator=g) < 0.05] = 0
+    return torch.stack([r.cpu(), ry], -1).cuda().contiguous()
+
+
+@pytest.mark.parametrize(
+    "C,N,W,H,kw",
+    [
+        (3, 5000, 203, 117, {}),
+        (2, 4000, 173, 99, {"huge": 0.01}),
+        (3, 4000, 160, 96, {"grid": True}),
+        (2, 6000, 97, 211, {"depth_levels": 3}),
+    ],
+)
+def test_per_axis_radii_match_torch(C, N, W, H, kw):
+    """[C,N,2] radii (the opacity-aware reach, raster/tile_reach.py): x and y boxes differ."""
+    from bytesplat_ns.raster.fused import bin_tiles_torch, tile_intersections
+
+    m, r, d = _scene(C, N, W, H, seed=C * 77 + N, **kw)
+    r2 = _per_axis(r, seed=N)
+    assert _check(m, r2, d, W, H) > 0
+    ref_off, _ = bin_tiles_torch(m, r2, d, W, H)
+    tiles = (W + 15) // 16 * ((H + 15) // 16)
+    assert tile_intersections(m, r2, W, H).tolist() == [
+        int(ref_off[(c + 1) * tiles] - ref_off[c * tiles]) for c in range(C)]
+
+
 @pytest.mark.parametrize("tile_size", [8, 12, 32])
 def test_other_tile_sizes(tile_size):
     m, r, d = _scene(2, 3000, 201, 139, seed=tile_size, huge=0.005)
