@@ -11,6 +11,9 @@ machines alike). ``gc.freeze`` moves every object alive into a generation the co
   parsing, trainer setup): no collections during it, then its objects are frozen, so training's
   full collections no longer scan them either. Garbage cycles made during start-up are kept: a
   one-time cost of a few megabytes at most.
+- :func:`freeze_set_up` is the same freeze for a trainer that nerfstudio's ``ns-train`` set up (no
+  pause before it: its imports were collected as usual): once its set-up is done, training's full
+  collections scan only what training creates (``--freeze-heap-after-setup``); once per process.
 - :func:`freeze_heap_at_exit` arms an exit hook that closes nerfstudio's tensorboard writers (every
   queued event written) and freezes the heap before the interpreter's teardown. Objects in
   reference cycles are then not finalised at exit, which is why the writers are closed first.
@@ -21,7 +24,7 @@ from __future__ import annotations
 import atexit
 import gc
 
-_state = {"paused": False, "exit_hook": False}
+_state = {"paused": False, "exit_hook": False, "set_up_frozen": False}
 
 
 def pause_collections() -> None:
@@ -37,6 +40,19 @@ def freeze_start_up() -> None:
         gc.freeze()
         gc.enable()
         _state["paused"] = False
+
+
+def freeze_set_up() -> None:
+    """Freeze every object alive now (a trainer's set-up is done), ending a launcher's pause if any.
+    Once per process: a later trainer in the same process (benchmarks, tests) would also freeze the
+    earlier one's uncollected cycles, its tensors with them."""
+    if _state["set_up_frozen"]:
+        return
+    _state["set_up_frozen"] = True
+    if _state["paused"]:
+        freeze_start_up()
+    else:
+        gc.freeze()
 
 
 def freeze_heap_at_exit() -> None:

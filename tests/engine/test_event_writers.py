@@ -199,3 +199,43 @@ def test_start_up_pause_then_freeze(monkeypatch):
     finally:
         gc.unfreeze()
         gc.enable()
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_training_starts_with_the_start_ups_objects_frozen(scene, tmp_path, monkeypatch, freeze):
+    from bytesplat_ns import heap
+
+    frozen = []
+    monkeypatch.setattr(heap, "freeze_set_up", lambda: frozen.append(True))
+    config = copy.deepcopy(bytesplat_config)
+    config.freeze_heap_after_setup = freeze
+    trainer, _ = setup_trainer("freeze", config, scene, 2, tmp_path, seed=0, device="cpu")
+    assert frozen == []  # not during set-up: after it
+    trainer.train()
+    event_writers.close_tensorboard_writers()
+    assert frozen == ([True] if freeze else [])
+    assert bytesplat_config.freeze_heap_after_setup is True
+
+
+def test_freezing_after_set_up_ends_a_pause_or_freezes_alone(monkeypatch):
+    import gc
+
+    from bytesplat_ns import heap
+
+    monkeypatch.setitem(heap._state, "paused", False)
+    try:
+        monkeypatch.setitem(heap._state, "set_up_frozen", False)
+        heap.pause_collections()
+        heap.freeze_set_up()  # a launcher's pause: ended, collections back on
+        assert gc.isenabled() and not heap._state["paused"] and gc.get_freeze_count() > 0
+        gc.unfreeze()
+        monkeypatch.setitem(heap._state, "set_up_frozen", False)
+        objects = [[] for _ in range(1000)]  # noqa: F841  (alive now: frozen by the next call)
+        heap.freeze_set_up()
+        assert gc.isenabled() and gc.get_freeze_count() >= 1000
+        gc.unfreeze()
+        heap.freeze_set_up()  # once per process: a second trainer's call freezes nothing
+        assert gc.get_freeze_count() == 0
+    finally:
+        gc.unfreeze()
+        gc.enable()
