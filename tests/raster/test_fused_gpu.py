@@ -209,6 +209,44 @@ def test_render_kernel_matches_torch_twin():
         assert rel_err(x.grad, y.grad) <= GRAD_TOL, n
 
 
+_EDGE_INPUTS = ("means2d", "conics", "colors", "opacities")
+
+
+def _edge_scene_run(sc, offsets, fids, schedule, warp_cull, seed):
+    """The culling-edge scene ``sc`` through the kernels on the tile lists (offsets, fids): the plain
+    render pair (``schedule`` None, against random output weights) or the fused loss in that schedule
+    (one launch with a small capacity, so that tiles stream). Returns (outputs, input gradients)."""
+    from bytesplat_ns.raster.fused import _FusedLoss, _RasterizeFused
+
+    W, H = sc["width"], sc["height"]
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    bg = torch.rand(2, 3, device="cuda", generator=g)
+    gt = torch.rand(2, H, W, 3, device="cuda", generator=g)
+    w = torch.randn(2, H, W, 3, device="cuda", generator=g)
+    ins = [sc[k].clone().contiguous().requires_grad_(True) for k in _EDGE_INPUTS]
+    if schedule is None:
+        r, a = _RasterizeFused.apply(*ins, bg, offsets, fids, W, H, False, warp_cull)
+        ((r * w).sum() + a.sum()).backward()
+        out = (r, a)
+    else:
+        loss, r, a, _, _ = _FusedLoss.apply(*ins, bg, gt, offsets, fids, W, H, 0.2, False,
+                                            64 if schedule == "one_launch" else None, 2, schedule, True, warp_cull,
+                                            False)
+        loss.backward()
+        out = (loss, r, a)
+        assert _FusedLoss.last_kernel_info["warp_cull"] is warp_cull
+    return [t.detach() for t in out], [x.grad for x in ins]
+
+
+def _assert_same_run(run1, run0):
+    """The same outputs bit for bit, the same gradients up to the order of the float atomics."""
+    (out1, grads1), (out0, grads0) = run1, run0
+    for x, y in zip(out1, out0):
+        assert torch.equal(x, y)
+    for x, y, n in zip(grads1, grads0, _EDGE_INPUTS):
+        assert rel_err(x, y) <= 1e-6, (n, rel_err(x, y))
+
+
 @pytest.mark.parametrize("schedule", [None, "split", "one_launch"])
 def test_warp_culling_changes_nothing(schedule):
     """The kernels skip, per warp, the Gaussians that cannot reach alpha 1/255 at any of its pixels
@@ -217,39 +255,14 @@ def test_warp_culling_changes_nothing(schedule):
     the kernels with culling (the default) and without (``warp_cull=False``) must give the same
     image bit for bit (a pixel makes the same additions in the same order) and the same gradients up
     to the order of the float atomics. ``None``: the plain render pair; otherwise the fused loss in
-    that schedule (one launch with a small capacity, so that tiles stream)."""
-    from bytesplat_ns.raster.fused import _FusedLoss, _RasterizeFused, bin_tiles
+    that schedule."""
+    from bytesplat_ns.raster.fused import bin_tiles
     from tests.helpers.culling_scenes import culling_edge_scene_2d
 
     sc = culling_edge_scene_2d(C=2, W=77, H=53, n=300, seed=7, device="cuda")  # ~1/3 of pixels saturate
-    W, H = sc["width"], sc["height"]
-    offsets, fids = bin_tiles(sc["means2d"], sc["radii"], sc["depths"], W, H)
+    offsets, fids = bin_tiles(sc["means2d"], sc["radii"], sc["depths"], sc["width"], sc["height"])
     assert int((offsets[1:] - offsets[:-1]).max()) > 64  # long tiles: several batches stream
-    g = torch.Generator(device="cuda").manual_seed(8)
-    bg = torch.rand(2, 3, device="cuda", generator=g)
-    gt = torch.rand(2, H, W, 3, device="cuda", generator=g)
-    w = torch.randn(2, H, W, 3, device="cuda", generator=g)
-
-    def run(cull: bool):
-        ins = [sc[k].clone().contiguous().requires_grad_(True) for k in ("means2d", "conics", "colors", "opacities")]
-        if schedule is None:
-            r, a = _RasterizeFused.apply(*ins, bg, offsets, fids, W, H, False, cull)
-            ((r * w).sum() + a.sum()).backward()
-            out = (r, a)
-        else:
-            loss, r, a, _, _ = _FusedLoss.apply(*ins, bg, gt, offsets, fids, W, H, 0.2, False,
-                                                64 if schedule == "one_launch" else None, 2, schedule, True, cull,
-                                                False)
-            loss.backward()
-            out = (loss, r, a)
-            assert _FusedLoss.last_kernel_info["warp_cull"] is cull
-        return [t.detach() for t in out], [x.grad for x in ins]
-
-    (out1, grads1), (out0, grads0) = run(True), run(False)
-    for x, y in zip(out1, out0):
-        assert torch.equal(x, y)
-    for x, y, n in zip(grads1, grads0, ("means2d", "conics", "colors", "opacities")):
-        assert rel_err(x, y) <= 1e-6, (n, rel_err(x, y))
+    _assert_same_run(*(_edge_scene_run(sc, offsets, fids, schedule, cull, seed=8) for cull in (True, False)))
 
 
 @pytest.mark.parametrize("warp_cull", [True, False])
@@ -259,41 +272,16 @@ def test_opacity_aware_tiles_change_nothing(schedule, warp_cull):
     its square radius leaves out only (tile, Gaussian) pairs no pixel would composite: on the
     culling-edge scene the lists get shorter and the kernels give the same image bit for bit and the
     same gradients up to the order of the float atomics, with the per-warp cull and without it."""
-    from bytesplat_ns.raster.fused import _FusedLoss, _RasterizeFused, bin_tiles
+    from bytesplat_ns.raster.fused import bin_tiles
     from bytesplat_ns.raster.tile_reach import opacity_aware_radii
     from tests.helpers.culling_scenes import culling_edge_scene_2d
 
     sc = culling_edge_scene_2d(C=2, W=77, H=53, n=300, seed=9, device="cuda")
-    W, H = sc["width"], sc["height"]
     reach = opacity_aware_radii(sc["radii"], sc["conics"], sc["opacities"])
-    bins = {tight: bin_tiles(sc["means2d"], reach if tight else sc["radii"], sc["depths"], W, H)
-            for tight in (False, True)}
-    assert bins[True][1].numel() < bins[False][1].numel()
-    g = torch.Generator(device="cuda").manual_seed(10)
-    bg = torch.rand(2, 3, device="cuda", generator=g)
-    gt = torch.rand(2, H, W, 3, device="cuda", generator=g)
-    w = torch.randn(2, H, W, 3, device="cuda", generator=g)
-
-    def run(tight: bool):
-        offsets, fids = bins[tight]
-        ins = [sc[k].clone().contiguous().requires_grad_(True) for k in ("means2d", "conics", "colors", "opacities")]
-        if schedule is None:
-            r, a = _RasterizeFused.apply(*ins, bg, offsets, fids, W, H, False, warp_cull)
-            ((r * w).sum() + a.sum()).backward()
-            out = (r, a)
-        else:
-            loss, r, a, _, _ = _FusedLoss.apply(*ins, bg, gt, offsets, fids, W, H, 0.2, False,
-                                                64 if schedule == "one_launch" else None, 2, schedule, True,
-                                                warp_cull, False)
-            loss.backward()
-            out = (loss, r, a)
-        return [t.detach() for t in out], [x.grad for x in ins]
-
-    (out1, grads1), (out0, grads0) = run(True), run(False)
-    for x, y in zip(out1, out0):
-        assert torch.equal(x, y)
-    for x, y, n in zip(grads1, grads0, ("means2d", "conics", "colors", "opacities")):
-        assert rel_err(x, y) <= 1e-6, (n, rel_err(x, y))
+    square, tight = (bin_tiles(sc["means2d"], r, sc["depths"], sc["width"], sc["height"]) for r in (sc["radii"], reach))
+    assert tight[1].numel() < square[1].numel()
+    _assert_same_run(_edge_scene_run(sc, *tight, schedule, warp_cull, seed=10),
+                     _edge_scene_run(sc, *square, schedule, warp_cull, seed=10))
 
 
 # ---------------------------------------------------------------------------------------------
