@@ -65,14 +65,20 @@ def _per_axis_radii(version: str) -> bool:
     return (major, minor) >= (1, 5)  # gsplat 1.5 bins with [..., N, 2] radii (x and y extents)
 
 
-def gsplat_bins(inputs, version: str):
+def gsplat_bins(inputs, version: str, opacity_aware: bool = False):
     """gsplat's tile lists of ``inputs``' projected Gaussians (``raster.StageInputs``), with the same
-    isotropic radii whatever the version, so that every version rasterizes the same lists."""
+    isotropic radii whatever the version, so that every version rasterizes the same lists; with
+    ``opacity_aware`` (gsplat >= 1.5, which bins per axis) the per-axis reach our
+    ``FusedOptions.opacity_aware_tiles`` bins with (``raster.tile_reach``): the same shorter lists."""
     import torch
     from gsplat.cuda._wrapper import isect_offset_encode, isect_tiles
 
     radii = inputs.radii
-    if _per_axis_radii(version) and radii.dim() == 2:
+    if opacity_aware:
+        from bytesplat_ns.raster.tile_reach import opacity_aware_radii
+
+        radii = opacity_aware_radii(inputs.radii, inputs.con, inputs.op)
+    elif _per_axis_radii(version) and radii.dim() == 2:
         radii = torch.stack([radii, radii], dim=-1)
     tw, th = math.ceil(inputs.W / 16), math.ceil(inputs.H / 16)
     _, isect_ids, flatten_ids = isect_tiles(inputs.m2, radii, inputs.depths, 16, tw, th)
@@ -98,13 +104,15 @@ def gsplat_raster_loss_pass(inputs, offsets, flatten_ids, ssim: SsimFunction) ->
 
 def measure(inputs, implementations: Sequence[str], warmup: int, repeats: int, raster_only: bool) -> List[Dict]:
     """One row per SSIM implementation for the gsplat of this process: ``raster_loss`` (from the
-    shared 2D inputs: rasterize_to_pixels + loss + backward) and, unless ``raster_only``, ``full``
-    (gsplat's ``rasterization`` from the 3D Gaussians + loss + backward)."""
+    shared 2D inputs: rasterize_to_pixels + loss + backward), for a gsplat that bins per axis also
+    ``raster_loss_opacity_tiles`` (the same on the opacity-aware lists, :func:`gsplat_bins`) and,
+    unless ``raster_only``, ``full`` (gsplat's ``rasterization`` from the 3D Gaussians + loss + backward)."""
     from gsplat.rendering import rasterization
 
     version = gsplat_version()
     scene = inputs.scene
     offsets, flatten_ids = gsplat_bins(inputs, version)
+    tight = gsplat_bins(inputs, version, opacity_aware=True) if _per_axis_radii(version) else None
     rows = []
     for implementation in implementations:
         row: Dict = {"gsplat": version, "ssim": implementation}
@@ -124,6 +132,10 @@ def measure(inputs, implementations: Sequence[str], warmup: int, repeats: int, r
 
         record_or_error(row, "loss_value", lambda: raster_loss().item())
         record_or_error(row, "raster_loss", lambda: time_ms(raster_loss, warmup, repeats))
+        if tight is not None:
+            tight_pass = gsplat_raster_loss_pass(inputs, *tight, ssim)
+            record_or_error(row, "loss_value_opacity_tiles", lambda: tight_pass().item())
+            record_or_error(row, "raster_loss_opacity_tiles", lambda: time_ms(tight_pass, warmup, repeats))
         if not raster_only:
             record_or_error(row, "full", lambda: time_ms(full, warmup, repeats))
         rows.append(row)

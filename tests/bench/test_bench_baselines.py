@@ -61,6 +61,32 @@ def test_gsplat_15_bins_with_per_axis_radii():
     assert baselines._per_axis_radii("1.5.3") and baselines._per_axis_radii("2.0.0")
 
 
+def test_gsplat_15_gets_the_same_lists_as_ours_square_or_opacity_aware(monkeypatch):
+    """gsplat's binning is given our radii: the square ones per axis, or the opacity-aware reach
+    (``raster.tile_reach``), so that both rasterizers draw the same lists."""
+    from gsplat.cuda import _wrapper
+
+    from bytesplat_ns.raster.tile_reach import opacity_aware_radii
+
+    seen = []
+    monkeypatch.setattr(_wrapper, "isect_tiles", lambda m2, radii, depths, *a: seen.append(radii) or (None, "ids", "fids"))
+    monkeypatch.setattr(_wrapper, "isect_offset_encode", lambda ids, *a: "offsets")
+
+    class Inputs:  # the fields of bench.raster.StageInputs gsplat_bins reads
+        W, H, m2, depths = 64, 48, torch.zeros(1, 3, 2), torch.ones(1, 3)
+        radii = torch.tensor([[9, 9, 0]], dtype=torch.int32)
+        con = torch.tensor([[[1 / 9.0, 0.0, 1.0], [1.0, 0.0, 1.0], [1.0, 0.0, 1.0]]])
+        op = torch.tensor([[0.9, 0.02, 0.5]])
+
+    assert baselines.gsplat_bins(Inputs, "1.5.3") == ("offsets", "fids")
+    assert torch.equal(seen[-1], torch.stack([Inputs.radii, Inputs.radii], -1))
+    baselines.gsplat_bins(Inputs, "1.5.3", opacity_aware=True)
+    assert torch.equal(seen[-1], opacity_aware_radii(Inputs.radii, Inputs.con, Inputs.op))
+    assert seen[-1][0, 0, 0] > seen[-1][0, 0, 1] and seen[-1][0, 2].tolist() == [0, 0]
+    baselines.gsplat_bins(Inputs, "1.4.0")
+    assert torch.equal(seen[-1], Inputs.radii)  # 1.4 bins with one radius per Gaussian
+
+
 def test_another_gsplat_runs_in_a_child_with_its_site_first(tmp_path):
     spec = baselines.child_command(str(tmp_path), 1000, 64, 48, 3, 1, 2, ["fussim"], True, "torch", tmp_path / "o.json")
     assert spec["env"]["PYTHONPATH"].split(":")[0] == str(tmp_path)

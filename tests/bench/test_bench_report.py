@@ -132,6 +132,12 @@ def test_baseline_pairs_get_their_own_table_against_the_fused_schedule():
     row = next(line for line in lines if "fussim" in line)
     assert "| 1M | 1.5.3 | fussim | 5.00 | 2.50x | 10.00 | 2.50x | 2.0e-07 |" in row
     assert any("child exited with 1: boom" in line for line in lines)
+    # a pair also timed on the opacity-aware lists gets those two columns, against ours on the same lists
+    run["raster_loss_fused_split_opacity_tiles"] = {"median_ms": 1.5}
+    run["baselines"][0]["raster_loss_opacity_tiles"] = {"median_ms": 4.5}
+    lines = raster_table([{"name": "s", "result": {"width": 1920, "height": 1080, "runs": [run]}}])
+    row = next(line for line in lines if "fussim" in line)
+    assert "| 1M | 1.5.3 | fussim | 5.00 | 2.50x | 10.00 | 2.50x | 4.50 | 3.00x | 2.0e-07 |" in row
 
 
 def test_opacity_aware_tiles_get_their_own_table_against_the_square_boxes():
