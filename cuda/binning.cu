@@ -4,8 +4,8 @@
 // A Gaussian with radius > 0 covers tiles x in [floor(tx - r), ceil(tx + r)) clamped to [0, tw]
 // (same for y) with tx = mean.x / tile_size, r = radius / tile_size in float32. Radii are [C,N]
 // (the same along x and y) or [C,N,2] (x, y: the opacity-aware reach, raster/tile_reach.py).
-// Entries with a radius <= 0 on either axis are culled (their means may be uninitialised). Each tile's list is sorted by the depth's
-// float32 bits, ties in flattened (camera * N + gaussian) order.
+// Entries with a radius <= 0 on either axis are culled (their means may be uninitialised). Each
+// tile's list is sorted by the depth's float32 bits, ties in flattened (camera * N + gaussian) order.
 //
 // 1. count intersections per flattened Gaussian; 2. inclusive cumsum (int64) gives each its slot
 // range; 3. write (tile << 32 | depth bits, gid) pairs in gid order; 4. stable radix sort of the
@@ -80,7 +80,8 @@ __global__ void count_kernel(int64_t CN, const float2 *__restrict__ means2d,
 // One thread per flattened Gaussian; its slots [cum[i] - count, cum[i]) follow gid order, which
 // is the tie order the stable sort then preserves.
 __global__ void emit_kernel(int64_t CN, int64_t N, const float2 *__restrict__ means2d,
-                            const int32_t *__restrict__ radii, int axes, const float *__restrict__ depths,
+                            const int32_t *__restrict__ radii, int axes,
+                            const float *__restrict__ depths,
                             float inv_ts, int64_t tw, int64_t th,
                             const int64_t *__restrict__ cum, int64_t M,
                             uint64_t *__restrict__ keys, int32_t *__restrict__ vals) {
@@ -166,7 +167,9 @@ at::Tensor tile_intersections(const at::Tensor &means2d, const at::Tensor &radii
     check_inputs(means2d, radii, width, height, tile_size);
     const at::cuda::CUDAGuard guard(means2d.device());
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-    return tile_counts(means2d, radii, width, height, tile_size, stream).view({radii.size(0), radii.size(1)}).sum(1);
+    return tile_counts(means2d, radii, width, height, tile_size, stream)
+        .view({radii.size(0), radii.size(1)})
+        .sum(1);
 }
 
 std::vector<at::Tensor> bin_tiles(const at::Tensor &means2d, const at::Tensor &radii,
@@ -207,7 +210,8 @@ std::vector<at::Tensor> bin_tiles(const at::Tensor &means2d, const at::Tensor &r
     if (known) keys.fill_((int64_t)((uint64_t)ntot << 32 | 0xFFFFFFFFull));
     auto *keys_p = reinterpret_cast<uint64_t *>(keys.data_ptr<int64_t>());
     emit_kernel<<<blocks_for(CN), kBinThreads, 0, stream>>>(
-        CN, N, m2, radii.data_ptr<int32_t>(), radius_axes(radii), depths.data_ptr<float>(), inv_tile(tile_size), tw, th,
+        CN, N, m2, radii.data_ptr<int32_t>(), radius_axes(radii), depths.data_ptr<float>(),
+        inv_tile(tile_size), tw, th,
         cum.data_ptr<int64_t>(), M, keys_p, vals.data_ptr<int32_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
 
