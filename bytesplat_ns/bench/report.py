@@ -347,6 +347,19 @@ def _date(step: Dict) -> Optional[str]:
     return result.get("date") or (result.get("environment") or {}).get("date") or step.get("date")
 
 
+def steps_not_run(doc: Dict) -> List[str]:
+    """The declared steps of ``doc``'s suite (``bench.suites``) that an incomplete document holds no run
+    of (a complete one, or one measured before its suite existed, lists its own steps)."""
+    from bytesplat_ns.bench.suite_runner import named_steps
+    from bytesplat_ns.bench.suites import SUITES
+
+    suite = SUITES.get(doc["suite"])
+    if suite is None or doc.get("complete") is not False:
+        return []
+    have = {step["name"] for step in doc["steps"]}
+    return [step.name for step in named_steps(suite).steps if step.name not in have]
+
+
 def suite_section(doc: Dict, results_dir: Path, page_dir: Path) -> List[str]:
     v = doc.get("versions", {})
     versions = ", ".join(f"{k} {v[k]}" for k in ("torch", "cuda", "nccl", "nerfstudio", "gsplat") if v.get(k))
@@ -357,6 +370,10 @@ def suite_section(doc: Dict, results_dir: Path, page_dir: Path) -> List[str]:
         lines.append(f"- Measured with: {doc['measured_with']}")
     lines += [f"- Step `{s['name']}`: `{s['command']}` ({', '.join(x for x in (s['status'], _date(s)) if x)})"
               for s in doc["steps"]]
+    missing = steps_not_run(doc)
+    if missing:
+        lines.append("- Not run yet: " + ", ".join(f"`{name}`" for name in missing)
+                     + f" (`bytesplat-bench suite {doc['suite']} --only NAME` adds a step to this document)")
     by_kind: Dict[str, List[Dict]] = {}
     for step in doc["steps"]:
         if step.get("status") in ("ok", "partial") and step.get("result") is not None:  # partial: some runs failed

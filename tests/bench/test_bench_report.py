@@ -191,3 +191,14 @@ def test_steps_split_by_seed_get_one_table_over_all_their_runs():
     # two steps that run the same method and seed are two configurations, not more samples
     assert across_steps_table([_wallclock_step("x", [run("a", 0, 1.0, 1.0)]),
                                _wallclock_step("y", [run("a", 0, 2.0, 2.0)])]) == []
+
+
+def test_an_incomplete_document_names_the_steps_not_run_yet():
+    from bytesplat_ns.bench.report import steps_not_run, suite_section
+
+    doc = {"suite": "gaussian-budget", "command": "c", "complete": False,
+           "steps": [{"name": "capture_seeds", "command": "x", "status": "ok", "result": None}]}
+    assert steps_not_run(doc) == ["capture_wall", "large_seeds"]
+    lines = suite_section(doc, Path("docs/results"), Path("docs"))
+    assert any(line.startswith("- Not run yet: `capture_wall`, `large_seeds`") for line in lines)
+    assert steps_not_run(dict(doc, complete=True)) == [] and steps_not_run(dict(doc, suite="no-such-suite")) == []
