@@ -60,6 +60,11 @@ def _f(value, fmt: str = "{:.2f}") -> str:
     return "-" if value is None else fmt.format(value)
 
 
+def _times(slow: Optional[float], fast: Optional[float]) -> str:
+    """How many times ``fast`` is faster than ``slow`` ("-" unless both are measured)."""
+    return _f(slow / fast if slow and fast else None, "{:.2f}x")
+
+
 def _count(n: float) -> str:
     return f"{n / 1e6:g}M" if n >= 1e6 else f"{n / 1e3:g}k" if n >= 1e3 else f"{n:g}"
 
@@ -78,8 +83,7 @@ def raster_table(steps: List[Dict]) -> List[str]:
             cells = [step["name"], f"{r.get('width')}x{r.get('height')}", _count(run["num_gaussians"])]
             for columns in (RASTER_COLUMNS, FULL_COLUMNS):
                 fused, gsplat = (_ms(run.get(key)) for _, key in columns)
-                speedup = gsplat / fused if fused and gsplat else None
-                cells += [_f(fused), _f(gsplat), _f(speedup, "{:.2f}x")]
+                cells += [_f(fused), _f(gsplat), _times(gsplat, fused)]
             rows.append(cells)
     lines = _table(["step", "size", "Gaussians", "raster+loss fused ms", "gsplat ms", "speed-up",
                     "from 3D: render+loss+bwd fused ms", "gsplat ms", "speed-up"], rows)
@@ -100,7 +104,7 @@ def opacity_tiles_table(steps: List[Dict]) -> List[str]:
             cells = [_count(run["num_gaussians"]), str(run.get("intersections")), str(run["intersections_opacity_aware"])]
             for key in ("binning_cuda", "raster_loss_fused_split", "full_fused_split"):
                 square, tight = _ms(run.get(key)), _ms(run.get(key + "_opacity_tiles"))
-                cells += [_f(square), _f(tight), _f(square / tight if square and tight else None, "{:.2f}x")]
+                cells += [_f(square), _f(tight), _times(square, tight)]
             a, b = run.get("fused_split_loss_value"), run.get("fused_split_opacity_tiles_loss_value")
             cells.append(_f(abs(b - a) / abs(a) if isinstance(a, float) and isinstance(b, float) and a else None, "{:.1e}"))
             rows.append(cells)
@@ -115,31 +119,28 @@ def baseline_table(steps: List[Dict]) -> List[str]:
     """Each baseline pair (gsplat version x SSIM) against the fused split schedule, per count: the
     raster + loss from the same 2D inputs and the whole render + loss + backward from 3D, with the
     pair's loss value relative to the fused one."""
+    runs = [run for step in steps for run in step["result"]["runs"]]
+    # pairs also timed on the opacity-aware lists get two more columns (results before those lists have none)
+    tight_lists = any("raster_loss_opacity_tiles" in b for run in runs for b in run.get("baselines") or [])
     rows = []
-    tight_lists = False  # any pair timed on the opacity-aware lists too: two more columns
-    for step in steps:
-        for run in step["result"]["runs"]:
-            fused_raster, fused_full = _ms(run.get("raster_loss_fused_split")), _ms(run.get("full_fused_split"))
-            fused_tight = _ms(run.get("raster_loss_fused_split_opacity_tiles"))
-            for b in run.get("baselines") or []:
-                if "error" in b:
-                    rows.append([_count(run["num_gaussians"]), str(b.get("gsplat", b.get("site", "?"))), str(b.get("ssim", "-")),
-                                 "-", "-", "-", "-", "-", "-", "-", b["error"][:80]])
-                    continue
-                raster, full, tight = _ms(b.get("raster_loss")), _ms(b.get("full")), _ms(b.get("raster_loss_opacity_tiles"))
-                tight_lists = tight_lists or tight is not None
-                rows.append([_count(run["num_gaussians"]), b["gsplat"], b["ssim"], _f(raster),
-                             _f(raster / fused_raster if raster and fused_raster else None, "{:.2f}x"), _f(full),
-                             _f(full / fused_full if full and fused_full else None, "{:.2f}x"), _f(tight),
-                             _f(tight / fused_tight if tight and fused_tight else None, "{:.2f}x"),
-                             _f(b.get("loss_rel_diff_vs_fused"), "{:.1e}"), ""])
+    for run in runs:
+        fused_raster, fused_full = _ms(run.get("raster_loss_fused_split")), _ms(run.get("full_fused_split"))
+        fused_tight = _ms(run.get("raster_loss_fused_split_opacity_tiles"))
+        for b in run.get("baselines") or []:
+            if "error" in b:
+                rows.append([_count(run["num_gaussians"]), str(b.get("gsplat", b.get("site", "?"))), str(b.get("ssim", "-")),
+                             *["-"] * (7 if tight_lists else 5), b["error"][:80]])
+                continue
+            raster, full, tight = _ms(b.get("raster_loss")), _ms(b.get("full")), _ms(b.get("raster_loss_opacity_tiles"))
+            rows.append([_count(run["num_gaussians"]), b["gsplat"], b["ssim"], _f(raster), _times(raster, fused_raster),
+                         _f(full), _times(full, fused_full),
+                         *([_f(tight), _times(tight, fused_tight)] if tight_lists else []),
+                         _f(b.get("loss_rel_diff_vs_fused"), "{:.1e}"), ""])
     if not rows:
         return []
-    header = ["Gaussians", "gsplat", "SSIM", "raster+loss ms", "fused speed-up", "from 3D ms", "fused speed-up",
-              "on opacity-aware lists ms", "fused speed-up", "loss vs fused (rel.)", "note"]
-    if not tight_lists:  # results measured before the opacity-aware lists existed
-        header, rows = header[:7] + header[9:], [r[:7] + r[9:] for r in rows]
-    return _table(header, rows)
+    return _table(["Gaussians", "gsplat", "SSIM", "raster+loss ms", "fused speed-up", "from 3D ms", "fused speed-up",
+                   *(["on opacity-aware lists ms", "fused speed-up"] if tight_lists else []),
+                   "loss vs fused (rel.)", "note"], rows)
 
 
 def train_table(steps: List[Dict]) -> List[str]:
