@@ -21,8 +21,8 @@ ncu's CSV per stage (read and written bytes, kernels counted). Stages:
   DIR first on the child's path. Every gsplat row names its ``gsplat_version``.
 
 ncu reads the device's DRAM counters, so run it alone on the GPU: another process's kernels would
-add their traffic. ``--ncu`` names the profiler (default ``ncu`` on the PATH). A stage that fails (no ncu, counters not
-readable, a package missing) is its row's ``error``.
+add their traffic. ``--ncu`` names the profiler (default ``ncu`` on the PATH). A stage that fails
+(no ncu, counters not readable, a package missing) is its row's ``error``.
 """
 
 from __future__ import annotations
