@@ -29,5 +29,7 @@ _sys.meta_path.append(_CheckoutFolders(_Path(__file__).resolve().parent.parent))
 
 from bytesplat_ns import compat as _compat  # noqa: E402,F401  (torch.load allow-list for nerfstudio checkpoints)
 from bytesplat_ns.cli_errors import install_excepthook as _install_excepthook  # noqa: E402
+from bytesplat_ns.frame_modules import map_frozen_import_frames as _map_frozen_import_frames  # noqa: E402
 
 _install_excepthook()
+_map_frozen_import_frames()  # before ns-train's method table lists its external methods
