@@ -15,13 +15,14 @@ the gsplat of a ``--gsplat-site`` gets the same scene through a file, ``bench.sc
   on its path) as its own trainer runs it where it is fastest: fussim's fused SSIM, gsplat's
   ``SelectiveAdam`` (updates only the Gaussians the camera sees) and its strategy's statistics.
 - ``bytesplat``: our fused split schedule (projection, SH from the DC and rest parameters as they
-  are, our binning, render + loss + 2D gradients in our kernels), the sync-free statistics and
+  are, our binning into each Gaussian's opacity-aware reach, render + loss + 2D gradients in our kernels), the sync-free statistics and
   ``optim.DeviceAdam`` (by default our Adam kernel, cuda/adam.cu), with the inputs ``ns-train
   bytesplat`` gives it (:func:`model_inputs`).
 - ``bytesplat-visible``: the same with Adam on the visible Gaussians only
   (``--pipeline.model.optimize-visible-only``: ``DeviceAdam.visible_rows``, the kernel's row mask).
-- ``bytesplat-opacity-tiles``: ``bytesplat`` binning each Gaussian into its opacity-aware reach
-  (``--pipeline.model.fused.opacity-aware-tiles``, ``raster/tile_reach.py``: the same render).
+- ``bytesplat-square-tiles``: ``bytesplat`` binning each Gaussian into the projection's square
+  3-sigma box instead of its opacity-aware reach (``--pipeline.model.fused.opacity-aware-tiles
+  False``, ``raster/tile_reach.py``: the same render, longer tile lists).
 
 Reported per implementation: ``wall_ms`` (host clock over ``--repeats`` back-to-back steps, the
 GPU drained at both ends: what a training loop gets), the stages' spans (CUDA events at the stage
@@ -51,7 +52,7 @@ import torch
 LEARNING_RATES = {"means": 1.6e-4, "scales": 5e-3, "quats": 1e-3, "features_dc": 2.5e-3,
                   "features_rest": 2.5e-3 / 20, "opacities": 5e-2}
 ADAM_EPS = 1e-15
-IMPLEMENTATIONS = ("splatfacto", "gsplat", "bytesplat", "bytesplat-visible", "bytesplat-opacity-tiles")
+IMPLEMENTATIONS = ("splatfacto", "gsplat", "bytesplat", "bytesplat-visible", "bytesplat-square-tiles")
 
 # kernel name -> category; the first pattern that matches wins, "bwd"/"backward" in a name marks it backward
 KERNEL_CATEGORIES: Tuple[Tuple[str, str], ...] = (
@@ -224,18 +225,15 @@ class GsplatStep(TrainingStep):
 class BytesplatStep(TrainingStep):
     """``raster.fused.fused_render_loss`` (default options) + sync-free statistics + DeviceAdam (our Adam kernel)."""
 
-    label = "bytesplat (fused split) + bytesplat Adam"
-
-    def __init__(self, scene: Dict, visible_only: bool = False, opacity_aware_tiles: bool = False):
+    def __init__(self, scene: Dict, visible_only: bool = False, square_tiles: bool = False):
         super().__init__(scene)
         from bytesplat_ns.raster.options import FusedOptions
 
         self.visible_only = visible_only
-        self.options = FusedOptions(opacity_aware_tiles=opacity_aware_tiles)
-        if visible_only:
-            self.label = "bytesplat (fused split) + bytesplat Adam, visible Gaussians only"
-        if opacity_aware_tiles:
-            self.label = "bytesplat (fused split, opacity-aware tiles) + bytesplat Adam"
+        self.options = FusedOptions(opacity_aware_tiles=not square_tiles)
+        tiles = "square tile boxes" if square_tiles else "opacity-aware tiles"
+        adam = "bytesplat Adam, visible Gaussians only" if visible_only else "bytesplat Adam"
+        self.label = f"bytesplat (fused split, {tiles}) + {adam}"
         from bytesplat_ns.optim import DeviceAdam
         from bytesplat_ns.strategy import SyncFreeDefaultStrategy
 
@@ -274,8 +272,8 @@ def build_step(implementation: str, scene: Dict) -> TrainingStep:
         return BytesplatStep(scene)
     if implementation == "bytesplat-visible":
         return BytesplatStep(scene, visible_only=True)
-    if implementation == "bytesplat-opacity-tiles":
-        return BytesplatStep(scene, opacity_aware_tiles=True)
+    if implementation == "bytesplat-square-tiles":
+        return BytesplatStep(scene, square_tiles=True)
     raise ValueError(f"unknown implementation {implementation!r} (choose from {IMPLEMENTATIONS})")
 
 

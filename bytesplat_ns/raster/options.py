@@ -43,7 +43,7 @@ class FusedOptions:
     bwd_reduce: BwdReduce = "butterfly"
     projection: Projection = "auto"
     binning: Binning = "cuda"
-    opacity_aware_tiles: bool = False
+    opacity_aware_tiles: bool = True
 
     def __post_init__(self):
         _check_choice("schedule", self.schedule, SCHEDULES)
@@ -78,9 +78,9 @@ class FusedRasterConfig:
     """3D -> 2D projection and SH: gsplat's CUDA kernels, the pure-PyTorch ones, or auto (gsplat when importable)."""
     binning: Binning = "cuda"
     """Tile binning: bytesplat's kernel (cuda/binning.cu, on CUDA tensors) or its PyTorch twin (same lists)."""
-    opacity_aware_tiles: bool = False
+    opacity_aware_tiles: bool = True
     """Bin each Gaussian only into the tiles its alpha >= 1/255 ellipse reaches, per axis (raster/tile_reach.py;
-    exact: shorter tile lists, the same render). Off until measured on a GPU."""
+    exact: shorter tile lists, the same render); false: into the projection's square 3-sigma box."""
     check_every: int = 0
     """Every this many training steps, compare the fused loss and gradients with the unfused (splatfacto) path
     and log the errors (model.fused_check_log; 0: off). Costs two extra steps each time."""

@@ -12,7 +12,8 @@ in the kernels already skips such pairs; this skips them before the sort). The b
 the kernels' per-warp cull widens it (``t`` by 1% + 0.02, the half-extents by 0.01 px), far beyond
 float rounding; nearly degenerate or non-finite conics keep the square.
 
-``--pipeline.model.fused.opacity-aware-tiles`` (``FusedOptions.opacity_aware_tiles``) turns it on.
+On by default; ``--pipeline.model.fused.opacity-aware-tiles False`` (``FusedOptions.opacity_aware_tiles``)
+bins into the square boxes instead.
 """
 
 from __future__ import annotations

@@ -115,8 +115,8 @@ def test_step_is_a_registered_subcommand_with_a_suite():
     from bytesplat_ns.bench.commands import step_parser
 
     assert step_parser("step").parse_args([]).implementations == ["splatfacto", "bytesplat"]
-    assert step_parser("step").parse_args(["--implementations", "bytesplat-opacity-tiles"]).implementations == [
-        "bytesplat-opacity-tiles"]
+    assert step_parser("step").parse_args(["--implementations", "bytesplat-square-tiles"]).implementations == [
+        "bytesplat-square-tiles"]
     assert suites.SUITES["step-baselines"].steps[0].command == "step"
 
 
@@ -124,7 +124,7 @@ def test_step_is_a_registered_subcommand_with_a_suite():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_steps_train_the_same_scene_from_the_same_loss():
     scene = synthetic_scene(20_000, 256, 192, 3)
-    rows = step.run_here(["splatfacto", "bytesplat", "bytesplat-visible", "bytesplat-opacity-tiles"], scene, warmup=3,
+    rows = step.run_here(["splatfacto", "bytesplat", "bytesplat-visible", "bytesplat-square-tiles"], scene, warmup=3,
                          repeats=5, profile_steps=2)
     assert all("error" not in r for r in rows), rows
     first = rows[0]["loss_step0"]
