@@ -223,6 +223,13 @@ def _with_subclasses(cls) -> List[type]:
     return found
 
 
+def peak_host_memory_mb() -> Optional[float]:
+    """This process's peak resident memory so far (Linux reports ru_maxrss in KiB); None elsewhere."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 if sys.platform.startswith("linux") else None
+
+
 def final_state(trainer) -> Dict[str, Optional[float]]:
     """Gaussian count and peak GPU memory at the end of training (None where not applicable)."""
     import torch
@@ -246,6 +253,7 @@ def write_timings(path: Path, timers: PhaseTimers, record: Dict, collections: Op
         "detail_s": timers.detail,
         **({"gc": collections.summary()} if collections is not None else {}),
         **(final_state(trainer) if trainer is not None else {}),
+        "peak_host_memory_mb": peak_host_memory_mb(),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2))

@@ -32,7 +32,8 @@ from bytesplat_ns.bench.timed_ns_train import LAUNCHERS
 from bytesplat_ns.errors import BytesplatError
 
 BREAKDOWN = ("startup_s", "data_s", "steps_s", "eval_s", "log_s", "save_s", "other_s")
-SUMMARY_KEYS = ("wall_s", *BREAKDOWN, "psnr", "ssim", "lpips", "num_gaussians", "peak_gpu_memory_mb", "gc_full_s",
+SUMMARY_KEYS = ("wall_s", *BREAKDOWN, "psnr", "ssim", "lpips", "num_gaussians", "peak_gpu_memory_mb",
+                "peak_host_memory_mb", "gc_full_s",
                 "step_median_ms", "step_p99_ms", "first_step_ms", "slow_steps", "slow_steps_excess_s")
 NS_EVAL = "from nerfstudio.scripts.eval import entrypoint; entrypoint()"
 # --offline-lpips: every method's LPIPS goes through bytesplat's offline check (no network wait, no crash)
@@ -174,6 +175,7 @@ def run_one(entry: MethodEntry, seed: int, args: argparse.Namespace, repeat: int
         # the part of other_s after the trainer finished: interpreter and writer shutdown
         "exit_s": launch + wall_s - timings["process_end"],
         "num_gaussians": timings.get("num_gaussians"), "peak_gpu_memory_mb": timings.get("peak_gpu_memory_mb"),
+        "peak_host_memory_mb": timings.get("peak_host_memory_mb"),
         **gc_fields(timings), **step_time_fields(timings.get("step_ms") or []),
         **({"detail_s": timings["detail_s"]} if timings.get("detail_s") else {}),
         "ns_train_command": f"{entry.launcher} " + shlex.join(train_args),

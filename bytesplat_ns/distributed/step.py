@@ -223,8 +223,11 @@ def _collect_absgrad(m: Tensor, orders: Sequence[Optional[Tensor]], sinks: Seque
             if order is not None:
                 a = torch.empty_like(a).index_copy_(0, order, a)
             sink.append(a)
+        # The hook lives in m's autograd node and holds m: a cycle through C++ that the garbage
+        # collector cannot see. It keeps m alive until the backward; removing it then frees m.
+        handle.remove()
 
-    m.register_hook(_collect)
+    handle = m.register_hook(_collect)
 
 
 def composite_records(

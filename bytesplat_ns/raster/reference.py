@@ -14,6 +14,7 @@ the pixel stops before the Gaussian that would take the transmittance to <= 1e-4
 
 from __future__ import annotations
 
+import weakref
 from typing import Dict, List, Literal, Optional, Tuple
 
 import torch
@@ -165,9 +166,15 @@ def rasterize_to_pixels_reference(
     absbuf = None
     if absgrad and means2d.requires_grad:
         absbuf = torch.zeros(CN + 1, 2, dtype=dtype, device=device)  # last row: padding sink
+        # The hook lives in means2d's autograd node: a strong reference back to means2d would be a
+        # cycle through C++ that the garbage collector cannot see, leaking every step's means2d,
+        # its gradient, absgrad and graph nodes (GBs over a CPU training run).
+        means2d_ref = weakref.ref(means2d)
 
-        def _publish(grad: Tensor, buf: Tensor = absbuf, m: Tensor = means2d) -> None:
-            m.absgrad = buf[:CN].reshape(C, N, 2).clone()
+        def _publish(grad: Tensor, buf: Tensor = absbuf) -> None:
+            m = means2d_ref()
+            if m is not None:
+                m.absgrad = buf[:CN].reshape(C, N, 2).clone()
             buf.zero_()
 
         means2d.register_hook(_publish)

@@ -105,6 +105,7 @@ def test_two_configurations_end_to_end(tmp_path):
         # every phase ran: 3 steps, eval images at step 2, the final checkpoint, the writers
         assert min(run["startup_s"], run["data_s"], run["steps_s"], run["eval_s"], run["log_s"], run["save_s"]) > 0
         assert run["num_gaussians"] > 0 and 0 < run["ssim"] <= 1 and run["psnr"] > 5
+        assert 200 < run["peak_host_memory_mb"] < 64 * 1024  # torch + nerfstudio alone take a few hundred MB
         assert run["step_median_ms"] > 0 and run["step_max_ms"] >= run["step_p99_ms"] >= run["step_median_ms"]
         assert run["gc_full_collections"] >= 0 and 0 <= run["gc_full_s"] <= run["gc_s"] < run["wall_s"]
         assert "--machine.seed 1" in run["ns_train_command"] and run["ns_train_command"].startswith("ns-train bytesplat")
