@@ -55,7 +55,8 @@ def test_sharded_forward_backward_with_the_fused_compositor(monkeypatch, grouped
     the views in several consecutive calls (``step._view_groups``), as at capacity sizes."""
     from bytesplat_ns.distributed import make_communicator, sharded_render_loss
     from bytesplat_ns.distributed import step as S
-    from bytesplat_ns.raster.fused import tile_intersections
+    from bytesplat_ns.raster.fused import tile_intersections, tile_radii
+    from bytesplat_ns.raster.options import DEFAULT_OPTIONS
     from tests.helpers import distributed_worker as W
 
     calls = []
@@ -63,7 +64,8 @@ def test_sharded_forward_backward_with_the_fused_compositor(monkeypatch, grouped
         views = W.make_views()
         proj = S.project_shard({k: v.cuda() for k, v in W.make_gaussians(W.N_GAUSSIANS, W.SEED).items()},
                                _on_gpu(views), W.SH_DEGREE)
-        per_view = tile_intersections(proj.means2d, proj.radii, views.width, views.height).tolist()
+        reach = tile_radii(proj.radii, proj.conics, proj.opacities, DEFAULT_OPTIONS)  # what the step bins with
+        per_view = tile_intersections(proj.means2d, reach, views.width, views.height).tolist()
         monkeypatch.setattr(S, "joint_binning_budget", lambda device: 2 * max(per_view))
         scored = S._score_padded_views
         monkeypatch.setattr(S, "_score_padded_views", lambda padded, *a, **k: calls.append(padded[0].shape[0]) or scored(padded, *a, **k))

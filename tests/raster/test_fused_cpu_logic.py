@@ -476,14 +476,16 @@ def test_sharded_step_scores_views_in_groups_under_a_binning_budget(torch_ops, m
     rank's views are scored in consecutive groups that fit it, one binning each; the step gives
     the reference compositor's loss, gradients, absgrad and renders as with one call."""
     from bytesplat_ns.distributed import step as S
-    from bytesplat_ns.raster.fused import tile_intersections
+    from bytesplat_ns.raster.fused import tile_intersections, tile_radii
     from tests.helpers import distributed_worker as W
 
     views = W.make_views()
+    options = FusedOptions(schedule="split")
     proj = S.project_shard(W.make_gaussians(W.N_GAUSSIANS, W.SEED), views, W.SH_DEGREE)
-    per_view = tile_intersections(proj.means2d, proj.radii, views.width, views.height).tolist()
+    reach = tile_radii(proj.radii, proj.conics, proj.opacities, options)  # what the step bins with
+    per_view = tile_intersections(proj.means2d, reach, views.width, views.height).tolist()
     monkeypatch.setattr(S, "joint_binning_budget", lambda device: 2 * max(per_view))  # about two views per call
-    _, told = _sharded_step_both_compositors(monkeypatch, "dense", options=FusedOptions(schedule="split"))
+    _, told = _sharded_step_both_compositors(monkeypatch, "dense", options=options)
     groups = S._view_groups(per_view, len(per_view), torch.device("cuda"))  # the budget is patched
     assert 1 < len(groups) < len(per_view) and [j for g in groups for j in g] == list(range(len(per_view)))
     assert told == [sum(per_view[j] for j in g) for g in groups]  # one binning per group, its size known
