@@ -217,7 +217,8 @@ class ByteSplatModel(SplatfactoModel):
         )
         self.strategy_state = self.strategy.initialize_state(scene_scale=1.0)
         self._backend: Optional[str] = None
-        self.tile_occupancy = TileOccupancyMonitor(self.config.tile_stats_every, self.config.hw_prune_capacity)
+        self.tile_occupancy = TileOccupancyMonitor(self.config.tile_stats_every, self.config.hw_prune_capacity,
+                                                   self.config.fused.opacity_aware_tiles)
         self._pruning: Optional[HardwarePruner] = None
         self._budget: Optional[GaussianBudget] = None
         self._budget_settings()  # a bad value stops here, before any training

@@ -258,16 +258,21 @@ def scores_from_info(info: Dict[str, Any]) -> Tensor:
 
 
 @torch.no_grad()
-def tile_entries(info: Dict[str, Any], tile_size: int = TILE_SIZE) -> Tuple[Tensor, Tensor, int]:
+def tile_entries(info: Dict[str, Any], tile_size: int = TILE_SIZE,
+                 opacity_aware: bool = False) -> Tuple[Tensor, Tensor, int]:
     """The fused kernel's tile lists for the views in ``info`` as (tile key [M], Gaussian [M],
     number of tiles): entry m says Gaussian ``gaussian[m]`` (index into N) is in tile ``key[m]``
-    (view-major). Same reach rule and binning as the fused backend (``fused.bin_tiles``)."""
+    (view-major). Same binning as the fused backend (``fused.bin_tiles``), into the projection's
+    square radii or, with ``opacity_aware`` (the fused backend's ``fused.opacity_aware_tiles``), each
+    Gaussian's opacity-aware reach (``raster.tile_reach``; ``info`` then holds conics and opacities)."""
     from bytesplat_ns.raster.fused import bin_tiles
+    from bytesplat_ns.raster.tile_reach import opacity_aware_radii
 
     radii = info["radii"]
     C, N = radii.shape
     W, H = int(info["width"]), int(info["height"])
-    offsets, flatten_ids = bin_tiles(info["means2d"], radii, info["depths"], W, H, tile_size)
+    reach = opacity_aware_radii(radii, info["conics"], info["opacities"]) if opacity_aware else radii
+    offsets, flatten_ids = bin_tiles(info["means2d"], reach, info["depths"], W, H, tile_size)
     offsets = offsets.long()
     n_tiles = offsets.numel() - 1
     counts = offsets[1:] - offsets[:-1]
@@ -407,6 +412,7 @@ class HWPruneSettings:
     tile_views: int = 4
     capacity: int = 0
     stop_iter: int = -1
+    opacity_aware_tiles: bool = False  # the fused backend's tile reach: the lists whose capacity counts
 
     @classmethod
     def from_config(cls, config: Any) -> "HWPruneSettings":
@@ -419,6 +425,7 @@ class HWPruneSettings:
             tile_views=int(getattr(config, "hw_prune_tile_views", cls.tile_views)),
             capacity=int(getattr(config, "hw_prune_capacity", cls.capacity)),
             stop_iter=int(getattr(config, "hw_prune_stop_iter", cls.stop_iter)),
+            opacity_aware_tiles=bool(getattr(getattr(config, "fused", None), "opacity_aware_tiles", False)),
         )
 
 
@@ -613,7 +620,7 @@ class HardwarePruner:
         if target - step < self.tile_views and self.capacity:
             if self._tiles_owner is None or self._tiles_owner() is not owner:
                 self._tiles, self._tiles_owner = [], weakref.ref(owner)
-            keys, gids, nt = tile_entries(info)
+            keys, gids, nt = tile_entries(info, opacity_aware=self.settings.opacity_aware_tiles)
             counts = torch.bincount(keys, minlength=nt)
             # only tiles that can overflow after gsplat's step (which at most doubles one) are kept
             kept = 2 * counts[keys] > self.capacity

@@ -17,9 +17,10 @@ from bytesplat_ns.pruning import configured_tile_capacity, tile_entries
 
 
 @torch.no_grad()
-def tile_occupancy(info: Dict[str, Any], capacity: int) -> Dict[str, float]:
-    """Tile-list statistics of one render's ``info`` (radii, means2d, depths, width, height)."""
-    keys, _, n_tiles = tile_entries(info)
+def tile_occupancy(info: Dict[str, Any], capacity: int, opacity_aware: bool = False) -> Dict[str, float]:
+    """Tile-list statistics of one render's ``info`` (radii, means2d, depths, width, height; conics and
+    opacities with ``opacity_aware``, the fused backend's reach: ``pruning.tile_entries``)."""
+    keys, _, n_tiles = tile_entries(info, opacity_aware=opacity_aware)
     counts = torch.bincount(keys, minlength=n_tiles).float()
     if counts.numel() == 0:
         return dict(tiles=0, over_capacity_share=0.0, mean=0.0, p99=0.0, max=0.0, capacity=float(capacity))
@@ -36,11 +37,13 @@ def tile_occupancy(info: Dict[str, Any], capacity: int) -> Dict[str, float]:
 class TileOccupancyMonitor:
     """The model's tile statistics: every ``every`` steps (0: never) the render's ``info`` against the
     tile capacity (``configured`` or the fused kernel's on the render's CUDA device, resolved on the
-    first logged step); each logged step appends to :attr:`log`."""
+    first logged step); each logged step appends to :attr:`log`. ``opacity_aware``: the fused
+    backend's tile reach (``fused.opacity_aware_tiles``), so the lists counted are the ones it bins."""
 
-    def __init__(self, every: int, configured_capacity: int = 0):
+    def __init__(self, every: int, configured_capacity: int = 0, opacity_aware: bool = False):
         self.every = int(every or 0)
         self.configured_capacity = int(configured_capacity or 0)
+        self.opacity_aware = bool(opacity_aware)
         self.capacity: Optional[int] = None
         self._resolved = False
         self.log: List[Dict[str, float]] = []
@@ -54,7 +57,7 @@ class TileOccupancyMonitor:
             self._resolved = True
         if self.capacity is None:
             return None  # CPU without a configured capacity: nothing to compare against
-        stats = tile_occupancy(info, self.capacity)
+        stats = tile_occupancy(info, self.capacity, self.opacity_aware)
         stats.update(step=float(step), gaussians=float(gaussians))
         self.log.append(stats)
         try:

@@ -633,6 +633,34 @@ def test_model_hook_and_config():
     assert all(0.0 <= e["over_capacity_share"] <= 1.0 and e["max"] >= e["p99"] >= 0 for e in log)
 
 
+def test_tile_lists_follow_the_fused_tile_reach():
+    """With the fused backend's opacity-aware reach (its default), pruning and the occupancy monitor
+    count the lists it bins (``opacity_aware_radii``), not the square boxes; the model's config
+    decides both."""
+    from bytesplat_ns.model import ByteSplatModelConfig
+    from bytesplat_ns.raster.fused import bin_tiles
+    from bytesplat_ns.raster.tile_reach import opacity_aware_radii
+    from bytesplat_ns.tile_occupancy import tile_occupancy
+
+    sc = _crowded_scene(N=400, C=2, seed=11)
+    pr = project_gaussians(sc["means"], sc["quats"], sc["scales"], sc["viewmats"], sc["Ks"], sc["W"], sc["H"])
+    opac = sc["opacities"].reshape(1, -1).expand(2, -1)
+    info = dict(radii=pr.radii, means2d=pr.means2d, depths=pr.depths, conics=pr.conics, opacities=opac,
+                width=sc["W"], height=sc["H"])
+    square, tight = (tile_entries(info, opacity_aware=a) for a in (False, True))
+    assert tight[0].numel() < square[0].numel()
+    offsets, fids = bin_tiles(pr.means2d, opacity_aware_radii(pr.radii, pr.conics, opac), pr.depths, sc["W"], sc["H"])
+    assert torch.equal(tight[1], fids.long() % pr.radii.shape[1])
+    assert torch.equal(torch.bincount(tight[0], minlength=tight[2]), (offsets[1:] - offsets[:-1]).long())
+    cap = int(torch.bincount(square[0], minlength=square[2]).max()) // 2
+    assert tile_occupancy(info, cap, True)["max"] < tile_occupancy(info, cap)["max"]
+    for reach in (True, False):
+        config = ByteSplatModelConfig()
+        config.fused.opacity_aware_tiles = reach
+        assert HWPruneSettings.from_config(config).opacity_aware_tiles is reach
+    assert ByteSplatModelConfig().fused.opacity_aware_tiles is True
+
+
 def test_tile_occupancy_counts_like_an_explicit_walk():
     """Share of tiles over capacity, mean and max per tile, against counting each Gaussian's tile
     box by hand (gsplat's reach rule, the one the fused backend bins with)."""
