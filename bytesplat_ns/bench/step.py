@@ -15,9 +15,9 @@ the gsplat of a ``--gsplat-site`` gets the same scene through a file, ``bench.sc
   on its path) as its own trainer runs it where it is fastest: fussim's fused SSIM, gsplat's
   ``SelectiveAdam`` (updates only the Gaussians the camera sees) and its strategy's statistics.
 - ``bytesplat``: our fused split schedule (projection, SH from the DC and rest parameters as they
-  are, our binning into each Gaussian's opacity-aware reach, render + loss + 2D gradients in our kernels), the sync-free statistics and
-  ``optim.DeviceAdam`` (by default our Adam kernel, cuda/adam.cu), with the inputs ``ns-train
-  bytesplat`` gives it (:func:`model_inputs`).
+  are, our binning into each Gaussian's opacity-aware reach, render + loss + 2D gradients in our
+  kernels), the sync-free statistics and ``optim.DeviceAdam`` (by default our Adam kernel,
+  cuda/adam.cu), with the inputs ``ns-train bytesplat`` gives it (:func:`model_inputs`).
 - ``bytesplat-visible``: the same with Adam on the visible Gaussians only
   (``--pipeline.model.optimize-visible-only``: ``DeviceAdam.visible_rows``, the kernel's row mask).
 - ``bytesplat-square-tiles``: ``bytesplat`` binning each Gaussian into the projection's square
