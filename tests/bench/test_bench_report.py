@@ -188,6 +188,12 @@ def test_steps_split_by_seed_get_one_table_over_all_their_runs():
     assert "wall_s median" in header
     assert a.split(" | ")[1:6] == ["3", "11.00", "10.00-12.00", "11.00", "50.0%"]
     assert b.split(" | ")[-1] == "-0.500 +- 0.000 |"
+    # runs that shared the GPU count for quality, not for the wall clock
+    shared = steps[:2] + [_wallclock_step("seed2", [dict(run("a", 2, 99.0, 30.0), concurrent_runs=2),
+                                                    dict(run("b", 2, 99.0, 29.5), concurrent_runs=2)])]
+    _, _, a, _ = across_steps_table(shared)
+    assert a.split(" | ")[1:8] == ["3 (1 at once: quality only)", "10.50", "10.00-11.00", "10.50", "50.0%",
+                                   "29.00", "0.9000"]
     # two steps that run the same method and seed are two configurations, not more samples
     assert across_steps_table([_wallclock_step("x", [run("a", 0, 1.0, 1.0)]),
                                _wallclock_step("y", [run("a", 0, 2.0, 2.0)])]) == []
