@@ -250,6 +250,10 @@ def across_steps_table(steps: List[Dict]) -> List[str]:
     if not _one_seed_per_step(steps):
         return []
     runs = [(step["name"], r) for step in steps for r in step["result"].get("runs", [])]
+    sizes = sorted({tuple(r["train_image_size"]) for _, r in runs if r.get("train_image_size")})
+    if len(sizes) > 1:  # e.g. nerfstudio-data's automatic half resolution in some runs: not one comparison
+        return [f"Not pooled over the steps: their runs trained at different resolutions "
+                f"({', '.join(f'{w}x{h}' for w, h in sizes)})."]
     methods = list(dict.fromkeys(r["method"] for _, r in runs))
     psnr = {(name, r["method"], r["seed"]): r["psnr"] for name, r in runs if r.get("psnr") is not None}
     mean = lambda xs, fmt="{:.2f}": _f(statistics.fmean(xs), fmt) if xs else "-"  # noqa: E731

@@ -230,8 +230,20 @@ def peak_host_memory_mb() -> Optional[float]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 if sys.platform.startswith("linux") else None
 
 
+def train_image_size(trainer) -> Optional[List[int]]:
+    """[width, height] of the largest training camera as the dataparser loaded it (before the model's
+    own coarse-to-fine downscales): nerfstudio-data picks a lower resolution by itself whenever an
+    ``images_2/`` folder sits beside ``images/``, and runs at two resolutions do not compare."""
+    datamanager = getattr(getattr(trainer, "pipeline", None), "datamanager", None)
+    cameras = getattr(getattr(datamanager, "train_dataset", None), "cameras", None)
+    if cameras is None or not hasattr(cameras, "width"):
+        return None
+    return [int(cameras.width.max()), int(cameras.height.max())]
+
+
 def final_state(trainer) -> Dict[str, Optional[float]]:
-    """Gaussian count and peak GPU memory at the end of training (None where not applicable)."""
+    """Gaussian count, peak GPU memory and training resolution at the end of training (None where not
+    applicable)."""
     import torch
 
     num_gaussians = None
@@ -239,7 +251,7 @@ def final_state(trainer) -> Dict[str, Optional[float]]:
     if model is not None and hasattr(model, "num_points"):
         num_gaussians = int(model.num_points)
     peak = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-    return {"num_gaussians": num_gaussians, "peak_gpu_memory_mb": peak}
+    return {"num_gaussians": num_gaussians, "peak_gpu_memory_mb": peak, "train_image_size": train_image_size(trainer)}
 
 
 def write_timings(path: Path, timers: PhaseTimers, record: Dict, collections: Optional[CollectionTimer] = None) -> None:

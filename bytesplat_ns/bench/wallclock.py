@@ -175,7 +175,7 @@ def run_one(entry: MethodEntry, seed: int, args: argparse.Namespace, repeat: int
         # the part of other_s after the trainer finished: interpreter and writer shutdown
         "exit_s": launch + wall_s - timings["process_end"],
         "num_gaussians": timings.get("num_gaussians"), "peak_gpu_memory_mb": timings.get("peak_gpu_memory_mb"),
-        "peak_host_memory_mb": timings.get("peak_host_memory_mb"),
+        "peak_host_memory_mb": timings.get("peak_host_memory_mb"), "train_image_size": timings.get("train_image_size"),
         **gc_fields(timings), **step_time_fields(timings.get("step_ms") or []),
         **({"detail_s": timings["detail_s"]} if timings.get("detail_s") else {}),
         "ns_train_command": f"{entry.launcher} " + shlex.join(train_args),
@@ -248,8 +248,10 @@ def parser() -> argparse.ArgumentParser:
                    "for quality and spread only; recorded as concurrent_runs)")
     p.add_argument("--iterations", type=int, default=5000)
     p.add_argument("--data", type=Path, default=None, help="dataset path (omitted: each method's default data)")
-    p.add_argument("--dataparser", default="nerfstudio-data",
-                   help="the dataparser subcommand and its options, after the method's ('' for the method's own)")
+    p.add_argument("--dataparser", default="nerfstudio-data --downscale-factor 1",
+                   help="the dataparser subcommand and its options, after the method's ('' for the method's own); "
+                        "the default pins the photos' own resolution: without --downscale-factor nerfstudio-data "
+                        "trains at half resolution whenever an images_2/ folder exists")
     p.add_argument("--work-dir", type=Path, default=Path("outputs/wallclock"), help="run directories and logs")
     p.add_argument("--out", type=Path, default=Path("wallclock.json"), help="JSON output path")
     p.add_argument("--plot", type=Path, default=None, help="PNG of the stacked breakdown (default: next to --out)")

@@ -194,6 +194,11 @@ def test_steps_split_by_seed_get_one_table_over_all_their_runs():
     _, _, a, _ = across_steps_table(shared)
     assert a.split(" | ")[1:8] == ["3 (1 at once: quality only)", "10.50", "10.00-11.00", "10.50", "50.0%",
                                    "29.00", "0.9000"]
+    # runs at two training resolutions are two comparisons
+    mixed = steps[:2] + [_wallclock_step("seed2", [dict(run("a", 2, 9.0, 30.0), train_image_size=[960, 540])])]
+    mixed[0]["result"]["runs"][0]["train_image_size"] = [1920, 1080]
+    assert across_steps_table(mixed) == ["Not pooled over the steps: their runs trained at different resolutions "
+                                         "(960x540, 1920x1080)."]
     # two steps that run the same method and seed are two configurations, not more samples
     assert across_steps_table([_wallclock_step("x", [run("a", 0, 1.0, 1.0)]),
                                _wallclock_step("y", [run("a", 0, 2.0, 2.0)])]) == []

@@ -134,8 +134,9 @@ def test_steps_train_the_same_scene_from_the_same_loss():
         assert row["wall_ms"] > 0 and row["gpu_busy_ms"] > 0 and sum(row["stages_ms"].values()) > 0
         assert {"backward", "densification", "optimizer"} <= set(row["stages_ms"])
         assert "optimizer" in row["kernel_categories_ms"] and "render fwd" in row["kernel_categories_ms"]
-    ours, visible_only, opacity_tiles = rows[1], rows[2], rows[3]
+    ours, visible_only, square_tiles = rows[1], rows[2], rows[3]
     assert "visible Gaussians only" in visible_only["implementation"]
-    assert "opacity-aware tiles" in opacity_tiles["implementation"]
-    assert opacity_tiles["loss_step0"] == pytest.approx(ours["loss_step0"], rel=1e-6)  # the same render
+    assert "opacity-aware tiles" in ours["implementation"]  # the default
+    assert "square tile boxes" in square_tiles["implementation"]
+    assert square_tiles["loss_step0"] == pytest.approx(ours["loss_step0"], rel=1e-6)  # the same render
     assert "render bwd" in ours["kernel_categories_ms"] and "binning fwd" in ours["kernel_categories_ms"]

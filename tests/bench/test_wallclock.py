@@ -105,6 +105,7 @@ def test_two_configurations_end_to_end(tmp_path):
         # every phase ran: 3 steps, eval images at step 2, the final checkpoint, the writers
         assert min(run["startup_s"], run["data_s"], run["steps_s"], run["eval_s"], run["log_s"], run["save_s"]) > 0
         assert run["num_gaussians"] > 0 and 0 < run["ssim"] <= 1 and run["psnr"] > 5
+        assert run["train_image_size"][0] == 32  # the scene's --width: the resolution the run trained at
         assert 200 < run["peak_host_memory_mb"] < 64 * 1024  # torch + nerfstudio alone take a few hundred MB
         assert run["step_median_ms"] > 0 and run["step_max_ms"] >= run["step_p99_ms"] >= run["step_median_ms"]
         assert run["gc_full_collections"] >= 0 and 0 <= run["gc_full_s"] <= run["gc_s"] < run["wall_s"]
@@ -315,3 +316,38 @@ def test_write_out_storage_waits_for_the_gpu_in_its_own_timer(monkeypatch):
     writer.write_out_storage()
     assert syncs == [1] and writer.EVENT_STORAGE == []
     assert set(timers.detail) == {"log:gpu_wait"}
+
+
+def _capture_with_half_resolution_copies(root: Path) -> Path:
+    """Two 1700x8 photos (above nerfstudio-data's 1600-pixel auto limit) and their images_2/ copies."""
+    from PIL import Image
+
+    frames = []
+    for i in range(2):
+        for folder, size in (("images", (1700, 8)), ("images_2", (850, 4))):
+            (root / folder).mkdir(parents=True, exist_ok=True)
+            Image.new("RGB", size).save(root / folder / f"{i}.png")
+        pose = [[1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, float(i)], [0, 0, 0, 1]]
+        frames.append({"file_path": f"images/{i}.png", "transform_matrix": pose})
+    meta = {"fl_x": 1000.0, "fl_y": 1000.0, "cx": 850.0, "cy": 4.0, "w": 1700, "h": 8, "frames": frames}
+    (root / "transforms.json").write_text(json.dumps(meta))
+    return root
+
+
+def test_the_default_dataparser_trains_at_the_photos_own_resolution(tmp_path):
+    from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataParserConfig
+
+    capture = _capture_with_half_resolution_copies(tmp_path / "capture")
+
+    def train_width(**options) -> int:
+        parser = NerfstudioDataParserConfig(data=capture, eval_mode="all", **options).setup()
+        return int(parser.get_dataparser_outputs("train").cameras.width.max())
+
+    # the pitfall: an images_2/ folder alone halves the training resolution
+    assert train_width() == 850
+    assert train_width(downscale_factor=1) == 1700
+    default = wallclock.parser().parse_args([]).dataparser
+    assert default.split() == ["nerfstudio-data", "--downscale-factor", "1"]
+    entry = wallclock.MethodEntry.parse("bytesplat")
+    args = wallclock.ns_train_args(entry, capture, 10, 0, tmp_path / "run", default.split())
+    assert args[-3:] == ["nerfstudio-data", "--downscale-factor", "1"]
