@@ -169,7 +169,7 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
                               "--work-dir", "{work}/stability-gradient"), name="gradient_sky"))),
     Suite("quickstart-stability-cpu",
           "the README's quick-start command five times over on a CPU (the PyTorch rasterizer), two at once with one "
-          "thread each (each holds 6-8 GB), then ns-eval",
+          "thread each, then ns-eval (each run records its peak host memory)",
           0,
           (Step("wallclock", ("--methods", "bytesplat", "--iterations", "3000", "--seeds", "42", "--repeats", "5",
                               "--parallel", "2", "--dataparser", "", "--offline-lpips", "--work-dir", "{work}/stability"),
