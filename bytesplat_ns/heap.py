@@ -11,6 +11,12 @@ machines alike). ``gc.freeze`` moves every object alive into a generation the co
   parsing, trainer setup): no collections during it, then its objects are frozen, so training's
   full collections no longer scan them either. Garbage cycles made during start-up are kept: a
   one-time cost of a few megabytes at most.
+- :func:`freeze_at_plugin_discovery`: under nerfstudio's tools (``ns-train``, ``ns-eval``, ...) our
+  code first runs when nerfstudio's method table discovers its plugins: the dataparsers (after torch
+  and half of nerfstudio are imported), then the methods (after every built-in one). The heap is
+  frozen at both, so the rest of start-up no longer runs full collections over the imports before
+  them. Only while a method table is being built, so that importing the package elsewhere (a
+  notebook, a test) never freezes its importer's heap.
 - :func:`freeze_set_up` is the same freeze for a trainer that nerfstudio's ``ns-train`` set up (no
   pause before it: its imports were collected as usual): once its set-up is done, training's full
   collections scan only what training creates (``--freeze-heap-after-setup``); once per process.
@@ -23,8 +29,18 @@ from __future__ import annotations
 
 import atexit
 import gc
+import sys
 
 _state = {"paused": False, "exit_hook": False, "set_up_frozen": False}
+METHOD_TABLE = "nerfstudio.configs.method_configs"  # imported by every nerfstudio tool that lists methods
+
+
+def freeze_at_plugin_discovery() -> None:
+    """Freeze every object alive now if nerfstudio's method table is being built (or was). Called by
+    the first module of ours that each of its discoveries imports (dataparsers, then methods), so at
+    most twice per process."""
+    if METHOD_TABLE in sys.modules:
+        gc.freeze()
 
 
 def pause_collections() -> None:

@@ -239,3 +239,29 @@ def test_freezing_after_set_up_ends_a_pause_or_freezes_alone(monkeypatch):
     finally:
         gc.unfreeze()
         gc.enable()
+
+
+DISCOVERY_SCRIPT = """
+import gc, sys
+import torch  # a heap worth freezing
+{imports}
+print(gc.get_freeze_count(), "bytesplat_ns.data.dataparser" in sys.modules, "bytesplat_ns.method_configs" in sys.modules)
+"""
+
+
+def _frozen_after(imports: str):
+    done = subprocess.run([sys.executable, "-c", DISCOVERY_SCRIPT.format(imports=imports)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    count, dataparser, methods = done.stdout.split()
+    return int(count), dataparser == "True", methods == "True"
+
+
+def test_nerfstudios_plugin_discovery_freezes_the_heap_and_a_plain_import_does_not():
+    # ns-train, ns-eval, ...: the method table discovers our dataparser and methods, and each first import freezes
+    count, dataparser, methods = _frozen_after("import nerfstudio.configs.method_configs")
+    assert dataparser and methods and count > 100_000  # torch and nerfstudio's modules, functions, classes
+    # importing the same modules without a method table being built freezes nothing
+    count, dataparser, methods = _frozen_after("import bytesplat_ns.data.dataparser\n"
+                                               "import bytesplat_ns.method_configs.bytesplat")
+    assert dataparser and methods and count == 0
