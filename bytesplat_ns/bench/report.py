@@ -222,7 +222,7 @@ def wallclock_table(steps: List[Dict]) -> List[str]:
             runs_of = f"{row.get('seeds')}" + (
                 f" ({run_count} runs)" if run_count is not None and run_count != row.get("seeds") else "")
             label = f"{step['name']}: {method}" if len(steps) > 1 else method
-            at_once = max((r.get("concurrent_runs") or 1 for r in runs if r["method"] == method), default=1)
+            at_once = max((_concurrent_runs(r) for r in runs if r["method"] == method), default=1)
             label += f" ({at_once} at once)" if at_once > 1 else ""
             rows.append((label, runs_of, stats, paired, spread))
     table = _table(["method", "seeds", *keys, "PSNR min-max", "PSNR diff vs the first method, by seed"],
@@ -238,9 +238,9 @@ def _one_seed_per_step(steps: List[Dict]) -> bool:
     return bool(pairs) and len(pairs) == len(set(pairs))
 
 
-def _ran_at_once(run: Dict) -> bool:
-    """The run shared the GPU with other runs (``wallclock --parallel``): its wall clock is not its own."""
-    return (run.get("concurrent_runs") or 1) > 1
+def _concurrent_runs(run: Dict) -> int:
+    """How many runs shared the GPU with this one, itself included (``wallclock --parallel``)."""
+    return run.get("concurrent_runs") or 1
 
 
 def across_steps_table(steps: List[Dict]) -> List[str]:
@@ -261,7 +261,7 @@ def across_steps_table(steps: List[Dict]) -> List[str]:
     for method in methods:
         mine = [(name, r) for name, r in runs if r["method"] == method]
         # a run that shared the GPU with others counts for quality only: its wall clock measures the sharing
-        alone = [r for _, r in mine if not _ran_at_once(r)]
+        alone = [r for _, r in mine if _concurrent_runs(r) == 1]
         walls = [r["wall_s"] for r in alone if r.get("wall_s") is not None]
         outside = [1 - r["steps_s"] / r["wall_s"] for r in alone if r.get("wall_s") and r.get("steps_s") is not None]
         quality = {k: [r[k] for _, r in mine if r.get(k) is not None] for k in ("psnr", "ssim", "num_gaussians")}
