@@ -265,13 +265,13 @@ def tile_entries(info: Dict[str, Any], tile_size: int = TILE_SIZE,
     (view-major). Same binning as the fused backend (``fused.bin_tiles``), into the projection's
     square radii or, with ``opacity_aware`` (the fused backend's ``fused.opacity_aware_tiles``), each
     Gaussian's opacity-aware reach (``raster.tile_reach``; ``info`` then holds conics and opacities)."""
-    from bytesplat_ns.raster.fused import bin_tiles
-    from bytesplat_ns.raster.tile_reach import opacity_aware_radii
+    from bytesplat_ns.raster.fused import bin_tiles, tile_radii
+    from bytesplat_ns.raster.options import FusedOptions
 
     radii = info["radii"]
     C, N = radii.shape
     W, H = int(info["width"]), int(info["height"])
-    reach = opacity_aware_radii(radii, info["conics"], info["opacities"]) if opacity_aware else radii
+    reach = tile_radii(radii, info.get("conics"), info.get("opacities"), FusedOptions(opacity_aware_tiles=opacity_aware))
     offsets, flatten_ids = bin_tiles(info["means2d"], reach, info["depths"], W, H, tile_size)
     offsets = offsets.long()
     n_tiles = offsets.numel() - 1
