@@ -26,6 +26,9 @@ r"""``bytesplat-bench``: the project's benchmarks, each writing one JSON file.
         ``--list`` names them, ``--dry-run`` prints their commands)
     bytesplat-bench report
         (docs/results.md from the committed suite documents docs/results/*.json)
+    bytesplat-bench queue start -- JOB ... / bytesplat-bench queue collect --wait 570
+        (a GPU machine lent for short calls: the setup and the jobs in a detached process that
+        outlives the call, results packed for the device to return: ``bytesplat_ns.bench.queue``)
 
 Each subcommand's ``--help`` lists its options.
 """
@@ -101,6 +104,7 @@ SUBCOMMANDS = {
     "wallclock": "bytesplat_ns.bench.wallclock",
     "suite": "bytesplat_ns.bench.suite_runner",
     "report": "bytesplat_ns.bench.report",
+    "queue": "bytesplat_ns.bench.queue",
 }
 
 

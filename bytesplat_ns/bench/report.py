@@ -46,6 +46,12 @@ bytesplat-bench report               # rewrites this page from docs/results/*.js
 A suite writes `docs/results/<suite>.json` (every step's command, status and JSON output, with the
 GPU, versions and date) and its figures in `docs/results/plots/<suite>/`; step logs and run
 directories stay in `outputs/suites/<suite>/`. Commit the JSON and the figures, then the page.
+
+On a machine lent for short calls (a few minutes each, released when idle), `bytesplat-bench queue`
+runs the setup and the suites in a detached process that outlives the call: the first call starts
+it and collects, every later call collects (`python3 -m bytesplat_ns.bench.queue --help`). Each
+collect packs the suites' JSON and figures, the logs and the extensions the setup built (carried in
+`.ext/` they spare the next machine the build), and says at once when the machine is a fresh one.
 """
 
 RASTER_COLUMNS = (("fused", "raster_loss_fused_split"), ("gsplat", "raster_loss_gsplat"))

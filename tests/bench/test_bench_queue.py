@@ -1,0 +1,100 @@
+"""``bytesplat-bench queue``: a detached setup + job list, collected by later calls (CPU, real processes)."""
+
+import json
+import tarfile
+import time
+
+import pytest
+
+from bytesplat_ns.bench import queue as q
+
+
+def _fake_checkout(tmp_path):
+    repo = tmp_path / "checkout"
+    (repo / "docs" / "results").mkdir(parents=True)
+    (repo / "docs" / "results" / "earlier.json").write_text('{"suite": "earlier"}')
+    (repo / "setup.sh").write_text("export FROM_SETUP=yes\n")
+    return repo
+
+
+def _wait_done(queue_dir, seconds=60):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        status = q.read_status(queue_dir)
+        if status and status["done"]:
+            return status
+        time.sleep(0.2)
+    raise AssertionError(f"queue not done: {q.read_status(queue_dir)}")
+
+
+def test_job_syntax():
+    jobs = q.parse_jobs(["a", "+b", "@30 c", "+@5 d"])
+    assert [j["command"] for j in jobs] == ["a", "b", "c", "d"]
+    assert [j["group"] for j in jobs] == [0, 0, 1, 1]
+    assert [j["not_after_s"] for j in jobs] == [None, None, 30.0, 5.0]
+    with pytest.raises(ValueError):
+        q.parse_jobs(["+alone"])
+    with pytest.raises(ValueError):
+        q.parse_jobs(["@5 "])
+
+
+def test_queue_runs_detached_and_collects(tmp_path):
+    repo = _fake_checkout(tmp_path)
+    queue_dir = tmp_path / "queue"
+    jobs = [
+        # the setup's environment and the queue's variables reach the jobs, in the checkout's copy
+        'echo "{\\"setup\\": \\"$FROM_SETUP\\"}" > $RESULTS/from_setup.json && test -f setup.sh',
+        # alongside: each waits for the other's marker, so this passes only if both run at once
+        "touch $Q/a; for i in $(seq 100); do [ -f $Q/b ] && exit 0; sleep 0.1; done; exit 1",
+        "+touch $Q/b; for i in $(seq 100); do [ -f $Q/a ] && exit 0; sleep 0.1; done; exit 1",
+        # a failure does not stop the next job; run folders stay out of the results
+        "exit 7",
+        "mkdir -p $SUITES/s/work/run $SUITES/s/steps && echo '{}' > $SUITES/s/steps/one.json"
+        " && echo '{}' > $SUITES/s/work/run/big.json && echo log > $SUITES/s/work/run/train.log",
+        "@0 touch $Q/never",
+    ]
+    assert q.main(["start", "--dir", str(queue_dir), "--repo", str(repo), "--setup", "source setup.sh", *jobs]) == 0
+    status = _wait_done(queue_dir)
+    assert status["setup"]["state"] == "ok"
+    assert [j["state"] for j in status["jobs"]] == ["ok", "ok", "ok", "failed", "ok", "skipped"]
+    assert status["jobs"][3]["rc"] == 7
+    assert json.loads((queue_dir / "results" / "from_setup.json").read_text()) == {"setup": "yes"}
+    assert (queue_dir / "results" / "earlier.json").exists()
+    assert not (queue_dir / "never").exists()
+
+    out = tmp_path / "out"
+    assert q.main(["collect", "--dir", str(queue_dir), "--out", str(out)]) == 0
+    with tarfile.open(out / "queue-results.tar.xz") as tar:
+        names = set(tar.getnames())
+    assert {"results/earlier.json", "results/from_setup.json", "suites/s/steps/one.json"} <= names
+    assert not any("work" in n for n in names)
+    with tarfile.open(out / "queue-logs.tar.xz") as tar:
+        names = set(tar.getnames())
+    assert {"logs/setup.log", "logs/job0.log", "suites/s/work/run/train.log"} <= names
+
+
+def test_failed_setup_skips_every_job(tmp_path):
+    repo = _fake_checkout(tmp_path)
+    queue_dir = tmp_path / "queue"
+    q.main(["start", "--dir", str(queue_dir), "--repo", str(repo), "--setup", "false", "touch $Q/ran"])
+    status = _wait_done(queue_dir)
+    assert status["setup"]["state"] == "failed"
+    assert [j["state"] for j in status["jobs"]] == ["skipped"]
+    assert not (queue_dir / "ran").exists()
+
+
+def test_collect_on_a_machine_without_a_queue_fails_at_once(tmp_path, capsys):
+    began = time.time()
+    assert q.main(["collect", "--dir", str(tmp_path / "none"), "--wait", "60", "--out", str(tmp_path)]) \
+        == q.NO_QUEUE_STATUS
+    assert time.time() - began < 5
+    assert "fresh machine" in capsys.readouterr().err
+
+
+def test_a_running_queue_is_not_replaced(tmp_path):
+    repo = _fake_checkout(tmp_path)
+    queue_dir = tmp_path / "queue"
+    q.main(["start", "--dir", str(queue_dir), "--repo", str(repo), "--setup", "true", "sleep 3"])
+    with pytest.raises(SystemExit, match="already runs"):
+        q.main(["start", "--dir", str(queue_dir), "--repo", str(repo), "--setup", "true", "true"])
+    _wait_done(queue_dir)
