@@ -245,8 +245,9 @@ def _one_seed_per_step(steps: List[Dict]) -> bool:
 
 
 def _concurrent_runs(run: Dict) -> int:
-    """How many runs shared the GPU with this one, itself included (``wallclock --parallel``)."""
-    return run.get("concurrent_runs") or 1
+    """How many runs shared the GPU with this one, itself included: ``wallclock --parallel``, or the
+    most compute processes seen on the GPU while it trained, when that was more."""
+    return max(run.get("concurrent_runs") or 1, run.get("gpu_processes_max") or 1)
 
 
 def across_steps_table(steps: List[Dict]) -> List[str]:

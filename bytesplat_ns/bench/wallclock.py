@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from bytesplat_ns.bench.gpu_sharing import GpuProcessWatch
 from bytesplat_ns.bench.timed_ns_train import LAUNCHERS
 from bytesplat_ns.errors import BytesplatError
 
@@ -164,13 +165,16 @@ def run_one(entry: MethodEntry, seed: int, args: argparse.Namespace, repeat: int
     command = [sys.executable, "-m", "bytesplat_ns.bench.timed_ns_train", "--timings", str(timings_path),
                *(["--offline-lpips"] if args.offline_lpips else []), "--launcher", entry.launcher, "--", *train_args]
     launch = time.time()
-    wall_s = _run_logged(command, run_dir / "train.log")
+    with GpuProcessWatch() as gpu_watch:
+        wall_s = _run_logged(command, run_dir / "train.log")
     timings = json.loads(timings_path.read_text())
     # OUT/EXPERIMENT/METHOD_NAME/TIMESTAMP: a method's config may name itself unlike its CLI name
     config = next(iter(sorted(run_dir.glob(f"{entry.label}/*/{name}/config.yml"))), run_dir / "config.yml")
     record = {
         "method": entry.label, "ns_method": entry.method, "launcher": entry.launcher, "seed": seed, "repeat": repeat,
         "iterations": args.iterations, "concurrent_runs": args.parallel,
+        # work outside this invocation shares the GPU too (gpu_sharing.py); None: no nvidia-smi
+        "gpu_processes_max": gpu_watch.most,
         "wall_s": wall_s, **breakdown(wall_s, launch, timings), **startup_fields(launch, timings),
         # the part of other_s after the trainer finished: interpreter and writer shutdown
         "exit_s": launch + wall_s - timings["process_end"],

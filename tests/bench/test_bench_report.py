@@ -213,3 +213,12 @@ def test_an_incomplete_document_names_the_steps_not_run_yet():
     lines = suite_section(doc, Path("docs/results"), Path("docs"))
     assert any(line.startswith("- Not run yet: `capture_wall`") for line in lines)
     assert steps_not_run(dict(doc, complete=True)) == [] and steps_not_run(dict(doc, suite="no-such-suite")) == []
+
+
+def test_a_run_that_saw_other_gpu_processes_counts_for_quality_only():
+    from bytesplat_ns.bench.report import _concurrent_runs
+
+    assert _concurrent_runs({"concurrent_runs": 1}) == 1
+    assert _concurrent_runs({"concurrent_runs": 1, "gpu_processes_max": 0}) == 1  # processes hidden: unknown
+    assert _concurrent_runs({"concurrent_runs": 1, "gpu_processes_max": 3}) == 3
+    assert _concurrent_runs({"concurrent_runs": 2, "gpu_processes_max": 1}) == 2

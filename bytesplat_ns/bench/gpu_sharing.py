@@ -1,0 +1,66 @@
+"""How many processes computed on the GPU while a timed run trained.
+
+``wallclock --parallel P`` records ``concurrent_runs = P``, but a run can also share the GPU with
+work started elsewhere (another job of ``bytesplat-bench queue`` alongside it, a user's process).
+:class:`GpuProcessWatch` polls ``nvidia-smi`` for the GPU's compute processes while the run trains
+and keeps the most it saw at once (the run's own process included): a run that had the GPU alone
+reads 1, and the results page treats a higher count like ``concurrent_runs`` (quality only). Where
+``nvidia-smi`` lists no processes (some containers hide them) it reads 0: unknown, not alone.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import threading
+from typing import Callable, Optional, Set
+
+QUERY = ("nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader")
+
+
+def query_compute_pids() -> Optional[Set[str]]:
+    """The pids of the processes computing on the machine's GPUs; None without ``nvidia-smi``."""
+    if shutil.which(QUERY[0]) is None:
+        return None
+    try:
+        out = subprocess.run(QUERY, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return {line.strip() for line in out.stdout.splitlines() if line.strip()}
+
+
+class GpuProcessWatch:
+    """``with GpuProcessWatch() as watch: ...``; then ``watch.most``: the largest number of compute
+    processes seen at once, None where nothing could be queried. One query every ``interval`` seconds
+    (a query costs tens of milliseconds of one CPU core), the first after ``first`` seconds, once the
+    run has had time to start computing, and one when the run ends."""
+
+    def __init__(self, interval: float = 10.0, first: float = 3.0,
+                 query: Callable[[], Optional[Set[str]]] = query_compute_pids):
+        self.interval, self.first, self.query = interval, first, query
+        self.most: Optional[int] = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _sample(self) -> None:
+        pids = self.query()
+        if pids is not None:
+            self.most = max(self.most or 0, len(pids))
+
+    def _poll(self) -> None:
+        wait = self.first
+        while not self._stop.wait(wait):
+            self._sample()
+            wait = self.interval
+
+    def __enter__(self) -> "GpuProcessWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        if exc[0] is None:
+            self._sample()

@@ -1,0 +1,27 @@
+"""The GPU-sharing watch of ``bytesplat-bench wallclock`` (CPU: the query is stood in for)."""
+
+import time
+
+from bytesplat_ns.bench import gpu_sharing
+
+
+def test_the_watch_keeps_the_most_processes_seen_at_once():
+    seen = iter([{"1"}, {"1", "2", "3"}, {"1", "2"}])
+    watch = gpu_sharing.GpuProcessWatch(interval=0.05, first=0.0, query=lambda: next(seen, {"1"}))
+    with watch:
+        time.sleep(0.5)
+    assert watch.most == 3
+
+
+def test_the_last_query_at_the_end_catches_a_short_run():
+    with gpu_sharing.GpuProcessWatch(first=60.0, query=lambda: {"7", "8"}) as watch:
+        pass
+    assert watch.most == 2
+
+
+def test_without_nvidia_smi_nothing_is_recorded(monkeypatch):
+    monkeypatch.setattr(gpu_sharing.shutil, "which", lambda name: None)
+    assert gpu_sharing.query_compute_pids() is None
+    with gpu_sharing.GpuProcessWatch(first=0.0, interval=0.01) as watch:
+        time.sleep(0.05)
+    assert watch.most is None
