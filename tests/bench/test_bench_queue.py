@@ -17,7 +17,7 @@ def _fake_checkout(tmp_path):
     return repo
 
 
-def _wait_done(queue_dir, seconds=60):
+def _wait_done(queue_dir, seconds=240):
     deadline = time.time() + seconds
     while time.time() < deadline:
         status = q.read_status(queue_dir)
