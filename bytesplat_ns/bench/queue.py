@@ -17,7 +17,8 @@ starts the queue or collects from it:
 
 ``start`` copies the checkout to ``DIR/repo`` (later calls replace the working tree they run in;
 the queue keeps its own) and ``docs/results/*.json`` to ``DIR/results`` (a suite run with
-``--only`` keeps the steps of earlier runs), then leaves. The detached runner sources the setup
+``--only`` keeps the steps of earlier runs), then leaves; a finished queue in ``DIR`` moves aside
+to ``DIR-TIME`` first. The detached runner sources the setup
 (default ``source scripts/gpu_setup.sh``, with ``OUT=DIR/out``, where it leaves the extensions it
 built), then runs the jobs in order in ``DIR/repo`` with the setup's environment plus ``Q`` (the
 queue's folder), ``RESULTS`` and ``SUITES``. A job written ``+JOB`` runs alongside the one before
@@ -103,7 +104,10 @@ def start(queue: Path, repo: Path, setup: str, jobs: List[Dict]) -> None:
         status = read_status(queue)
         if status is not None and not status.get("done"):
             raise SystemExit(f"queue: {queue} already runs a queue; collect from it, or remove the folder")
-        shutil.rmtree(queue)
+        # a finished queue's results stay on the machine, beside the new one
+        kept = queue.with_name(f"{queue.name}-{int((status or {}).get('started_at', time.time()))}")
+        os.replace(queue, kept)
+        print(f"queue: the finished queue moved to {kept}")
     (queue / "logs").mkdir(parents=True)
     shutil.copytree(repo, queue / "repo", symlinks=True)
     (queue / "results").mkdir()

@@ -97,4 +97,9 @@ def test_a_running_queue_is_not_replaced(tmp_path):
     q.main(["start", "--dir", str(queue_dir), "--repo", str(repo), "--setup", "true", "sleep 3"])
     with pytest.raises(SystemExit, match="already runs"):
         q.main(["start", "--dir", str(queue_dir), "--repo", str(repo), "--setup", "true", "true"])
-    _wait_done(queue_dir)
+    first = _wait_done(queue_dir)
+    # a finished one is kept beside the next
+    q.main(["start", "--dir", str(queue_dir), "--repo", str(repo), "--setup", "true", "true"])
+    kept = tmp_path / f"queue-{int(first['started_at'])}"
+    assert q.read_status(kept)["jobs"][0]["command"] == "sleep 3"
+    assert _wait_done(queue_dir)["jobs"][0]["command"] == "true"
