@@ -234,14 +234,16 @@ def collect(queue: Path, out: Path) -> List[Path]:
         if packed is not None:
             written.append(packed)
     for built in sorted((queue / "out").glob("*.so")):
-        target = out / (built.name + ".xz")
-        with open(built, "rb") as src, lzma.open(target, "wb", preset=6) as dst:
-            shutil.copyfileobj(src, dst)
-        if target.stat().st_size > MAX_RETURNED_BYTES:
-            print(f"queue: {target.name} is over what the device returns; left out")
-            target.unlink()
+        # compressed once, next to the build: every later collect copies it (xz takes seconds)
+        packed = built.with_name(built.name + ".xz")
+        if not packed.exists():
+            with open(built, "rb") as src, lzma.open(packed.with_suffix(".tmp"), "wb", preset=6) as dst:
+                shutil.copyfileobj(src, dst)
+            os.replace(packed.with_suffix(".tmp"), packed)
+        if packed.stat().st_size > MAX_RETURNED_BYTES:
+            print(f"queue: {packed.name} is over what the device returns; left out")
         else:
-            written.append(target)
+            written.append(Path(shutil.copy2(packed, out / packed.name)))
     return written
 
 
@@ -273,6 +275,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             jobs = parse_jobs(args.jobs)
         except ValueError as e:
             print(f"queue: error: {e}", file=sys.stderr)
+            return 2
+        if not (args.repo / "docs" / "results").is_dir():
+            print(f"queue: error: {args.repo} is not a bytesplat-ns checkout (no docs/results)", file=sys.stderr)
             return 2
         start(args.dir, args.repo.resolve(), args.setup, jobs)
         return 0

@@ -1,6 +1,7 @@
 """``bytesplat-bench queue``: a detached setup + job list, collected by later calls (CPU, real processes)."""
 
 import json
+import lzma
 import tarfile
 import time
 
@@ -71,6 +72,18 @@ def test_queue_runs_detached_and_collects(tmp_path):
     with tarfile.open(out / "queue-logs.tar.xz") as tar:
         names = set(tar.getnames())
     assert {"logs/setup.log", "logs/job0.log", "suites/s/work/run/train.log"} <= names
+    # an extension the setup built comes back compressed, every collect
+    (queue_dir / "out" / "ext_cuda.so").write_bytes(b"\x7fELF" + bytes(1000))
+    for _ in range(2):
+        assert q.main(["collect", "--dir", str(queue_dir), "--out", str(out)]) == 0
+        with lzma.open(out / "ext_cuda.so.xz") as f:
+            assert f.read() == b"\x7fELF" + bytes(1000)
+
+
+def test_start_outside_a_checkout_is_one_clear_error(tmp_path, capsys):
+    assert q.main(["start", "--dir", str(tmp_path / "queue"), "--repo", str(tmp_path), "true"]) == 2
+    assert "not a bytesplat-ns checkout" in capsys.readouterr().err
+    assert not (tmp_path / "queue").exists()
 
 
 def test_failed_setup_skips_every_job(tmp_path):
