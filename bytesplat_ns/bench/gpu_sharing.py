@@ -13,7 +13,14 @@ from __future__ import annotations
 import shutil
 import subprocess
 import threading
-from typing import Callable, Optional, Set
+from typing import Callable, Dict, Optional, Set
+
+def runs_sharing_gpu(run: Dict) -> int:
+    """How many runs shared the GPU with this one, itself included: ``wallclock --parallel``, or the
+    most compute processes seen on the GPU while it trained, when that was more. A run whose count
+    is 1 had the GPU alone; only those runs' wall clocks measure the method."""
+    return max(run.get("concurrent_runs") or 1, run.get("gpu_processes_max") or 1)
+
 
 QUERY = ("nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader")
 

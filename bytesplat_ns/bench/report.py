@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from bytesplat_ns.bench.gpu_sharing import runs_sharing_gpu
 from bytesplat_ns.bench.plots import detect_kind
 from bytesplat_ns.errors import BytesplatError
 
@@ -228,7 +229,7 @@ def wallclock_table(steps: List[Dict]) -> List[str]:
             runs_of = f"{row.get('seeds')}" + (
                 f" ({run_count} runs)" if run_count is not None and run_count != row.get("seeds") else "")
             label = f"{step['name']}: {method}" if len(steps) > 1 else method
-            at_once = max((_concurrent_runs(r) for r in runs if r["method"] == method), default=1)
+            at_once = max((runs_sharing_gpu(r) for r in runs if r["method"] == method), default=1)
             label += f" ({at_once} at once)" if at_once > 1 else ""
             rows.append((label, runs_of, stats, paired, spread))
     table = _table(["method", "seeds", *keys, "PSNR min-max", "PSNR diff vs the first method, by seed"],
@@ -242,12 +243,6 @@ def _one_seed_per_step(steps: List[Dict]) -> bool:
     repeat a seed are different configurations or code versions, not more samples)."""
     pairs = [(r["method"], r["seed"]) for step in steps for r in step["result"].get("runs", [])]
     return bool(pairs) and len(pairs) == len(set(pairs))
-
-
-def _concurrent_runs(run: Dict) -> int:
-    """How many runs shared the GPU with this one, itself included: ``wallclock --parallel``, or the
-    most compute processes seen on the GPU while it trained, when that was more."""
-    return max(run.get("concurrent_runs") or 1, run.get("gpu_processes_max") or 1)
 
 
 def across_steps_table(steps: List[Dict]) -> List[str]:
@@ -268,7 +263,7 @@ def across_steps_table(steps: List[Dict]) -> List[str]:
     for method in methods:
         mine = [(name, r) for name, r in runs if r["method"] == method]
         # a run that shared the GPU with others counts for quality only: its wall clock measures the sharing
-        alone = [r for _, r in mine if _concurrent_runs(r) == 1]
+        alone = [r for _, r in mine if runs_sharing_gpu(r) == 1]
         walls = [r["wall_s"] for r in alone if r.get("wall_s") is not None]
         outside = [1 - r["steps_s"] / r["wall_s"] for r in alone if r.get("wall_s") and r.get("steps_s") is not None]
         quality = {k: [r[k] for _, r in mine if r.get(k) is not None] for k in ("psnr", "ssim", "num_gaussians")}

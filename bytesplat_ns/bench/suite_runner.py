@@ -8,12 +8,16 @@ document, ``RESULTS_DIR/NAME.json``::
     {suite, purpose, gpus_needed, command, date, gpu, versions: {python, torch, cuda, nerfstudio,
      gsplat, nccl, bytesplat_ns}, steps: [{name, command, status, seconds, result}], plots, complete}
 
-and the figures of its results in ``RESULTS_DIR/plots/NAME/`` (``bench.plots``). Step outputs, logs
-and run directories stay under ``--out-dir``.
+and the figures of its results in ``RESULTS_DIR/plots/NAME/`` (``bench.plots``; for wall-clock steps,
+``wallclock_breakdown.png``: the mean time per phase of each method over every run of the document
+that had the GPU alone, earlier ``--only`` runs' steps included). Step outputs, logs and run
+directories stay under ``--out-dir``. ``--replot`` draws the wall-clock figure of a committed
+document again without running anything.
 
     bytesplat-bench suite --list
     bytesplat-bench suite raster-1080p --dry-run
     bytesplat-bench suite wallclock-fox --data /path/to/fox --results-dir docs/results
+    bytesplat-bench suite wallclock-fox-seeds --replot --results-dir docs/results
 """
 
 from __future__ import annotations
@@ -134,6 +138,46 @@ def wallclock_runs(steps: List[Dict]) -> Dict[str, List[Dict]]:
     return {"runs": runs} if runs else {}
 
 
+WALLCLOCK_FIGURE = "wallclock_breakdown.png"
+
+
+def wallclock_figure(doc: Dict, plot_dir: Path) -> Optional[Path]:
+    """Stacked bars of the mean seconds per phase for each method (and iteration count), over the
+    document's wall-clock runs that had the GPU alone; None when it has none. A run that shared the
+    GPU (``--parallel``, or another job's process seen beside it) measured the sharing, not the
+    method, so it is left out, as on the results page."""
+    from bytesplat_ns.bench.gpu_sharing import runs_sharing_gpu
+    from bytesplat_ns.bench.wallclock import plot_breakdown, summarize
+
+    runs = [run for run in doc.get("runs", []) if "error" not in run and run.get("wall_s") is not None]
+    alone = [run for run in runs if runs_sharing_gpu(run) == 1]
+    if not alone:
+        return None
+    iterations = "/".join(str(i) for i in sorted({run["iterations"] for run in alone}))
+    title = (f"launch to exit, {iterations} iterations\n{doc.get('gpu') or 'unknown GPU'}, "
+             f"{len(alone)} of {len(runs)} runs (those alone on the GPU)")
+    path = plot_dir / WALLCLOCK_FIGURE
+    plot_breakdown(summarize(alone), path, title)
+    return path
+
+
+def replot(name: str, results_dir: Path, log=print) -> Dict:
+    """Draw the wall-clock figure of the committed ``results_dir/NAME.json`` again and list it in the
+    document's plots (its other figures are kept as they are)."""
+    path = results_dir / f"{name}.json"
+    doc = earlier_document(path, name)
+    if doc is None:
+        raise BytesplatError(f"no document of suite '{name}' at {path}",
+                             hint=f"run the suite first: bytesplat-bench suite {name} --results-dir {results_dir}")
+    drawn = wallclock_figure(doc, results_dir / "plots" / name)
+    if drawn is None:
+        raise BytesplatError(f"{path} holds no wall-clock run that had the GPU alone; nothing to draw")
+    doc["plots"] = list(dict.fromkeys([*doc.get("plots", []), str(drawn.relative_to(results_dir))]))
+    path.write_text(json.dumps(doc, indent=1))
+    log(f"wrote {drawn} and {path}")
+    return doc
+
+
 def merge_earlier(steps: List[Dict], earlier: Optional[Dict], order: Sequence[str]) -> List[Dict]:
     """``steps`` just run, plus the steps of the suite's ``earlier`` document that were not run again
     (each keeps its own date), in the suite's step ``order``: ``--only`` completes a suite over several
@@ -197,24 +241,31 @@ def run_suite(suite: Suite, out_dir: Path, results_dir: Path, data: Optional[Pat
     path = results_dir / f"{suite.name}.json"
     every = plan(named_steps(whole or suite), out_dir, data)
     order = [p.name for p in every]
+    earlier = earlier_document(path, suite.name) if whole is not None else None
     if whole is not None:
-        doc["steps"] = merge_earlier(doc["steps"], earlier_document(path, suite.name), order)
+        doc["steps"] = merge_earlier(doc["steps"], earlier, order)
     ok = {step["name"] for step in doc["steps"] if step["status"] == "ok"}
     # a matrix step's figures come from its pieces' files, in its folder; an earlier run's steps
     # are drawn too while their files are still in out_dir
     outputs = [(out_dir / p.output).parent if p.kind == "matrix" else out_dir / p.output
                for p in every if p.name in ok and p.output and (out_dir / p.output).exists()]
-    doc["plots"] = []
+    doc.update(wallclock_runs(doc["steps"]))
+    plot_dir = results_dir / "plots" / suite.name
+    drawn: List[Path] = []
     if plots and outputs:
         from bytesplat_ns.bench.plots import PlotInputError, plot_inputs
 
-        plot_dir = results_dir / "plots" / suite.name
         try:
-            doc["plots"] = [str(w.relative_to(results_dir)) for w in plot_inputs(outputs, plot_dir, log=log)]
+            drawn = plot_inputs(outputs, plot_dir, log=log)
         except PlotInputError as e:
             doc["plots_error"] = str(e)
+    if plots:
+        figure = wallclock_figure(doc, plot_dir)
+        drawn += [figure] if figure is not None else []
+    # --only: an earlier run's figures stay listed while their files are there and were not redrawn
+    kept = [plot for plot in (earlier or {}).get("plots", []) if (results_dir / plot).is_file()]
+    doc["plots"] = list(dict.fromkeys([*(str(w.relative_to(results_dir)) for w in drawn), *kept]))
     doc["complete"] = [s["name"] for s in doc["steps"]] == order and all(s["status"] == "ok" for s in doc["steps"])
-    doc.update(wallclock_runs(doc["steps"]))
     path.write_text(json.dumps(doc, indent=1))
     log(f"wrote {path}")
     return doc
@@ -240,6 +291,8 @@ def parser() -> argparse.ArgumentParser:
                    help="where NAME.json and plots/NAME/ go (default: --out-dir); docs/results for the results page")
     p.add_argument("--step-timeout", type=float, default=None, help="seconds before a step is stopped and marked failed")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--replot", action="store_true",
+                   help="run nothing: draw the wall-clock figure of RESULTS_DIR/NAME.json again (with --results-dir)")
     p.add_argument("--only", nargs="+", default=None, metavar="STEP",
                    help="run only these steps (names as --dry-run's output files); the other steps' results "
                    "from an earlier NAME.json in --results-dir are kept, and the result is complete once all are ok")
@@ -269,6 +322,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if a.name not in SUITES:
         raise BytesplatError(f"unknown suite '{a.name}'", hint=f"choose one of {', '.join(SUITES)}")
     whole = SUITES[a.name]
+    if a.replot:
+        replot(whole.name, a.results_dir or a.out_dir or Path("outputs/suites") / whole.name)
+        return 0
     suite = select_steps(whole, a.only)
     out_dir = a.out_dir or Path("outputs/suites") / suite.name
     data = a.data.resolve() if a.data is not None else None

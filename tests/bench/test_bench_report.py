@@ -216,9 +216,9 @@ def test_an_incomplete_document_names_the_steps_not_run_yet():
 
 
 def test_a_run_that_saw_other_gpu_processes_counts_for_quality_only():
-    from bytesplat_ns.bench.report import _concurrent_runs
+    from bytesplat_ns.bench.gpu_sharing import runs_sharing_gpu
 
-    assert _concurrent_runs({"concurrent_runs": 1}) == 1
-    assert _concurrent_runs({"concurrent_runs": 1, "gpu_processes_max": 0}) == 1  # processes hidden: unknown
-    assert _concurrent_runs({"concurrent_runs": 1, "gpu_processes_max": 3}) == 3
-    assert _concurrent_runs({"concurrent_runs": 2, "gpu_processes_max": 1}) == 2
+    assert runs_sharing_gpu({"concurrent_runs": 1}) == 1
+    assert runs_sharing_gpu({"concurrent_runs": 1, "gpu_processes_max": 0}) == 1  # processes hidden: unknown
+    assert runs_sharing_gpu({"concurrent_runs": 1, "gpu_processes_max": 3}) == 3
+    assert runs_sharing_gpu({"concurrent_runs": 2, "gpu_processes_max": 1}) == 2

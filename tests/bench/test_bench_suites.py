@@ -142,5 +142,61 @@ def test_only_completes_a_suite_over_several_runs(tmp_path):
     assert [s["name"] for s in doc["steps"]] == ["first", second] and doc["complete"] is True
     assert [s["result"]["scene"]["seed"] for s in doc["steps"]] == [1, 2] and all(s["date"] for s in doc["steps"])
     assert json.loads((results / "tiny2.json").read_text())["complete"] is True
+    # an earlier run's figure stays listed while its file is there; one whose file is gone is dropped
+    (results / "plots" / "tiny2" / "kept.png").write_bytes(b"png")
+    listed = json.loads((results / "tiny2.json").read_text())
+    listed["plots"] += ["plots/tiny2/kept.png", "plots/tiny2/gone.png"]
+    (results / "tiny2.json").write_text(json.dumps(listed))
+    plots = run(["first"])["plots"]
+    assert "plots/tiny2/kept.png" in plots and "plots/tiny2/gone.png" not in plots
+    assert len(plots) == len(set(plots)) and all((results / p).is_file() for p in plots)
     (results / "tiny2.json").write_text(json.dumps({"suite": "another", "steps": doc["steps"]}))
     assert [s["name"] for s in run(["first"])["steps"]] == ["first"]  # another suite's document is not merged
+
+
+def _wallclock_run(method, seed, wall, **extra):
+    return {"method": method, "seed": seed, "iterations": 5000, "wall_s": wall, "steps_s": wall / 2,
+            "startup_s": 5.0, "psnr": 28.0, "ssim": 0.88, **extra}
+
+
+def test_the_wallclock_figure_draws_only_the_runs_that_had_the_gpu_alone(tmp_path, monkeypatch):
+    from bytesplat_ns.bench import wallclock
+
+    doc = {"gpu": "NVIDIA H200", "runs": [
+        _wallclock_run("bytesplat", 0, 40.0, concurrent_runs=1, gpu_processes_max=1),
+        _wallclock_run("bytesplat", 1, 60.0, gpu_processes_max=0),  # processes hidden: counted as alone
+        _wallclock_run("bytesplat", 2, 500.0, concurrent_runs=2),  # --parallel 2
+        _wallclock_run("splatfacto", 0, 180.0, gpu_processes_max=3),  # another job beside it
+        _wallclock_run("splatfacto", 1, 170.0),
+        {**_wallclock_run("splatfacto", 2, 1.0), "error": "ns-train exited with 1"}]}
+    path = suite_runner.wallclock_figure(doc, tmp_path / "plots")
+    assert path == tmp_path / "plots" / suite_runner.WALLCLOCK_FIGURE and path.stat().st_size > 1000
+    seen = {}
+    monkeypatch.setattr(wallclock, "plot_breakdown", lambda summary, p, title: seen.update(summary=summary, title=title))
+    suite_runner.wallclock_figure(doc, tmp_path / "plots")
+    assert seen["summary"]["bytesplat"]["runs"] == 2 and seen["summary"]["bytesplat"]["wall_s"]["mean"] == 50.0
+    assert seen["summary"]["splatfacto"]["runs"] == 1 and seen["summary"]["splatfacto"]["wall_s"]["mean"] == 170.0
+    assert "3 of 5 runs" in seen["title"] and "NVIDIA H200" in seen["title"]
+    assert suite_runner.wallclock_figure({"runs": doc["runs"][2:4]}, tmp_path / "none") is None
+    assert not (tmp_path / "none").exists()
+
+
+def test_replot_lists_the_wallclock_figure_in_the_committed_document(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    doc = {"suite": "wallclock-fox-seeds", "gpu": "NVIDIA H200", "steps": [], "plots": ["plots/wallclock-fox-seeds/other.png"],
+           "runs": [_wallclock_run("bytesplat", 0, 40.0), _wallclock_run("splatfacto", 0, 180.0)]}
+    (results / "wallclock-fox-seeds.json").write_text(json.dumps(doc))
+    run = subprocess.run([sys.executable, "-m", "bytesplat_ns.bench.cli", "suite", "wallclock-fox-seeds", "--replot",
+                          "--results-dir", str(results)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    written = json.loads((results / "wallclock-fox-seeds.json").read_text())
+    assert written["plots"] == ["plots/wallclock-fox-seeds/other.png", "plots/wallclock-fox-seeds/wallclock_breakdown.png"]
+    assert (results / "plots" / "wallclock-fox-seeds" / "wallclock_breakdown.png").is_file()
+    assert {k: v for k, v in written.items() if k != "plots"} == {k: v for k, v in doc.items() if k != "plots"}
+    with pytest.raises(BytesplatError, match="no document of suite 'wallclock-fox-30k'"):
+        suite_runner.replot("wallclock-fox-30k", results)
+    (results / "wallclock-fox-30k.json").write_text(json.dumps({"suite": "wallclock-fox-30k", "steps": [],
+                                                                "runs": [_wallclock_run("splatfacto", 1, 900.0, concurrent_runs=2)]}))
+    with pytest.raises(BytesplatError, match="no wall-clock run that had the GPU alone"):
+        suite_runner.replot("wallclock-fox-30k", results)
