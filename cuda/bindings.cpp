@@ -36,6 +36,8 @@ std::vector<at::Tensor> bin_tiles(const at::Tensor &means2d, const at::Tensor &r
                                   int64_t tile_size, int64_t known_total);
 at::Tensor tile_intersections(const at::Tensor &means2d, const at::Tensor &radii, int64_t width,
                               int64_t height, int64_t tile_size);
+at::Tensor opacity_aware_radii(const at::Tensor &radii, const at::Tensor &conics,
+                               const at::Tensor &opacities);
 at::Tensor sh_views_fwd(const at::Tensor &means, const at::Tensor &dc, const at::Tensor &rest,
                         const at::Tensor &viewmats, const at::Tensor &radii, int64_t degree);
 at::Tensor sh_views_bwd(const at::Tensor &means, const at::Tensor &dc, const at::Tensor &rest,
@@ -66,6 +68,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("height"), py::arg("tile_size"), py::arg("known_total") = -1);
     m.def("tile_intersections", &bytesplat::tile_intersections,
           "tiles reached per camera [C] int64 (what bin_tiles' total is, per camera)");
+    m.def("opacity_aware_radii", &bytesplat::opacity_aware_radii,
+          "per-axis tile radii [C,N,2] int32 of the opacity-aware reach from the projection's radii [C,N], "
+          "conics [C,N,3] and opacities [C,N] (bytesplat_ns/raster/tile_reach.py, the same result)");
     m.def("sh_views_fwd", &bytesplat::sh_views_fwd,
           "SH colors of N Gaussians from C cameras [C,N,3] (+0.5, clamped at 0; 0 where culled) from "
           "the DC coefficients [N,3] and the rest [N,K-1,3] (row-strided views allowed)");

@@ -55,6 +55,7 @@ from bytesplat_ns.raster.fused import (
     project,
     rasterize_fused,
     splatfacto_loss_torch,
+    tile_radii,
 )
 from bytesplat_ns.raster.tile_reach import opacity_aware_radii
 
@@ -241,6 +242,9 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
     _safe(out, "binning_cuda", lambda: time_ms(lambda: bin_tiles(m2, radii, depths, W, H), warmup, repeats))
     _safe(out, "binning_cuda_opacity_tiles", lambda: time_ms(
         lambda: bin_tiles(m2, opacity_aware_radii(radii, con, op), depths, W, H), warmup, repeats))
+    reach_kernel = FusedOptions(tile_reach="cuda")  # the reach from cuda/tile_reach.cu: the same lists
+    _safe(out, "binning_cuda_opacity_tiles_reach_kernel", lambda: time_ms(
+        lambda: bin_tiles(m2, tile_radii(radii, con, op, reach_kernel), depths, W, H), warmup, repeats))
     _safe(out, "binning_torch", lambda: time_ms(lambda: bin_tiles_torch(m2, radii, depths, W, H), warmup, repeats))
     if gsplat_ok:
         _safe(out, "binning_gsplat", lambda: time_ms(inp.gsplat_binning, warmup, repeats))

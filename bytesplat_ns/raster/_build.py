@@ -28,7 +28,8 @@ except Exception:  # pragma: no cover - errors.py is optional for this module
     _ErrorBase = RuntimeError  # type: ignore[misc,assignment]
 
 MIN_COMPUTE_CAPABILITY = (7, 0)
-SOURCES = ("bindings.cpp", "render.cu", "fused_loss.cu", "loss_grad.cu", "binning.cu", "sh_views.cu", "adam.cu")
+SOURCES = ("bindings.cpp", "render.cu", "fused_loss.cu", "loss_grad.cu", "binning.cu", "tile_reach.cu", "sh_views.cu",
+           "adam.cu")
 HEADERS = ("common.cuh", "ssim_tile.cuh")
 SPARSE_GRAD_SOURCES = ("sparse_grad.cu", "sparse_grad_bindings.cpp")
 

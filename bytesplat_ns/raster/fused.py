@@ -202,8 +202,16 @@ def tile_intersections(means2d: Tensor, radii: Tensor, width: int, height: int,
 
 def tile_radii(radii: Tensor, conics: Tensor, opacities: Tensor, options: FusedOptions) -> Tensor:
     """The radii the binning takes: the projection's, or with ``options.opacity_aware_tiles`` the
-    per-axis reach of each Gaussian's alpha >= 1/255 ellipse (``tile_reach``; the same render)."""
-    return opacity_aware_radii(radii, conics, opacities) if options.opacity_aware_tiles else radii
+    per-axis reach of each Gaussian's alpha >= 1/255 ellipse (``tile_reach``; the same render), from
+    our kernel (``cuda/tile_reach.cu``, the same radii) on CUDA tensors with ``options.tile_reach ==
+    "cuda"``, else from its torch definition."""
+    if not options.opacity_aware_tiles:
+        return radii
+    ops = _wrapper._optional_ops() if options.tile_reach == "cuda" and radii.is_cuda else None
+    if ops is not None and radii.dim() == 2:
+        return ops.opacity_aware_radii(radii.to(torch.int32).contiguous(), conics.detach().float().contiguous(),
+                                       opacities.detach().float().contiguous())
+    return opacity_aware_radii(radii, conics, opacities)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -22,11 +22,13 @@ SCHEDULES = ("one_launch", "two_launch", "split")
 BWD_REDUCTIONS = ("butterfly", "shuffle")
 PROJECTIONS = ("auto", "gsplat", "torch")
 BINNINGS = ("cuda", "torch")
+TILE_REACHES = ("torch", "cuda")
 
 Schedule = Literal["one_launch", "two_launch", "split"]
 BwdReduce = Literal["butterfly", "shuffle"]
 Projection = Literal["auto", "gsplat", "torch"]
 Binning = Literal["cuda", "torch"]
+TileReach = Literal["torch", "cuda"]
 
 
 def _check_choice(field: str, value: str, choices) -> None:
@@ -44,12 +46,14 @@ class FusedOptions:
     projection: Projection = "auto"
     binning: Binning = "cuda"
     opacity_aware_tiles: bool = True
+    tile_reach: TileReach = "torch"
 
     def __post_init__(self):
         _check_choice("schedule", self.schedule, SCHEDULES)
         _check_choice("bwd_reduce", self.bwd_reduce, BWD_REDUCTIONS)
         _check_choice("projection", self.projection, PROJECTIONS)
         _check_choice("binning", self.binning, BINNINGS)
+        _check_choice("tile_reach", self.tile_reach, TILE_REACHES)
         for field in ("warp_cull", "opacity_aware_tiles"):
             if not isinstance(getattr(self, field), bool):
                 raise SettingError(f"fused.{field} must be true or false, got {getattr(self, field)!r}")
@@ -81,6 +85,9 @@ class FusedRasterConfig:
     opacity_aware_tiles: bool = True
     """Bin each Gaussian only into the tiles its alpha >= 1/255 ellipse reaches, per axis (raster/tile_reach.py;
     exact: shorter tile lists, the same render); false: into the projection's square 3-sigma box."""
+    tile_reach: TileReach = "torch"
+    """How the opacity-aware reach is computed on CUDA tensors: its PyTorch definition (raster/tile_reach.py, about
+    15 elementwise launches) or bytesplat's kernel (cuda/tile_reach.cu, one launch, the same radii bit for bit)."""
     check_every: int = 0
     """Every this many training steps, compare the fused loss and gradients with the unfused (splatfacto) path
     and log the errors (model.fused_check_log; 0: off). Costs two extra steps each time."""
@@ -88,4 +95,4 @@ class FusedRasterConfig:
     def options(self) -> FusedOptions:
         return FusedOptions(schedule=self.schedule, warp_cull=self.warp_cull, bwd_reduce=self.bwd_reduce,
                             projection=self.projection, binning=self.binning,
-                            opacity_aware_tiles=self.opacity_aware_tiles)
+                            opacity_aware_tiles=self.opacity_aware_tiles, tile_reach=self.tile_reach)

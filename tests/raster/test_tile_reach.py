@@ -148,6 +148,22 @@ def test_the_switch_is_a_config_field():
     assert FusedRasterConfig(opacity_aware_tiles=False).options().opacity_aware_tiles is False
     with pytest.raises(SettingError, match="opacity_aware_tiles"):
         FusedOptions(opacity_aware_tiles="yes")
+    # how the reach is computed: its torch definition unless the kernel is asked for
+    assert FusedRasterConfig().options().tile_reach == "torch"
+    assert FusedRasterConfig(tile_reach="cuda").options().tile_reach == "cuda"
+    with pytest.raises(SettingError, match="tile_reach must be one of torch, cuda"):
+        FusedOptions(tile_reach="triton")
+
+
+def test_tile_radii_takes_the_torch_definition_on_cpu_tensors_whatever_the_switch():
+    """``tile_reach="cuda"`` runs the kernel on CUDA tensors only; CPU tensors (the reference path,
+    the CPU tests, pruning's counts on the host) get the definition, without building anything."""
+    W, H, radii, means2d, depths, conics, opac = _culling_edge_inputs()
+    want = opacity_aware_radii(radii, conics, opac)
+    for reach in ("torch", "cuda"):
+        got = F.tile_radii(radii, conics, opac, FusedOptions(tile_reach=reach))
+        assert torch.equal(got, want), reach
+    assert F.tile_radii(radii, conics, opac, FusedOptions(opacity_aware_tiles=False, tile_reach="cuda")) is radii
 
 
 def test_sharded_step_bins_with_the_reach_the_senders_counted(torch_ops, monkeypatch):  # noqa: F811
