@@ -4,11 +4,10 @@ faster than the definition's elementwise chain."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
+from bytesplat_ns.bench.timing import time_ms
 from bytesplat_ns.raster import fused as F
 from bytesplat_ns.raster.options import FusedOptions
 from bytesplat_ns.raster.tile_reach import ALPHA_MIN, opacity_aware_radii
@@ -107,21 +106,10 @@ def test_training_step_is_the_same_with_the_kernel(schedule):
         assert rel_err(p1[k].grad, p0[k].grad) <= 1e-5, k
 
 
-def _time_ms(fn, reps=50):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) * 1000 / reps
-
-
 def test_one_launch_is_faster_than_the_elementwise_chain():
     radii, conics, opac = _random_inputs(1, 1_000_000, 4)
     ops = _ops()
-    t_torch = _time_ms(lambda: opacity_aware_radii(radii, conics, opac))
-    t_cuda = _time_ms(lambda: ops.opacity_aware_radii(radii, conics, opac))
+    t_torch = time_ms(lambda: opacity_aware_radii(radii, conics, opac), 3, 50)["median_ms"]
+    t_cuda = time_ms(lambda: ops.opacity_aware_radii(radii, conics, opac), 3, 50)["median_ms"]
     print(f"\ntile reach, 1M Gaussians: torch {t_torch:.3f} ms, CUDA {t_cuda:.3f} ms ({t_torch / max(t_cuda, 1e-9):.1f}x)")
     assert t_cuda < t_torch
