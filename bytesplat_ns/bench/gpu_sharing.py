@@ -15,6 +15,7 @@ import subprocess
 import threading
 from typing import Callable, Dict, Optional, Set
 
+
 def runs_sharing_gpu(run: Dict) -> int:
     """How many runs shared the GPU with this one, itself included: ``wallclock --parallel``, or the
     most compute processes seen on the GPU while it trained, when that was more. A run whose count
