@@ -223,7 +223,7 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           needs_data=True),
     Suite("gaussian-budget-large",
           "the same on the built-in large scene: ns-train + ns-eval, 30000 iterations, 3 seeds, the six runs at once "
-          "(quality and Gaussians; expected to take about 10 minutes on one H200)",
+          "(quality and Gaussians)",
           1,
           (Step("wallclock", ("--methods", "bytesplat", _BUDGET_40, "--iterations", "30000", "--seeds", "0", "1", "2",
                               "--parallel", "6", "--dataparser", "bytesplat-scene --scene-size large",
