@@ -23,8 +23,9 @@ the gsplat of a ``--gsplat-site`` gets the same scene through a file, ``bench.sc
 - ``bytesplat-square-tiles``: ``bytesplat`` binning each Gaussian into the projection's square
   3-sigma box instead of its opacity-aware reach (``--pipeline.model.fused.opacity-aware-tiles
   False``, ``raster/tile_reach.py``: the same render, longer tile lists).
-- ``bytesplat-reach-kernel``: ``bytesplat`` with the opacity-aware reach from our kernel
-  (``--pipeline.model.fused.tile-reach cuda``, cuda/tile_reach.cu: the same radii in one launch).
+- ``bytesplat-reach-torch``: ``bytesplat`` computing the opacity-aware reach with its PyTorch
+  definition (``--pipeline.model.fused.tile-reach torch``, raster/tile_reach.py, about 15 elementwise
+  launches) instead of our one-launch kernel (cuda/tile_reach.cu): the same radii, hence the same lists.
 
 Reported per implementation: ``wall_ms`` (host clock over ``--repeats`` back-to-back steps, the
 GPU drained at both ends: what a training loop gets), the stages' spans (CUDA events at the stage
@@ -55,7 +56,7 @@ LEARNING_RATES = {"means": 1.6e-4, "scales": 5e-3, "quats": 1e-3, "features_dc":
                   "features_rest": 2.5e-3 / 20, "opacities": 5e-2}
 ADAM_EPS = 1e-15
 IMPLEMENTATIONS = ("splatfacto", "gsplat", "bytesplat", "bytesplat-visible", "bytesplat-square-tiles",
-                   "bytesplat-reach-kernel")
+                   "bytesplat-reach-torch")
 
 # kernel name -> category; the first pattern that matches wins, "bwd"/"backward" in a name marks it backward
 KERNEL_CATEGORIES: Tuple[Tuple[str, str], ...] = (
@@ -228,13 +229,13 @@ class GsplatStep(TrainingStep):
 class BytesplatStep(TrainingStep):
     """``raster.fused.fused_render_loss`` (default options) + sync-free statistics + DeviceAdam (our Adam kernel)."""
 
-    def __init__(self, scene: Dict, visible_only: bool = False, square_tiles: bool = False, reach_kernel: bool = False):
+    def __init__(self, scene: Dict, visible_only: bool = False, square_tiles: bool = False, reach_torch: bool = False):
         super().__init__(scene)
         from bytesplat_ns.raster.options import FusedOptions
 
         self.visible_only = visible_only
-        self.options = FusedOptions(opacity_aware_tiles=not square_tiles, tile_reach="cuda" if reach_kernel else "torch")
-        tiles = "square tile boxes" if square_tiles else "opacity-aware tiles" + (", reach kernel" if reach_kernel else "")
+        self.options = FusedOptions(opacity_aware_tiles=not square_tiles, tile_reach="torch" if reach_torch else "cuda")
+        tiles = "square tile boxes" if square_tiles else "opacity-aware tiles" + (", reach in torch" if reach_torch else "")
         adam = "bytesplat Adam, visible Gaussians only" if visible_only else "bytesplat Adam"
         self.label = f"bytesplat (fused split, {tiles}) + {adam}"
         from bytesplat_ns.optim import DeviceAdam
@@ -277,8 +278,8 @@ def build_step(implementation: str, scene: Dict) -> TrainingStep:
         return BytesplatStep(scene, visible_only=True)
     if implementation == "bytesplat-square-tiles":
         return BytesplatStep(scene, square_tiles=True)
-    if implementation == "bytesplat-reach-kernel":
-        return BytesplatStep(scene, reach_kernel=True)
+    if implementation == "bytesplat-reach-torch":
+        return BytesplatStep(scene, reach_torch=True)
     raise ValueError(f"unknown implementation {implementation!r} (choose from {IMPLEMENTATIONS})")
 
 

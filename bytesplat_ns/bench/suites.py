@@ -129,11 +129,11 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           "a whole training step (activations, projection, SH, binning, render, loss, backward, densification "
           "statistics, optimizer) with its time per stage: splatfacto's (gsplat 1.4.0, pytorch_msssim, Adam), gsplat "
           "1.5.3's fastest (fussim, SelectiveAdam) and ours (and ours with square tile boxes, and with the reach "
-          "kernel), 1080p, 1M and 4M random Gaussians (--data: the folder gsplat 1.5.3 is pip-installed into with "
+          "computed in torch), 1080p, 1M and 4M random Gaussians (--data: the folder gsplat 1.5.3 is pip-installed into with "
           "--target)",
           1,
           (Step("step", _args("--num-gaussians 1000000 4000000 --width 1920 --height 1080 --warmup 10 --repeats 50 "
-                              "--implementations splatfacto bytesplat bytesplat-square-tiles bytesplat-reach-kernel "
+                              "--implementations splatfacto bytesplat bytesplat-square-tiles bytesplat-reach-torch "
                               "--gsplat-site {data}"),
                 name="step_baselines"),),
           needs_data=True),
@@ -232,15 +232,15 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           "raster + loss and a whole step on a real capture (--data) trained for 30000 iterations, at its full "
           "resolution: fused vs gsplat 1.4.0 and 1.5.3 (installed at /tmp/gsplat-1.5.3 by scripts/gpu_setup.sh) with "
           "pytorch_msssim and fussim; steps: splatfacto's, gsplat 1.5.3's fastest, ours, ours with Adam on visible "
-          "Gaussians only, with square tile boxes and with the reach kernel (the raster step times both kinds of tile "
-          "list)",
+          "Gaussians only, with square tile boxes and with the reach computed in torch (the raster step times both "
+          "kinds of tile list)",
           1,
           (Step("wallclock", _args("--data {data} --methods bytesplat --iterations 30000 --seeds 0 --offline-lpips "
                                    "--work-dir {work}/train"), name="train_30k"),
            Step("raster", _args(f"--trained {_TRAINED_CAPTURE} --warmup 3 --repeats 10 --baseline-ssim pytorch_msssim "
                                 f"fussim --gsplat-site {_GSPLAT_153}"), name="raster_trained"),
            Step("step", _args(f"--trained {_TRAINED_CAPTURE} --warmup 10 --repeats 50 --implementations splatfacto "
-                              f"bytesplat bytesplat-visible bytesplat-square-tiles bytesplat-reach-kernel "
+                              f"bytesplat bytesplat-visible bytesplat-square-tiles bytesplat-reach-torch "
                               f"--gsplat-site {_GSPLAT_153}"),
                 name="step_trained")),
           needs_data=True),

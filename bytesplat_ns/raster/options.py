@@ -46,7 +46,7 @@ class FusedOptions:
     projection: Projection = "auto"
     binning: Binning = "cuda"
     opacity_aware_tiles: bool = True
-    tile_reach: TileReach = "torch"
+    tile_reach: TileReach = "cuda"
 
     def __post_init__(self):
         _check_choice("schedule", self.schedule, SCHEDULES)
@@ -85,7 +85,7 @@ class FusedRasterConfig:
     opacity_aware_tiles: bool = True
     """Bin each Gaussian only into the tiles its alpha >= 1/255 ellipse reaches, per axis (raster/tile_reach.py;
     exact: shorter tile lists, the same render); false: into the projection's square 3-sigma box."""
-    tile_reach: TileReach = "torch"
+    tile_reach: TileReach = "cuda"
     """How the opacity-aware reach is computed on CUDA tensors: its PyTorch definition (raster/tile_reach.py, about
     15 elementwise launches) or bytesplat's kernel (cuda/tile_reach.cu, one launch, the same radii bit for bit)."""
     check_every: int = 0

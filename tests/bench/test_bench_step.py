@@ -125,7 +125,7 @@ def test_step_is_a_registered_subcommand_with_a_suite():
 def test_steps_train_the_same_scene_from_the_same_loss():
     scene = synthetic_scene(20_000, 256, 192, 3)
     rows = step.run_here(["splatfacto", "bytesplat", "bytesplat-visible", "bytesplat-square-tiles",
-                          "bytesplat-reach-kernel"], scene, warmup=3,
+                          "bytesplat-reach-torch"], scene, warmup=3,
                          repeats=5, profile_steps=2)
     assert all("error" not in r for r in rows), rows
     first = rows[0]["loss_step0"]
@@ -140,6 +140,6 @@ def test_steps_train_the_same_scene_from_the_same_loss():
     assert "opacity-aware tiles" in ours["implementation"]  # the default
     assert "square tile boxes" in square_tiles["implementation"]
     assert square_tiles["loss_step0"] == pytest.approx(ours["loss_step0"], rel=1e-6)  # the same render
-    assert "reach kernel" in rows[4]["implementation"]
+    assert "reach in torch" in rows[4]["implementation"]
     assert rows[4]["loss_step0"] == pytest.approx(ours["loss_step0"], rel=1e-7)  # the same tile lists
     assert "render bwd" in ours["kernel_categories_ms"] and "binning fwd" in ours["kernel_categories_ms"]

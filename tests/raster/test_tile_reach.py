@@ -149,8 +149,8 @@ def test_the_switch_is_a_config_field():
     with pytest.raises(SettingError, match="opacity_aware_tiles"):
         FusedOptions(opacity_aware_tiles="yes")
     # how the reach is computed: its torch definition unless the kernel is asked for
-    assert FusedRasterConfig().options().tile_reach == "torch"
-    assert FusedRasterConfig(tile_reach="cuda").options().tile_reach == "cuda"
+    assert FusedRasterConfig().options().tile_reach == "cuda"
+    assert FusedRasterConfig(tile_reach="torch").options().tile_reach == "torch"
     with pytest.raises(SettingError, match="tile_reach must be one of torch, cuda"):
         FusedOptions(tile_reach="triton")
 

@@ -54,8 +54,8 @@ def test_the_kernel_gives_the_definitions_radii_bit_for_bit(C, N, seed):
     got = _ops().opacity_aware_radii(radii, conics, opac)
     assert got.shape == (C, N, 2) and got.dtype == torch.int32
     assert torch.equal(got, want), (got != want).nonzero()[:5].tolist()
-    # the edges are all present, and the tight boxes do tighten
-    assert bool((want == 0).all(-1).any()) and bool((want < radii[..., None]).any())
+    if N > 1:  # the edges are all present, and the tight boxes do tighten (a single Gaussian is one edge at most)
+        assert bool((want == 0).all(-1).any()) and bool((want < radii[..., None]).any())
 
 
 def test_the_kernel_gives_the_definitions_radii_on_projected_and_culling_edge_gaussians():
