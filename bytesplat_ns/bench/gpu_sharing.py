@@ -6,6 +6,8 @@ work started elsewhere (another job of ``bytesplat-bench queue`` alongside it, a
 and keeps the most it saw at once (the run's own process included): a run that had the GPU alone
 reads 1, and the results page treats a higher count like ``concurrent_runs`` (quality only). Where
 ``nvidia-smi`` lists no processes (some containers hide them) it reads 0: unknown, not alone.
+:func:`measures_the_method` is the one test of whether a run's wall clock counts: alone on the GPU,
+and none of the method's work skipped.
 """
 
 from __future__ import annotations
@@ -21,6 +23,12 @@ def runs_sharing_gpu(run: Dict) -> int:
     most compute processes seen on the GPU while it trained, when that was more. A run whose count
     is 1 had the GPU alone; only those runs' wall clocks measure the method."""
     return max(run.get("concurrent_runs") or 1, run.get("gpu_processes_max") or 1)
+
+
+def measures_the_method(run: Dict) -> bool:
+    """Whether a run's wall clock measures its method as a user runs it: it had the GPU alone and
+    skipped none of the method's work (``wallclock --skip-image-writes`` runs are quality only)."""
+    return runs_sharing_gpu(run) == 1 and not run.get("image_writes_skipped")
 
 
 QUERY = ("nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader")

@@ -6,9 +6,11 @@ runs the machine's setup and then a list of jobs in a detached process, so that 
 starts the queue or collects from it:
 
     python3 -m bytesplat_ns.bench.queue start -- \
-        'bytesplat-bench suite wallclock-fox-30k --data .data/fox --only splatfacto_seeds12_at_once \
+        'bytesplat-bench suite wallclock-fox-30k --data .data/fox --only splatfacto_seed1_quality \
              --results-dir $RESULTS --out-dir $SUITES/wallclock-fox-30k' \
         '+python3 -m pytest -m gpu tests -q -p no:cacheprovider' \
+        'bytesplat-bench suite wallclock-fox-30k --data .data/fox --only splatfacto_seed2_quality \
+             --results-dir $RESULTS --out-dir $SUITES/wallclock-fox-30k' \
         '@1400 bytesplat-bench suite wallclock-fox-seeds --data .data/fox --only bytesplat_seed1 \
              --results-dir $RESULTS --out-dir $SUITES/wallclock-fox-seeds'
     python3 -m bytesplat_ns.bench.queue collect --wait 570     # this call and every later one

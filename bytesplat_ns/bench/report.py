@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from bytesplat_ns.bench.gpu_sharing import runs_sharing_gpu
+from bytesplat_ns.bench.gpu_sharing import measures_the_method, runs_sharing_gpu
 from bytesplat_ns.bench.plots import detect_kind
 from bytesplat_ns.errors import BytesplatError
 
@@ -231,6 +231,8 @@ def wallclock_table(steps: List[Dict]) -> List[str]:
             label = f"{step['name']}: {method}" if len(steps) > 1 else method
             at_once = max((runs_sharing_gpu(r) for r in runs if r["method"] == method), default=1)
             label += f" ({at_once} at once)" if at_once > 1 else ""
+            label += " (image writes skipped)" if any(r.get("image_writes_skipped") for r in runs
+                                                       if r["method"] == method) else ""
             rows.append((label, runs_of, stats, paired, spread))
     table = _table(["method", "seeds", *keys, "PSNR min-max", "PSNR diff vs the first method, by seed"],
                    [[m, n, *(_f(s[k]["mean"]) if k in s else "-" for k in keys), sp, d] for m, n, s, d, sp in rows])
@@ -262,8 +264,8 @@ def across_steps_table(steps: List[Dict]) -> List[str]:
     rows = []
     for method in methods:
         mine = [(name, r) for name, r in runs if r["method"] == method]
-        # a run that shared the GPU with others counts for quality only: its wall clock measures the sharing
-        alone = [r for _, r in mine if runs_sharing_gpu(r) == 1]
+        # a run that shared the GPU, or skipped its image writes, counts for quality only
+        alone = [r for _, r in mine if measures_the_method(r)]
         walls = [r["wall_s"] for r in alone if r.get("wall_s") is not None]
         outside = [1 - r["steps_s"] / r["wall_s"] for r in alone if r.get("wall_s") and r.get("steps_s") is not None]
         quality = {k: [r[k] for _, r in mine if r.get(k) is not None] for k in ("psnr", "ssim", "num_gaussians")}
@@ -271,7 +273,7 @@ def across_steps_table(steps: List[Dict]) -> List[str]:
                  if (name, method, r["seed"]) in psnr and (name, methods[0], r["seed"]) in psnr]
         paired = "baseline" if method == methods[0] else _paired(diffs)
         shared = len(mine) - len(alone)
-        runs_of = f"{len(mine)}" + (f" ({shared} at once: quality only)" if shared else "")
+        runs_of = f"{len(mine)}" + (f" ({shared} at once or without image writes: quality only)" if shared else "")
         rows.append([method, runs_of, _f(statistics.median(walls)) if walls else "-",
                      f"{min(walls):.2f}-{max(walls):.2f}" if walls else "-", mean(walls),
                      mean([100 * x for x in outside], "{:.1f}%"), mean(quality["psnr"]),

@@ -145,17 +145,18 @@ def wallclock_figure(doc: Dict, plot_dir: Path) -> Optional[Path]:
     """Stacked bars of the mean seconds per phase for each method (and iteration count), over the
     document's wall-clock runs that had the GPU alone; None when it has none. A run that shared the
     GPU (``--parallel``, or another job's process seen beside it) measured the sharing, not the
-    method, so it is left out, as on the results page."""
-    from bytesplat_ns.bench.gpu_sharing import runs_sharing_gpu
+    method, and one that skipped its image writes skipped part of the method: both are left out, as
+    on the results page."""
+    from bytesplat_ns.bench.gpu_sharing import measures_the_method
     from bytesplat_ns.bench.wallclock import plot_breakdown, summarize
 
     runs = [run for run in doc.get("runs", []) if "error" not in run and run.get("wall_s") is not None]
-    alone = [run for run in runs if runs_sharing_gpu(run) == 1]
+    alone = [run for run in runs if measures_the_method(run)]
     if not alone:
         return None
     iterations = "/".join(str(i) for i in sorted({run["iterations"] for run in alone}))
     title = (f"launch to exit, {iterations} iterations\n{doc.get('gpu') or 'unknown GPU'}, "
-             f"{len(alone)} of {len(runs)} runs (those alone on the GPU)")
+             f"{len(alone)} of {len(runs)} runs (those alone on the GPU, nothing skipped)")
     path = plot_dir / WALLCLOCK_FIGURE
     plot_breakdown(summarize(alone), path, title)
     return path

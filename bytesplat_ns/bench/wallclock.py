@@ -163,7 +163,8 @@ def run_one(entry: MethodEntry, seed: int, args: argparse.Namespace, repeat: int
     timings_path = run_dir / "timings.json"
     train_args = ns_train_args(entry, args.data, args.iterations, seed, run_dir, shlex.split(args.dataparser), repeat)
     command = [sys.executable, "-m", "bytesplat_ns.bench.timed_ns_train", "--timings", str(timings_path),
-               *(["--offline-lpips"] if args.offline_lpips else []), "--launcher", entry.launcher, "--", *train_args]
+               *(["--offline-lpips"] if args.offline_lpips else []),
+               *(["--skip-image-writes"] if args.skip_image_writes else []), "--launcher", entry.launcher, "--", *train_args]
     launch = time.time()
     with GpuProcessWatch() as gpu_watch:
         wall_s = _run_logged(command, run_dir / "train.log")
@@ -175,6 +176,8 @@ def run_one(entry: MethodEntry, seed: int, args: argparse.Namespace, repeat: int
         "iterations": args.iterations, "concurrent_runs": args.parallel,
         # work outside this invocation shares the GPU too (gpu_sharing.py); None: no nvidia-smi
         "gpu_processes_max": gpu_watch.most,
+        # tensorboard's image writes skipped (quality only): the wall clock is not what a user waits for
+        "image_writes_skipped": args.skip_image_writes,
         "wall_s": wall_s, **breakdown(wall_s, launch, timings), **startup_fields(launch, timings),
         # the part of other_s after the trainer finished: interpreter and writer shutdown
         "exit_s": launch + wall_s - timings["process_end"],
@@ -264,6 +267,11 @@ def parser() -> argparse.ArgumentParser:
                    help="every method builds LPIPS through bytesplat's offline check (compat.offline_safe_lpips): on a "
                    "machine without the network or cached AlexNet weights, splatfacto then skips LPIPS as bytesplat does "
                    "instead of waiting on (and failing) the download; lpips is reported only where it was computed")
+    p.add_argument("--skip-image-writes", action="store_true",
+                   help="quality-only runs: the trainer renders its eval images on schedule (the same training and "
+                   "random stream) but tensorboard does not encode them (465 of splatfacto's 1071 s at 30000 "
+                   "iterations on the fox capture); recorded as image_writes_skipped, and such runs' wall clocks are "
+                   "left out of wall-clock comparisons, as --parallel runs are")
     p.add_argument("--merge", nargs="+", type=Path, default=None, metavar="JSON",
                    help="run nothing: combine the runs of earlier wallclock JSON files (e.g. one per seed, "
                    "each in its own session) into --out, with the summary and plot over all of them")

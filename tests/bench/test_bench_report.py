@@ -192,8 +192,13 @@ def test_steps_split_by_seed_get_one_table_over_all_their_runs():
     shared = steps[:2] + [_wallclock_step("seed2", [dict(run("a", 2, 99.0, 30.0), concurrent_runs=2),
                                                     dict(run("b", 2, 99.0, 29.5), concurrent_runs=2)])]
     _, _, a, _ = across_steps_table(shared)
-    assert a.split(" | ")[1:8] == ["3 (1 at once: quality only)", "10.50", "10.00-11.00", "10.50", "50.0%",
-                                   "29.00", "0.9000"]
+    assert a.split(" | ")[1:8] == ["3 (1 at once or without image writes: quality only)", "10.50", "10.00-11.00",
+                                   "10.50", "50.0%", "29.00", "0.9000"]
+    # and so do runs that skipped their image writes (wallclock --skip-image-writes)
+    skipped = steps[:2] + [_wallclock_step("seed2", [dict(run("a", 2, 5.0, 30.0), image_writes_skipped=True),
+                                                     dict(run("b", 2, 5.0, 29.5), image_writes_skipped=True)])]
+    _, _, a, _ = across_steps_table(skipped)
+    assert a.split(" | ")[1:3] == ["3 (1 at once or without image writes: quality only)", "10.50"]
     # runs at two training resolutions are two comparisons
     mixed = steps[:2] + [_wallclock_step("seed2", [dict(run("a", 2, 9.0, 30.0), train_image_size=[960, 540])])]
     mixed[0]["result"]["runs"][0]["train_image_size"] = [1920, 1080]

@@ -25,3 +25,13 @@ def test_without_nvidia_smi_nothing_is_recorded(monkeypatch):
     with gpu_sharing.GpuProcessWatch(first=0.0, interval=0.01) as watch:
         time.sleep(0.05)
     assert watch.most is None
+
+
+def test_only_runs_alone_and_complete_measure_the_method():
+    from bytesplat_ns.bench.gpu_sharing import measures_the_method
+
+    assert measures_the_method({"concurrent_runs": 1, "gpu_processes_max": 1})
+    assert measures_the_method({})  # older records: no count, nothing skipped
+    assert not measures_the_method({"concurrent_runs": 2})
+    assert not measures_the_method({"gpu_processes_max": 3})
+    assert not measures_the_method({"concurrent_runs": 1, "gpu_processes_max": 1, "image_writes_skipped": True})

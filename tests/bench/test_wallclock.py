@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from bytesplat_ns.bench import wallclock
 from bytesplat_ns.bench.timed_ns_train import CollectionTimer, PhaseTimers
@@ -175,6 +177,62 @@ def test_offline_lpips_guards_every_methods_lpips(tmp_path, monkeypatch):
     results.write_text(json.dumps({"results": {"psnr": 28.0, "ssim": 0.9, "lpips": 0.0}}))
     assert wallclock.read_eval(results, lpips_measured=False) == {"psnr": 28.0, "ssim": 0.9}
     assert wallclock.read_eval(results)["lpips"] == 0.0
+
+
+def test_skip_image_writes_drops_tensorboards_images_and_nothing_else(tmp_path, monkeypatch):
+    """--skip-image-writes: in the timed run tensorboard still writes scalars but encodes no image."""
+    from types import SimpleNamespace
+
+    import nerfstudio.configs.base_config  # noqa: F401 - nerfstudio's writer module needs it imported first
+    import nerfstudio.scripts.train as ns_train
+    from nerfstudio.utils import writer
+
+    from bytesplat_ns.bench import timed_ns_train
+
+    monkeypatch.setattr(writer.TensorboardWriter, "write_image", writer.TensorboardWriter.write_image)
+    written = []
+
+    def entrypoint():  # stands in for ns-train: one eval image and one scalar through tensorboard's writer
+        board = writer.TensorboardWriter.__new__(writer.TensorboardWriter)
+        board.tb_writer = SimpleNamespace(add_image=lambda *a, **k: written.append("image"),
+                                          add_scalar=lambda *a, **k: written.append("scalar"))
+        board.write_image("Eval Images/img", torch.zeros(4, 4, 3), 100)
+        board.write_scalar("Train Loss", 0.5, 100)
+
+    monkeypatch.setattr(ns_train, "entrypoint", entrypoint)
+    monkeypatch.setattr(timed_ns_train, "install", lambda *args: None)
+    timed_ns_train.main(["--timings", str(tmp_path / "a.json"), "--", "splatfacto"])
+    assert written == ["image", "scalar"]
+    written.clear()
+    timed_ns_train.main(["--timings", str(tmp_path / "b.json"), "--skip-image-writes", "--", "splatfacto"])
+    assert written == ["scalar"]
+
+
+def test_wallclock_passes_skip_image_writes_on_and_records_it(tmp_path, monkeypatch):
+    """The switch reaches the timed run and every run record says so: such runs are quality only."""
+    from bytesplat_ns.bench.gpu_sharing import measures_the_method
+
+    commands = []
+
+    def fake_run_logged(command, log):
+        commands.append(command)
+        timings = Path(command[command.index("--timings") + 1])
+        seconds = {key: 0.1 for key in ("setup_s", "data_s", "steps_s", "eval_s", "log_s", "save_s")}
+        timings.write_text(json.dumps({"seconds": seconds, "process_end": time.time()}))
+        return 1.0
+
+    monkeypatch.setattr(wallclock, "_run_logged", fake_run_logged)
+    monkeypatch.setattr("bytesplat_ns.bench.train.environment", lambda argv, prog: {"device": "cpu", "command": prog})
+    for flags, skipped in (([], False), (["--skip-image-writes"], True)):
+        commands.clear()
+        result = wallclock.main(["--methods", "splatfacto", "--iterations", "7", "--no-eval", *flags,
+                                 "--work-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "w.json")])
+        command = commands[0]
+        assert ("--skip-image-writes" in command[:command.index("--")]) is skipped
+        (run,) = result["runs"]
+        assert run["image_writes_skipped"] is skipped
+        assert ("--skip-image-writes" in run["launched_command"]) is skipped
+        assert measures_the_method(dict(run, gpu_processes_max=1)) is not skipped
 
 
 def test_repeats_run_the_same_command_again_in_parallel(tmp_path, monkeypatch):
