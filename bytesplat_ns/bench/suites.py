@@ -137,6 +137,14 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
                               "--gsplat-site {data}"),
                 name="step_baselines"),),
           needs_data=True),
+    Suite("tile-reach",
+          "the whole training step (bytesplat-bench step) with the opacity-aware tile reach from cuda/tile_reach.cu "
+          "(the default) against its PyTorch definition, 1080p, 1M random Gaussians: six pairs, the order alternated",
+          1,
+          tuple(Step("step", _args("--num-gaussians 1000000 --width 1920 --height 1080 --warmup 10 --repeats 50 "
+                                   f"--implementations {pair}"), name=f"pair_{i}")
+                for i, pair in enumerate(("bytesplat bytesplat-reach-torch", "bytesplat-reach-torch bytesplat") * 3,
+                                         start=1))),
     Suite("raster-capacity",
           "the fused split schedule around its per-tile list capacity: 1M to 8M random Gaussians at 1080p",
           1,
