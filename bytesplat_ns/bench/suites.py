@@ -129,8 +129,8 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           "a whole training step (activations, projection, SH, binning, render, loss, backward, densification "
           "statistics, optimizer) with its time per stage: splatfacto's (gsplat 1.4.0, pytorch_msssim, Adam), gsplat "
           "1.5.3's fastest (fussim, SelectiveAdam) and ours (and ours with square tile boxes, and with the reach "
-          "computed in torch), 1080p, 1M and 4M random Gaussians (--data: the folder gsplat 1.5.3 is pip-installed into with "
-          "--target)",
+          "computed in torch), 1080p, 1M and 4M random Gaussians (--data: the folder gsplat 1.5.3 is pip-installed "
+          "into with --target)",
           1,
           (Step("step", _args("--num-gaussians 1000000 4000000 --width 1920 --height 1080 --warmup 10 --repeats 50 "
                               "--implementations splatfacto bytesplat bytesplat-square-tiles bytesplat-reach-torch "

@@ -86,8 +86,8 @@ class FusedRasterConfig:
     """Bin each Gaussian only into the tiles its alpha >= 1/255 ellipse reaches, per axis (raster/tile_reach.py;
     exact: shorter tile lists, the same render); false: into the projection's square 3-sigma box."""
     tile_reach: TileReach = "cuda"
-    """How the opacity-aware reach is computed on CUDA tensors: its PyTorch definition (raster/tile_reach.py, about
-    15 elementwise launches) or bytesplat's kernel (cuda/tile_reach.cu, one launch, the same radii bit for bit)."""
+    """How the opacity-aware reach is computed on CUDA tensors: bytesplat's kernel (cuda/tile_reach.cu, one launch,
+    the same radii bit for bit) or its PyTorch definition (raster/tile_reach.py, about 15 elementwise launches)."""
     check_every: int = 0
     """Every this many training steps, compare the fused loss and gradients with the unfused (splatfacto) path
     and log the errors (model.fused_check_log; 0: off). Costs two extra steps each time."""

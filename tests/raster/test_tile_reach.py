@@ -148,7 +148,7 @@ def test_the_switch_is_a_config_field():
     assert FusedRasterConfig(opacity_aware_tiles=False).options().opacity_aware_tiles is False
     with pytest.raises(SettingError, match="opacity_aware_tiles"):
         FusedOptions(opacity_aware_tiles="yes")
-    # how the reach is computed: its torch definition unless the kernel is asked for
+    # how the reach is computed: the kernel unless its torch definition is asked for
     assert FusedRasterConfig().options().tile_reach == "cuda"
     assert FusedRasterConfig(tile_reach="torch").options().tile_reach == "torch"
     with pytest.raises(SettingError, match="tile_reach must be one of torch, cuda"):
