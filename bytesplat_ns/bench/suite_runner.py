@@ -12,26 +12,33 @@ and the figures of its results in ``RESULTS_DIR/plots/NAME/`` (``bench.plots``; 
 ``wallclock_breakdown.png``: the mean time per phase of each method over every run of the document
 that had the GPU alone, earlier ``--only`` runs' steps included). Step outputs, logs and run
 directories stay under ``--out-dir``. ``--replot`` draws the wall-clock figure of a committed
-document again without running anything.
+document again without running anything; ``--merge`` folds the documents that ``--only`` runs wrote
+to other results folders into the one in ``--results-dir``. Runs of one suite may share a results
+folder at the same time: the document is read, merged and written under a lock
+(``NAME.json.lock``), through a temporary file and a rename.
 
     bytesplat-bench suite --list
     bytesplat-bench suite raster-1080p --dry-run
     bytesplat-bench suite wallclock-fox --data /path/to/fox --results-dir docs/results
     bytesplat-bench suite wallclock-fox-seeds --replot --results-dir docs/results
+    bytesplat-bench suite wallclock-fox-30k --merge run1/wallclock-fox-30k.json --results-dir docs/results
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import fcntl
 import json
+import os
 import shlex
 import sys
 import threading
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence
 
 from bytesplat_ns.bench.commands import OUTPUT_OPTION
 from bytesplat_ns.bench.matrix import Piece, run_piece
@@ -166,15 +173,16 @@ def replot(name: str, results_dir: Path, log=print) -> Dict:
     """Draw the wall-clock figure of the committed ``results_dir/NAME.json`` again and list it in the
     document's plots (its other figures are kept as they are)."""
     path = results_dir / f"{name}.json"
-    doc = earlier_document(path, name)
-    if doc is None:
-        raise BytesplatError(f"no document of suite '{name}' at {path}",
-                             hint=f"run the suite first: bytesplat-bench suite {name} --results-dir {results_dir}")
-    drawn = wallclock_figure(doc, results_dir / "plots" / name)
-    if drawn is None:
-        raise BytesplatError(f"{path} holds no wall-clock run that had the GPU alone; nothing to draw")
-    doc["plots"] = list(dict.fromkeys([*doc.get("plots", []), str(drawn.relative_to(results_dir))]))
-    path.write_text(json.dumps(doc, indent=1))
+    with document_lock(path):
+        doc = earlier_document(path, name)
+        if doc is None:
+            raise BytesplatError(f"no document of suite '{name}' at {path}",
+                                 hint=f"run the suite first: bytesplat-bench suite {name} --results-dir {results_dir}")
+        drawn = wallclock_figure(doc, results_dir / "plots" / name)
+        if drawn is None:
+            raise BytesplatError(f"{path} holds no wall-clock run that had the GPU alone; nothing to draw")
+        doc["plots"] = list(dict.fromkeys([*doc.get("plots", []), str(drawn.relative_to(results_dir))]))
+        write_document(path, doc)
     log(f"wrote {drawn} and {path}")
     return doc
 
@@ -242,33 +250,95 @@ def run_suite(suite: Suite, out_dir: Path, results_dir: Path, data: Optional[Pat
     path = results_dir / f"{suite.name}.json"
     every = plan(named_steps(whole or suite), out_dir, data)
     order = [p.name for p in every]
-    earlier = earlier_document(path, suite.name) if whole is not None else None
-    if whole is not None:
-        doc["steps"] = merge_earlier(doc["steps"], earlier, order)
-    ok = {step["name"] for step in doc["steps"] if step["status"] == "ok"}
-    # a matrix step's figures come from its pieces' files, in its folder; an earlier run's steps
-    # are drawn too while their files are still in out_dir
-    outputs = [(out_dir / p.output).parent if p.kind == "matrix" else out_dir / p.output
-               for p in every if p.name in ok and p.output and (out_dir / p.output).exists()]
-    doc.update(wallclock_runs(doc["steps"]))
-    plot_dir = results_dir / "plots" / suite.name
-    drawn: List[Path] = []
-    if plots and outputs:
-        from bytesplat_ns.bench.plots import PlotInputError, plot_inputs
+    # --only runs of one suite may share results_dir at the same time: each reads, merges and writes
+    # the document while holding its lock, so that none drops another's step
+    with document_lock(path):
+        earlier = earlier_document(path, suite.name) if whole is not None else None
+        if whole is not None:
+            doc["steps"] = merge_earlier(doc["steps"], earlier, order)
+        ok = {step["name"] for step in doc["steps"] if step["status"] == "ok"}
+        # a matrix step's figures come from its pieces' files, in its folder; an earlier run's steps
+        # are drawn too while their files are still in out_dir
+        outputs = [(out_dir / p.output).parent if p.kind == "matrix" else out_dir / p.output
+                   for p in every if p.name in ok and p.output and (out_dir / p.output).exists()]
+        drawn: List[Path] = []
+        if plots and outputs:
+            from bytesplat_ns.bench.plots import PlotInputError, plot_inputs
 
-        try:
-            drawn = plot_inputs(outputs, plot_dir, log=log)
-        except PlotInputError as e:
-            doc["plots_error"] = str(e)
+            try:
+                drawn = plot_inputs(outputs, results_dir / "plots" / suite.name, log=log)
+            except PlotInputError as e:
+                doc["plots_error"] = str(e)
+        finish_document(doc, order, results_dir, drawn, earlier, plots)
+        write_document(path, doc)
+    log(f"wrote {path}")
+    return doc
+
+
+def finish_document(doc: Dict, order: Sequence[str], results_dir: Path, drawn: List[Path],
+                    earlier: Optional[Dict], plots: bool) -> None:
+    """The fields that follow from ``doc``'s steps: the wall-clock runs and their figure, the figures
+    listed (``drawn``, then an ``earlier`` document's that are still there and were not redrawn) and
+    whether every step of the suite (``order``) is there and ok."""
+    doc.pop("runs", None)
+    doc.update(wallclock_runs(doc["steps"]))
     if plots:
-        figure = wallclock_figure(doc, plot_dir)
-        drawn += [figure] if figure is not None else []
-    # --only: an earlier run's figures stay listed while their files are there and were not redrawn
+        figure = wallclock_figure(doc, results_dir / "plots" / doc["suite"])
+        drawn = drawn + ([figure] if figure is not None else [])
     kept = [plot for plot in (earlier or {}).get("plots", []) if (results_dir / plot).is_file()]
     doc["plots"] = list(dict.fromkeys([*(str(w.relative_to(results_dir)) for w in drawn), *kept]))
-    doc["complete"] = [s["name"] for s in doc["steps"]] == order and all(s["status"] == "ok" for s in doc["steps"])
-    path.write_text(json.dumps(doc, indent=1))
-    log(f"wrote {path}")
+    doc["complete"] = [s["name"] for s in doc["steps"]] == list(order) and all(s["status"] == "ok" for s in doc["steps"])
+
+
+@contextlib.contextmanager
+def document_lock(path: Path) -> Iterator[None]:
+    """Hold ``PATH.lock`` (an advisory lock, released when the process ends however it ends)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def write_document(path: Path, doc: Dict) -> None:
+    """Write ``doc`` as JSON through a temporary file and a rename: a reader never sees half of it."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    partial.write_text(json.dumps(doc, indent=1))
+    os.replace(partial, path)
+
+
+def merge_documents(name: str, sources: Sequence[Path], results_dir: Path, plots: bool = True, log=print) -> Dict:
+    """Fold the steps of other documents of suite ``name`` (``--only`` runs written to other results
+    folders, such as several at once on one machine) into ``results_dir/NAME.json``: a step of a
+    source replaces the step of the same name, every step keeps its own date, and the wall-clock
+    runs, their figure and ``complete`` are worked out again. The header (GPU, versions) is the
+    target document's, or the first source's where there is none yet."""
+    order = [step.name for step in named_steps(SUITES[name]).steps]
+    path = results_dir / f"{name}.json"
+    with document_lock(path):
+        earlier = earlier_document(path, name)
+        incoming: List[Dict] = []
+        header: Optional[Dict] = earlier
+        for source in sources:
+            other = earlier_document(source, name)
+            if other is None:
+                raise BytesplatError(f"{source} is not a document of suite '{name}'",
+                                     hint="give the NAME.json files that bytesplat-bench suite NAME wrote")
+            unknown = [step["name"] for step in other["steps"] if step["name"] not in order]
+            if unknown:
+                raise BytesplatError(f"{source} holds steps that suite '{name}' does not declare: {', '.join(unknown)}")
+            incoming += [{**step, "date": step.get("date") or other.get("date")} for step in other["steps"]]
+            header = header or other
+        if header is None:
+            raise BytesplatError("nothing to merge", hint="give at least one document after --merge")
+        doc = {**header, "purpose": SUITES[name].purpose,
+               "steps": merge_earlier(incoming, {"steps": list((earlier or {}).get("steps", []))}, order)}
+        doc["date"] = max(step["date"] for step in doc["steps"] if step.get("date"))
+        finish_document(doc, order, results_dir, [], earlier, plots)
+        write_document(path, doc)
+    log(f"wrote {path} ({len(incoming)} step(s) merged from {len(sources)} document(s))")
     return doc
 
 
@@ -294,6 +364,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--replot", action="store_true",
                    help="run nothing: draw the wall-clock figure of RESULTS_DIR/NAME.json again (with --results-dir)")
+    p.add_argument("--merge", nargs="+", type=Path, default=None, metavar="DOC",
+                   help="run nothing: fold these documents of the suite (--only runs written to other results folders) "
+                   "into RESULTS_DIR/NAME.json, their steps replacing those of the same name (with --results-dir)")
     p.add_argument("--only", nargs="+", default=None, metavar="STEP",
                    help="run only these steps (names as --dry-run's output files); the other steps' results "
                    "from an earlier NAME.json in --results-dir are kept, and the result is complete once all are ok")
@@ -323,6 +396,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     if a.name not in SUITES:
         raise BytesplatError(f"unknown suite '{a.name}'", hint=f"choose one of {', '.join(SUITES)}")
     whole = SUITES[a.name]
+    if a.merge is not None:
+        if a.results_dir is None:
+            raise BytesplatError("--merge needs --results-dir: the folder of the document the steps go into")
+        merge_documents(whole.name, a.merge, a.results_dir, plots=not a.no_plots)
+        return 0
     if a.replot:
         replot(whole.name, a.results_dir or a.out_dir or Path("outputs/suites") / whole.name)
         return 0

@@ -2,9 +2,11 @@
 the CPU into one merged JSON document with its plots."""
 
 import json
+import multiprocessing
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -200,3 +202,93 @@ def test_replot_lists_the_wallclock_figure_in_the_committed_document(tmp_path):
                                                                 "runs": [_wallclock_run("splatfacto", 1, 900.0, concurrent_runs=2)]}))
     with pytest.raises(BytesplatError, match="no wall-clock run that had the GPU alone"):
         suite_runner.replot("wallclock-fox-30k", results)
+
+
+def _fake_step_process(piece, out_dir, timeout):
+    """run_piece without a process: the step's output appears at once (its seed is in its name)."""
+    output = out_dir / piece.output
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps({"benchmark": "fake", "step": piece.name}))
+    piece.status, piece.seconds = "ok", 0.0
+
+
+def _only_run_with_a_slow_read(whole, name, out, results, ready, go):
+    """One ``--only`` run whose read of the earlier document takes half a second: without the lock,
+    runs started together all read before any of them writes."""
+    read = suite_runner.earlier_document
+
+    def slow_read(path, suite):
+        doc = read(path, suite)
+        time.sleep(0.5)
+        return doc
+
+    suite_runner.run_piece = _fake_step_process
+    suite_runner.earlier_document = slow_read
+    ready.put(name)
+    go.wait()
+    suite_runner.run_suite(suite_runner.select_steps(whole, [name]), out, results, command="test",
+                           log=lambda *_: None, whole=whole, plots=False)
+
+
+def test_only_runs_at_the_same_time_share_one_results_folder(tmp_path):
+    names = ["s0", "s1", "s2"]
+    whole = Suite("shared", "three steps, each run by its own process at once", 0,
+                  tuple(Step("distributed", ("--seed", str(i)), name=n) for i, n in enumerate(names)))
+    results = tmp_path / "results"
+    context = multiprocessing.get_context("fork")
+    ready, go = context.Queue(), context.Event()
+    children = [context.Process(target=_only_run_with_a_slow_read,
+                                args=(whole, n, tmp_path / f"out-{n}", results, ready, go)) for n in names]
+    for child in children:
+        child.start()
+    for _ in names:
+        ready.get(timeout=60)
+    go.set()
+    for child in children:
+        child.join(60)
+    assert [child.exitcode for child in children] == [0, 0, 0]
+    doc = json.loads((results / "shared.json").read_text())
+    assert [s["name"] for s in doc["steps"]] == names and doc["complete"] is True
+    assert [s["result"]["step"] for s in doc["steps"]] == names
+    assert sorted(p.name for p in results.iterdir()) == ["shared.json", "shared.json.lock"]  # no partial file left
+
+
+def _quality_step(name, seed, date):
+    run = _wallclock_run("splatfacto", seed, 1000.0, iterations=30000, image_writes_skipped=True)
+    return {"name": name, "command": "c", "status": "ok", "seconds": 1.0, "date": date,
+            "result": {"benchmark": "bytesplat-bench wallclock", "runs": [run]}}
+
+
+def test_merge_folds_documents_of_other_results_folders_into_one(tmp_path):
+    suite = "wallclock-fox-30k"
+    target, a, b = tmp_path / "docs", tmp_path / "a", tmp_path / "b"
+    for folder in (target, a, b):
+        folder.mkdir()
+    alone = {"name": "splatfacto_seed0", "command": "c", "status": "ok", "seconds": 1.0, "date": "2026-12-03 14:49 UTC",
+             "result": {"benchmark": "bytesplat-bench wallclock", "runs": [_wallclock_run("splatfacto", 0, 1070.0)]}}
+    (target / f"{suite}.json").write_text(json.dumps({"suite": suite, "purpose": "old words", "gpu": "NVIDIA H200",
+                                                      "date": "2026-12-03 14:49 UTC", "steps": [alone], "plots": []}))
+    (a / f"{suite}.json").write_text(json.dumps({"suite": suite, "gpu": "other", "date": "2026-12-04 13:50 UTC",
+                                                 "steps": [_quality_step("splatfacto_seed2_quality", 2, None)]}))
+    (b / f"{suite}.json").write_text(json.dumps({"suite": suite, "date": "2026-12-04 13:51 UTC",
+                                                 "steps": [_quality_step("splatfacto_seed1_quality", 1, "2026-12-04 13:52 UTC")]}))
+    run = subprocess.run([sys.executable, "-m", "bytesplat_ns.bench.cli", "suite", suite, "--merge",
+                          str(a / f"{suite}.json"), str(b / f"{suite}.json"), "--results-dir", str(target)],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    doc = json.loads((target / f"{suite}.json").read_text())
+    assert [s["name"] for s in doc["steps"]] == ["splatfacto_seed0", "splatfacto_seed1_quality", "splatfacto_seed2_quality"]
+    assert [s["date"] for s in doc["steps"]] == ["2026-12-03 14:49 UTC", "2026-12-04 13:52 UTC", "2026-12-04 13:50 UTC"]
+    assert doc["date"] == "2026-12-04 13:52 UTC" and doc["gpu"] == "NVIDIA H200" and doc["complete"] is False
+    assert doc["purpose"] == SUITES[suite].purpose
+    assert [(r["seed"], r["wall_s"]) for r in doc["runs"]] == [(0, 1070.0), (1, 1000.0), (2, 1000.0)]
+    # the figure draws the run that had the GPU alone, not the quality-only ones
+    assert doc["plots"] == [f"plots/{suite}/wallclock_breakdown.png"] and (target / doc["plots"][0]).is_file()
+    with pytest.raises(BytesplatError, match="is not a document of suite 'wallclock-fox-30k'"):
+        suite_runner.merge_documents(suite, [tmp_path / "nowhere.json"], target)
+    (a / "other.json").write_text(json.dumps({"suite": suite, "steps": [_quality_step("seed9", 9, None)]}))
+    with pytest.raises(BytesplatError, match="does not declare: seed9"):
+        suite_runner.merge_documents(suite, [a / "other.json"], target)
+    run = subprocess.run([sys.executable, "-m", "bytesplat_ns.bench.cli", "suite", suite, "--merge", str(a / "other.json")],
+                         capture_output=True, text=True)
+    assert run.returncode != 0 and "bytesplat: error: --merge needs --results-dir" in run.stderr
