@@ -19,7 +19,8 @@ starts the queue or collects from it:
 
 ``start`` copies the checkout to ``DIR/repo`` (later calls replace the working tree they run in;
 the queue keeps its own) and ``docs/results/*.json`` to ``DIR/results`` (a suite run with
-``--only`` keeps the steps of earlier runs), then leaves; a finished queue in ``DIR`` moves aside
+``--only`` keeps the steps of earlier runs, and runs of one suite at once in one group share the
+document safely: it is locked while each merges its step), then leaves; a finished queue in ``DIR`` moves aside
 to ``DIR-TIME`` first. The detached runner sources the setup
 (default ``source scripts/gpu_setup.sh``, with ``OUT=DIR/out``, where it leaves the extensions it
 built), then runs the jobs in order in ``DIR/repo`` with the setup's environment plus ``Q`` (the
