@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -380,11 +381,36 @@ def steps_not_run(doc: Dict) -> List[str]:
     return [step.name for step in named_steps(suite).steps if step.name not in have]
 
 
+# options of `bytesplat-bench suite` that say where a run wrote, not what it ran
+_WHERE_OPTIONS = ("--results-dir", "--out-dir")
+
+
+def suite_command(command: str) -> str:
+    """The page's line for a document's command. A document completed by ``--only`` runs holds the
+    command of the last of them, with that machine's folders: the page gives the whole suite's
+    command instead (each step lists its own command)."""
+    words = shlex.split(command)
+    if "--only" not in words:
+        return f"`{command}`"
+    kept, skip = [], False
+    for i, word in enumerate(words):
+        if word == "--only":
+            skip = True
+            continue
+        if skip and not word.startswith("--"):
+            continue
+        skip = False
+        if word in _WHERE_OPTIONS or (i > 0 and words[i - 1] in _WHERE_OPTIONS):
+            continue
+        kept.append(word)
+    return f"`{shlex.join(kept)}`, run in parts (`--only STEP`; each step's command below)"
+
+
 def suite_section(doc: Dict, results_dir: Path, page_dir: Path) -> List[str]:
     v = doc.get("versions", {})
     versions = ", ".join(f"{k} {v[k]}" for k in ("torch", "cuda", "nccl", "nerfstudio", "gsplat") if v.get(k))
     lines = [f"## {doc['suite']}", "", doc.get("purpose", ""), "",
-             f"- Suite command: `{doc['command']}`",
+             f"- Suite command: {suite_command(doc['command'])}",
              f"- GPU: {doc.get('gpu', '-')}; versions: {versions or '-'}; date: {doc.get('date', '-')}"]
     if doc.get("measured_with"):
         lines.append(f"- Measured with: {doc['measured_with']}")

@@ -227,3 +227,13 @@ def test_a_run_that_saw_other_gpu_processes_counts_for_quality_only():
     assert runs_sharing_gpu({"concurrent_runs": 1, "gpu_processes_max": 0}) == 1  # processes hidden: unknown
     assert runs_sharing_gpu({"concurrent_runs": 1, "gpu_processes_max": 3}) == 3
     assert runs_sharing_gpu({"concurrent_runs": 2, "gpu_processes_max": 1}) == 2
+
+
+def test_a_document_run_in_parts_shows_the_whole_suites_command():
+    from bytesplat_ns.bench.report import suite_command
+
+    assert suite_command("bytesplat-bench suite raster-1080p --results-dir r") == "`bytesplat-bench suite raster-1080p --results-dir r`"
+    part = ("bytesplat-bench suite wallclock-fox-30k --data .data/fox --only splatfacto_seed0 bytesplat_seed1 "
+            "--results-dir /tmp/results --out-dir /tmp/suites/w --step-timeout 900")
+    assert suite_command(part) == ("`bytesplat-bench suite wallclock-fox-30k --data .data/fox --step-timeout 900`, "
+                                   "run in parts (`--only STEP`; each step's command below)")
