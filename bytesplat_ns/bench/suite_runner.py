@@ -191,11 +191,10 @@ def merge_earlier(steps: List[Dict], earlier: Optional[Dict], order: Sequence[st
     """``steps`` just run, plus the steps of the suite's ``earlier`` document that were not run again
     (each keeps its own date), in the suite's step ``order``: ``--only`` completes a suite over several
     calls, such as one whose training step and timing steps must not share the GPU."""
-    if not earlier:
-        return steps
-    by_name = {step["name"]: step for step in earlier.get("steps", [])}
-    for step in earlier.get("steps", []):
+    by_name = {}
+    for step in (earlier or {}).get("steps", []):
         step.setdefault("date", earlier.get("date"))
+        by_name[step["name"]] = step
     by_name.update({step["name"]: step for step in steps})
     return [by_name[name] for name in order if name in by_name]
 
@@ -334,7 +333,7 @@ def merge_documents(name: str, sources: Sequence[Path], results_dir: Path, plots
         if header is None:
             raise BytesplatError("nothing to merge", hint="give at least one document after --merge")
         doc = {**header, "purpose": SUITES[name].purpose,
-               "steps": merge_earlier(incoming, {"steps": list((earlier or {}).get("steps", []))}, order)}
+               "steps": merge_earlier(incoming, earlier, order)}
         doc["date"] = max(step["date"] for step in doc["steps"] if step.get("date"))
         finish_document(doc, order, results_dir, [], earlier, plots)
         write_document(path, doc)
