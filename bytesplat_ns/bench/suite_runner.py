@@ -334,7 +334,7 @@ def merge_documents(name: str, sources: Sequence[Path], results_dir: Path, plots
             raise BytesplatError("nothing to merge", hint="give at least one document after --merge")
         doc = {**header, "purpose": SUITES[name].purpose,
                "steps": merge_earlier(incoming, earlier, order)}
-        doc["date"] = max(step["date"] for step in doc["steps"] if step.get("date"))
+        doc["date"] = max((step["date"] for step in doc["steps"] if step.get("date")), default=header.get("date"))
         finish_document(doc, order, results_dir, [], earlier, plots)
         write_document(path, doc)
     log(f"wrote {path} ({len(incoming)} step(s) merged from {len(sources)} document(s))")

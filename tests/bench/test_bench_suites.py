@@ -289,6 +289,9 @@ def test_merge_folds_documents_of_other_results_folders_into_one(tmp_path):
     (a / "other.json").write_text(json.dumps({"suite": suite, "steps": [_quality_step("seed9", 9, None)]}))
     with pytest.raises(BytesplatError, match="does not declare: seed9"):
         suite_runner.merge_documents(suite, [a / "other.json"], target)
+    (a / "empty.json").write_text(json.dumps({"suite": suite, "date": "2026-12-04 14:00 UTC", "steps": []}))
+    empty = suite_runner.merge_documents(suite, [a / "empty.json"], tmp_path / "fresh", plots=False)
+    assert empty["steps"] == [] and empty["date"] == "2026-12-04 14:00 UTC" and empty["complete"] is False
     run = subprocess.run([sys.executable, "-m", "bytesplat_ns.bench.cli", "suite", suite, "--merge", str(a / "other.json")],
                          capture_output=True, text=True)
     assert run.returncode != 0 and "bytesplat: error: --merge needs --results-dir" in run.stderr
