@@ -20,7 +20,8 @@ summed seconds per phase: ``data`` (dataparser, datasets, image caching/undistor
 their before/after callbacks, i.e. densification), ``eval`` (in-training eval iterations), ``log``
 (nerfstudio writer calls and ``write_out_storage``; ``detail_s`` splits it by writer function, and
 ``write_out_storage`` into ``gpu_wait``, ``tensorboard_scalar``, ``tensorboard_image``, ``console``), ``save`` (checkpoints), ``step_ms`` (each train
-iteration's milliseconds as nerfstudio's own iteration timer measures it, from the first), plus the final
+iteration's milliseconds as nerfstudio's own iteration timer measures it, from the first), ``eval_curve``
+(the PSNR and SSIM of each all-images eval the trainer logs, with its step), plus the final
 Gaussian count and the peak GPU memory. ``gc`` counts the garbage collector's collections while
 ``Trainer.train`` runs, per generation, with their seconds (inside whatever phase they interrupt:
 a full collection that stalls a step is step time).
@@ -49,6 +50,7 @@ from typing import Callable, Dict, List, Optional  # noqa: E402
 PHASES = ("data", "setup", "steps", "eval", "log", "save")
 WRITER_FUNCTIONS = ("put_image", "put_scalar", "put_dict", "put_config", "put_time", "write_out_storage")
 STEP_LOCATIONS = ("BEFORE_TRAIN_ITERATION", "AFTER_TRAIN_ITERATION")
+EVAL_ALL_IMAGES = "Eval Images Metrics Dict (all images)"  # the tag both trainers log the all-images eval under
 LAUNCHERS = ("ns-train", "bytesplat-train")
 
 
@@ -145,6 +147,7 @@ def install(timers: PhaseTimers, record: Dict, collections: Optional[CollectionT
         return real_put_time(name, duration, step, *args, **kwargs)
 
     writer.put_time = put_time
+    record_eval_curve(record.setdefault("eval_curve", []))
     split_write_out_storage(timers)
     for name in WRITER_FUNCTIONS:
         setattr(writer, name, timers.wrap("log", getattr(writer, name), detail=name))
@@ -168,6 +171,22 @@ def install(timers: PhaseTimers, record: Dict, collections: Optional[CollectionT
             record["train_end"] = time.time()
 
     Trainer.setup, Trainer.train = setup, train
+
+
+def record_eval_curve(curve: List[Dict]) -> None:
+    """Append to ``curve`` the PSNR and SSIM of each all-images eval the trainer logs (nerfstudio's and
+    bytesplat's trainers log it under the same name, every ``steps_per_eval_all_images``)."""
+    from nerfstudio.utils import writer
+
+    real_put_dict = writer.put_dict
+
+    def put_dict(name, scalar_dict, step, *args, **kwargs):
+        if name == EVAL_ALL_IMAGES:
+            curve.append({"step": int(step), **{key: float(scalar_dict[key]) for key in ("psnr", "ssim")
+                                                  if key in scalar_dict}})
+        return real_put_dict(name, scalar_dict, step, *args, **kwargs)
+
+    writer.put_dict = put_dict
 
 
 def split_write_out_storage(timers: PhaseTimers) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import statistics
 import subprocess
@@ -33,14 +34,10 @@ from bytesplat_ns.bench.timed_ns_train import LAUNCHERS
 from bytesplat_ns.errors import BytesplatError
 
 BREAKDOWN = ("startup_s", "data_s", "steps_s", "eval_s", "log_s", "save_s", "other_s")
-SUMMARY_KEYS = ("wall_s", *BREAKDOWN, "psnr", "ssim", "lpips", "num_gaussians", "peak_gpu_memory_mb",
-                "peak_host_memory_mb", "gc_full_s",
+SUMMARY_KEYS = ("wall_s", *BREAKDOWN, "psnr", "ssim", "lpips", "psnr_worst_image", "num_gaussians",
+                "peak_gpu_memory_mb", "peak_host_memory_mb", "gc_full_s",
                 "step_median_ms", "step_p99_ms", "first_step_ms", "slow_steps", "slow_steps_excess_s")
-NS_EVAL = "from nerfstudio.scripts.eval import entrypoint; entrypoint()"
-# --offline-lpips: every method's LPIPS goes through bytesplat's offline check (no network wait, no crash)
-NS_EVAL_OFFLINE_LPIPS = ("from bytesplat_ns.compat import offline_safe_lpips\n"
-                         "from nerfstudio.scripts.eval import entrypoint\n"
-                         "with offline_safe_lpips():\n    entrypoint()")
+
 
 
 @dataclass(frozen=True)
@@ -147,7 +144,16 @@ def read_eval(path: Path, lpips_measured: bool = True) -> Dict[str, float]:
     False when the offline check stood a placeholder in for it)."""
     results = json.loads(path.read_text())["results"]
     keys = ("psnr", "ssim", "lpips") if lpips_measured else ("psnr", "ssim")
-    return {key: float(results[key]) for key in keys if key in results}
+    # ns-eval's spread over the eval images (get_std): a mean over a few images hides one bad view
+    keys += tuple(f"{key}_std" for key in keys)
+    # a single eval image has no spread (ns-eval writes NaN): left out
+    return {key: float(results[key]) for key in keys if key in results and math.isfinite(float(results[key]))}
+
+
+def eval_image_fields(images: List[Dict]) -> Dict:
+    """Each eval image's metrics (``eval_images.py``) and the worst image's PSNR."""
+    psnrs = [image["psnr"] for image in images if image.get("psnr") is not None]
+    return {"eval_images": images, **({"psnr_worst_image": min(psnrs)} if psnrs else {})}
 
 
 def lpips_weights_cached() -> bool:
@@ -183,17 +189,24 @@ def run_one(entry: MethodEntry, seed: int, args: argparse.Namespace, repeat: int
         "exit_s": launch + wall_s - timings["process_end"],
         "num_gaussians": timings.get("num_gaussians"), "peak_gpu_memory_mb": timings.get("peak_gpu_memory_mb"),
         "peak_host_memory_mb": timings.get("peak_host_memory_mb"), "train_image_size": timings.get("train_image_size"),
+        # the trainer's all-images eval on its schedule (steps_per_eval_all_images): when quality moved
+        "eval_curve": timings.get("eval_curve", []),
         **gc_fields(timings), **step_time_fields(timings.get("step_ms") or []),
         **({"detail_s": timings["detail_s"]} if timings.get("detail_s") else {}),
         "ns_train_command": f"{entry.launcher} " + shlex.join(train_args),
         "launched_command": shlex.join(command), "config": str(config),
     }
     if args.eval:
-        eval_json = run_dir / "eval.json"
-        eval_command = [sys.executable, "-c", NS_EVAL_OFFLINE_LPIPS if args.offline_lpips else NS_EVAL, "--load-config", str(config), "--output-path", str(eval_json)]
+        eval_json, images_json = run_dir / "eval.json", run_dir / "eval_images.json"
+        # ns-eval itself, keeping each eval image's metrics (eval_images.py); --offline-lpips: every
+        # method's LPIPS goes through bytesplat's offline check (no network wait, no crash)
+        eval_command = [sys.executable, "-m", "bytesplat_ns.bench.eval_images", "--images", str(images_json),
+                        *(["--offline-lpips"] if args.offline_lpips else []),
+                        "--", "--load-config", str(config), "--output-path", str(eval_json)]
         record["ns_eval_wall_s"] = _run_logged(eval_command, run_dir / "eval.log")
         record["ns_eval_command"] = f"ns-eval --load-config {shlex.quote(str(config))} --output-path {shlex.quote(str(eval_json))}"
         record.update(read_eval(eval_json, lpips_measured=not args.offline_lpips or lpips_weights_cached()))
+        record.update(eval_image_fields(json.loads(images_json.read_text())))
     return record
 
 

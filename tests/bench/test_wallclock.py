@@ -89,7 +89,7 @@ def test_two_configurations_end_to_end(tmp_path):
     out = tmp_path / "wallclock.json"
     result = wallclock.main([
         "--methods", "ref=bytesplat --pipeline.model.rasterizer reference --steps-per-eval-image 2",
-        "auto=bytesplat --steps-per-eval-image 2",
+        "auto=bytesplat --steps-per-eval-image 2 --steps-per-eval-all-images 2",
         "--iterations", "3", "--seeds", "1", "--dataparser", scene,
         "--work-dir", str(tmp_path / "runs"), "--out", str(out),
     ])
@@ -114,7 +114,16 @@ def test_two_configurations_end_to_end(tmp_path):
         assert "--machine.seed 1" in run["ns_train_command"] and run["ns_train_command"].startswith("ns-train bytesplat")
         assert run["ns_eval_command"].startswith("ns-eval --load-config")
         assert {"log:write_out_storage", "log:console"} <= set(run["detail_s"])  # scalars: in our batched writer
-    ref = result["runs"][0]
+        # ns-eval's mean is the mean of the per-image metrics kept beside it
+        images = run["eval_images"]
+        assert images and all(image["file"] and image["index"] is not None for image in images)
+        assert sum(image["psnr"] for image in images) / len(images) == pytest.approx(run["psnr"], rel=1e-6)
+        assert run["psnr_worst_image"] == min(image["psnr"] for image in images)
+        assert run.get("psnr_std", 0.0) >= 0  # ns-eval's spread: none with a single eval image
+    ref, auto = result["runs"]
+    assert ref["eval_curve"] == []  # steps_per_eval_all_images 1000: none in 3 steps
+    assert [point["step"] for point in auto["eval_curve"]] == [2]
+    assert auto["eval_curve"][0]["psnr"] > 5 and 0 < auto["eval_curve"][0]["ssim"] <= 1
     assert "--pipeline.model.rasterizer reference" in ref["ns_train_command"]
     assert result["summary"]["ref"]["wall_s"]["min"] == ref["wall_s"] == result["summary"]["ref"]["wall_s"]["median"]
     png = out.with_suffix(".png")
@@ -177,6 +186,8 @@ def test_offline_lpips_guards_every_methods_lpips(tmp_path, monkeypatch):
     results.write_text(json.dumps({"results": {"psnr": 28.0, "ssim": 0.9, "lpips": 0.0}}))
     assert wallclock.read_eval(results, lpips_measured=False) == {"psnr": 28.0, "ssim": 0.9}
     assert wallclock.read_eval(results)["lpips"] == 0.0
+    results.write_text(json.dumps({"results": {"psnr": 28.0, "psnr_std": 1.5, "ssim": 0.9, "ssim_std": float("nan")}}))
+    assert wallclock.read_eval(results, lpips_measured=False) == {"psnr": 28.0, "psnr_std": 1.5, "ssim": 0.9}
 
 
 def test_skip_image_writes_drops_tensorboards_images_and_nothing_else(tmp_path, monkeypatch):
@@ -409,3 +420,24 @@ def test_the_default_dataparser_trains_at_the_photos_own_resolution(tmp_path):
     entry = wallclock.MethodEntry.parse("bytesplat")
     args = wallclock.ns_train_args(entry, capture, 10, 0, tmp_path / "run", default.split())
     assert args[-3:] == ["nerfstudio-data", "--downscale-factor", "1"]
+
+
+def test_eval_images_records_each_image_in_order_and_changes_nothing_else():
+    from types import SimpleNamespace
+
+    from bytesplat_ns.bench.eval_images import record_image_metrics
+
+    class Model:
+        def get_image_metrics_and_images(self, outputs, batch):
+            return {"psnr": torch.tensor(20.0 + outputs), "ssim": 0.5, "lpips": 0.1}, {"img": outputs}
+
+    dataset = SimpleNamespace(image_filenames=[Path("/data/a.png"), Path("/data/b.png"), Path("/data/c.png")])
+    pipeline = SimpleNamespace(model=Model(), datamanager=SimpleNamespace(eval_dataset=dataset))
+    images = []
+    record_image_metrics(pipeline, images)
+    returned = [pipeline.model.get_image_metrics_and_images(o, {"image_idx": torch.tensor(i)}) for o, i in ((1, 2), (3, 0))]
+    assert [r[1] for r in returned] == [{"img": 1}, {"img": 3}] and returned[0][0]["lpips"] == 0.1
+    assert images == [{"index": 2, "file": "c.png", "psnr": 21.0, "ssim": 0.5},
+                      {"index": 0, "file": "a.png", "psnr": 23.0, "ssim": 0.5}]
+    assert wallclock.eval_image_fields(images)["psnr_worst_image"] == 21.0
+    assert wallclock.eval_image_fields([]) == {"eval_images": []}
