@@ -192,8 +192,12 @@ def test_steps_split_by_seed_get_one_table_over_all_their_runs():
     shared = steps[:2] + [_wallclock_step("seed2", [dict(run("a", 2, 99.0, 30.0), concurrent_runs=2),
                                                     dict(run("b", 2, 99.0, 29.5), concurrent_runs=2)])]
     _, _, a, _ = across_steps_table(shared)
-    assert a.split(" | ")[1:8] == ["3 (1 at once or without image writes: quality only)", "10.50", "10.00-11.00",
-                                   "10.50", "50.0%", "29.00", "0.9000"]
+    assert a.split(" | ")[1:10] == ["3 (1 at once or without image writes: quality only)", "10.50", "10.00-11.00",
+                                    "10.50", "50.0%", "29.00", "29.00", "28.00-30.00", "0.9000"]
+    # PSNR's median and range beside the mean: one collapsed seed shows as such
+    collapsed = steps[:2] + [_wallclock_step("seed2", [run("a", 2, 12.0, 20.0), run("b", 2, 20.0, 29.5)])]
+    _, _, a, _ = across_steps_table(collapsed)
+    assert a.split(" | ")[6:9] == ["25.67", "28.00", "20.00-29.00"]
     # and so do runs that skipped their image writes (wallclock --skip-image-writes)
     skipped = steps[:2] + [_wallclock_step("seed2", [dict(run("a", 2, 5.0, 30.0), image_writes_skipped=True),
                                                      dict(run("b", 2, 5.0, 29.5), image_writes_skipped=True)])]
