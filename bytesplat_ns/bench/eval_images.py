@@ -41,7 +41,8 @@ def record_image_metrics(pipeline, images: List[Dict]) -> None:
     def get_image_metrics_and_images(outputs, batch):
         metrics, images_dict = real(outputs, batch)
         index = _image_index(batch)
-        entry: Dict = {"index": index, "file": Path(names[index]).name if index is not None and index < len(names) else None}
+        name = names[index] if index is not None and index < len(names) else None
+        entry: Dict = {"index": index, "file": Path(name).name if name is not None else None}
         entry.update({key: float(metrics[key]) for key in IMAGE_METRICS if key in metrics})
         images.append(entry)
         return metrics, images_dict

@@ -39,7 +39,6 @@ SUMMARY_KEYS = ("wall_s", *BREAKDOWN, "psnr", "ssim", "lpips", "psnr_worst_image
                 "step_median_ms", "step_p99_ms", "first_step_ms", "slow_steps", "slow_steps_excess_s")
 
 
-
 @dataclass(frozen=True)
 class MethodEntry:
     label: str
