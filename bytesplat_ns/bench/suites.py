@@ -57,6 +57,17 @@ def _per_seed_on_capture(methods: str, iterations: int, work: str, name: str) ->
                  for seed in (0, 1, 2))
 
 
+def _budget_on_capture(budget: str, then: Tuple[Step, ...] = ()) -> Tuple[Step, ...]:
+    """A Gaussian budget (``budget``: a labelled method entry) against none on the capture of --data, 30000
+    iterations: seeds 0-2 with the six runs at once (``capture_seeds``), ``then`` these steps, then seed
+    0's pair back to back without eval (``capture_wall``: the wall clock)."""
+    return (Step("wallclock", _args(f"--data {{data}} --methods bytesplat '{budget}' --iterations 30000 --seeds 0 1 2 "
+                                    "--parallel 6 --offline-lpips --work-dir {work}/capture"), name="capture_seeds"),
+            *then,
+            Step("wallclock", _args(f"--data {{data}} --methods bytesplat '{budget}' --iterations 30000 --seeds 0 "
+                                    "--no-eval --offline-lpips --work-dir {work}/capture-wall"), name="capture_wall"))
+
+
 _COUNTS = "--views 4 --warmup 1 --repeats 3 --communicators pixel sparse-grad dense"
 _SEEDS = "--scene large --iterations 3000 --num-downscales 0 --seeds 1 2 3 4 5"
 _GSPLAT_153 = "/tmp/gsplat-1.5.3"  # where scripts/gpu_setup.sh installs the carried gsplat 1.5.3 wheel
@@ -230,10 +241,7 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           "(--data): ns-train + ns-eval, 30000 iterations, 3 seeds, the six runs at once (quality and Gaussians; "
           "their wall clocks measure the shared GPU), then seed 0's pair back to back (wall clock)",
           1,
-          (Step("wallclock", _args(f"--data {{data}} --methods bytesplat '{_BUDGET_40}' --iterations 30000 --seeds 0 1 2 "
-                                   "--parallel 6 --offline-lpips --work-dir {work}/capture"), name="capture_seeds"),
-           Step("wallclock", _args(f"--data {{data}} --methods bytesplat '{_BUDGET_40}' --iterations 30000 --seeds 0 "
-                                   "--no-eval --offline-lpips --work-dir {work}/capture-wall"), name="capture_wall")),
+          _budget_on_capture(_BUDGET_40),
           needs_data=True),
     Suite("gaussian-budget-large",
           "the same on the built-in large scene: ns-train + ns-eval, 30000 iterations, 3 seeds, one step per seed with "
@@ -250,14 +258,10 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           "built-in large scene, each scene's six runs at once (quality and Gaussians; the two steps may run at once "
           "too), then seed 0's pair on the capture back to back (wall clock)",
           1,
-          (Step("wallclock", _args(f"--data {{data}} --methods bytesplat '{_BUDGET_30}' --iterations 30000 "
-                                   "--seeds 0 1 2 --parallel 6 --offline-lpips --work-dir {work}/capture"),
-                name="capture_seeds"),
-           Step("wallclock", ("--methods", "bytesplat", _BUDGET_30, "--iterations", "30000", "--seeds", "0", "1", "2",
-                              "--parallel", "6", "--dataparser", "bytesplat-scene --scene-size large",
-                              "--offline-lpips", "--work-dir", "{work}/large"), name="large_seeds"),
-           Step("wallclock", _args(f"--data {{data}} --methods bytesplat '{_BUDGET_30}' --iterations 30000 --seeds 0 "
-                                   "--no-eval --offline-lpips --work-dir {work}/capture-wall"), name="capture_wall")),
+          _budget_on_capture(_BUDGET_30, then=(
+              Step("wallclock", ("--methods", "bytesplat", _BUDGET_30, "--iterations", "30000", "--seeds", "0", "1", "2",
+                                 "--parallel", "6", "--dataparser", "bytesplat-scene --scene-size large",
+                                 "--offline-lpips", "--work-dir", "{work}/large"), name="large_seeds"),)),
           needs_data=True),
     Suite("trained-capture",
           "raster + loss and a whole step on a real capture (--data) trained for 30000 iterations, at its full "
