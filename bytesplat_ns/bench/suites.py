@@ -256,12 +256,14 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           "the Gaussian budget at the issue's smallest cut (30% of the Gaussians removed when densification stops; "
           "40% cost 0.11 dB on the large scene) against none, 30000 iterations, 3 seeds: the capture of --data and the "
           "built-in large scene, each scene's six runs at once (quality and Gaussians; the two steps may run at once "
-          "too), then seed 0's pair on the capture back to back (wall clock)",
+          "too), then seed 0's pair on the capture back to back (wall clock), then the budget alone on the capture, "
+          "one seed per step (quality of runs that had the GPU alone)",
           1,
           _budget_on_capture(_BUDGET_30, then=(
               Step("wallclock", ("--methods", "bytesplat", _BUDGET_30, "--iterations", "30000", "--seeds", "0", "1", "2",
                                  "--parallel", "6", "--dataparser", "bytesplat-scene --scene-size large",
-                                 "--offline-lpips", "--work-dir", "{work}/large"), name="large_seeds"),)),
+                                 "--offline-lpips", "--work-dir", "{work}/large"), name="large_seeds"),))
+          + _per_seed_on_capture(f"'{_BUDGET_30}'", 30000, "capture-alone", "capture_alone_seed{seed}"),
           needs_data=True),
     Suite("trained-capture",
           "raster + loss and a whole step on a real capture (--data) trained for 30000 iterations, at its full "
