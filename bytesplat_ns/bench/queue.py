@@ -32,8 +32,9 @@ as skipped). A failed job does not stop the next; a failed setup skips them all.
 state and the end of the logs of the running and failed ones, and writes to ``--out`` (default
 ``$OUT``) what the device returns: ``queue-results.tar.xz`` (the JSON and PNG files of ``RESULTS``
 and ``SUITES``, run folders left out), ``queue-logs.tar.xz`` (the queue's and the jobs' logs, and
-each run's ``train.log``, ``eval.log``, ``timings.json`` and ``config.yml``) and, for each extension
-the setup built, ``NAME.so.xz``, which ``scripts/gpu_setup.sh`` loads when carried in ``.ext/``.
+each run's ``train.log``, ``eval.log``, ``timings.json`` and ``config.yml``), ``queue-views.tar.xz``
+(each run's ``worst_view*.png``, when there are any) and, for each extension the setup built,
+``NAME.so.xz``, which ``scripts/gpu_setup.sh`` loads when carried in ``.ext/``.
 On a machine where no queue was started (a fresh one: the last was given back) it says so at once
 and exits with status 3 instead of waiting.
 """
@@ -59,6 +60,7 @@ STATUS = "status.json"
 MAX_RETURNED_BYTES = 16 * 1024 * 1024
 RESULT_SUFFIXES = (".json", ".png")
 RUN_LOG_NAMES = ("train.log", "eval.log", "timings.json", "config.yml")
+RUN_VIEW_PATTERN = "worst_view*.png"  # each run's worst eval image (bench.wallclock)
 NO_QUEUE_STATUS = 3
 
 
@@ -231,8 +233,13 @@ def collect(queue: Path, out: Path) -> List[Path]:
     results = [p for root in (queue / "results", queue / "suites") for p in sorted(root.rglob("*"))
                if p.is_file() and p.suffix in RESULT_SUFFIXES and not _is_run_folder_file(p, root)]
     logs = sorted(p for p in (queue / "logs").iterdir() if p.is_file())
-    logs += sorted(p for p in (queue / "suites").rglob("*") if p.is_file() and p.name in RUN_LOG_NAMES)
-    for name, files in (("queue-results.tar.xz", results), ("queue-logs.tar.xz", logs)):
+    logs += sorted(p for p in (queue / "suites").rglob("*") if p.is_file() and (
+        p.name in RUN_LOG_NAMES or p.name.startswith("eval-") and p.suffix == ".log"))  # eval-R.log: other backends
+    # apart from the results: a few MB of images must not push those over what the device returns
+    views = sorted(p for p in (queue / "suites").rglob(RUN_VIEW_PATTERN) if p.is_file())
+    packs = [("queue-results.tar.xz", results), ("queue-logs.tar.xz", logs)]
+    packs += [("queue-views.tar.xz", views)] if views else []
+    for name, files in packs:
         packed = _pack(out / name, files, queue)
         if packed is not None:
             written.append(packed)

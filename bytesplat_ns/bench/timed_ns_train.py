@@ -21,7 +21,7 @@ their before/after callbacks, i.e. densification), ``eval`` (in-training eval it
 (nerfstudio writer calls and ``write_out_storage``; ``detail_s`` splits it by writer function, and
 ``write_out_storage`` into ``gpu_wait``, ``tensorboard_scalar``, ``tensorboard_image``, ``console``), ``save`` (checkpoints), ``step_ms`` (each train
 iteration's milliseconds as nerfstudio's own iteration timer measures it, from the first), ``eval_curve``
-(the PSNR and SSIM of each all-images eval the trainer logs, with its step), plus the final
+(the PSNR and SSIM of each all-images eval the trainer logs, with its step and each image's PSNR), plus the final
 Gaussian count and the peak GPU memory. ``gc`` counts the garbage collector's collections while
 ``Trainer.train`` runs, per generation, with their seconds (inside whatever phase they interrupt:
 a full collection that stalls a step is step time).
@@ -147,7 +147,8 @@ def install(timers: PhaseTimers, record: Dict, collections: Optional[CollectionT
         return real_put_time(name, duration, step, *args, **kwargs)
 
     writer.put_time = put_time
-    record_eval_curve(record.setdefault("eval_curve", []))
+    curve_images = EvalImagesByStep()
+    record_eval_curve(record.setdefault("eval_curve", []), curve_images)
     split_write_out_storage(timers)
     for name in WRITER_FUNCTIONS:
         setattr(writer, name, timers.wrap("log", getattr(writer, name), detail=name))
@@ -157,7 +158,9 @@ def install(timers: PhaseTimers, record: Dict, collections: Optional[CollectionT
     def setup(self, *args, **kwargs):
         record.setdefault("setup_start", time.time())
         record["trainer"] = self
-        return real_setup(self, *args, **kwargs)
+        done = real_setup(self, *args, **kwargs)
+        curve_images.install(self.pipeline)
+        return done
 
     def train(self, *args, **kwargs):
         record["train_start"] = time.time()
@@ -173,9 +176,61 @@ def install(timers: PhaseTimers, record: Dict, collections: Optional[CollectionT
     Trainer.setup, Trainer.train = setup, train
 
 
-def record_eval_curve(curve: List[Dict]) -> None:
+class EvalImagesByStep:
+    """Each eval image's PSNR in the trainer's all-images evals, by step: the pipeline's
+    ``get_average_eval_image_metrics`` is wrapped (the instance only) so that the model's per-image
+    metrics are kept while it runs, in its own thread only (the single-image eval may run beside it)."""
+
+    def __init__(self):
+        self.by_step: Dict[int, List[Dict]] = {}
+        self._local = threading.local()
+
+    def install(self, pipeline) -> None:
+        from bytesplat_ns.bench.eval_images import record_image_metrics
+
+        real = pipeline.get_average_eval_image_metrics
+
+        @functools.wraps(real)
+        def get_average_eval_image_metrics(*args, **kwargs):
+            step = kwargs.get("step", args[0] if args else None)
+            self._local.images = images = []
+            try:
+                return real(*args, **kwargs)
+            finally:
+                self._local.images = None
+                if step is not None:
+                    self.by_step[int(step)] = images
+
+        record_image_metrics(pipeline, _ActiveList(self._local), active=lambda: getattr(self._local, "images", None) is not None)
+        pipeline.get_average_eval_image_metrics = get_average_eval_image_metrics
+
+    def fields(self, step: int) -> Dict:
+        """``psnr_by_image`` (eval order) and ``worst_image`` of the eval at ``step``, when it was kept."""
+        images = self.by_step.pop(step, None)
+        scored = [image for image in images or [] if image.get("psnr") is not None]
+        if not scored:
+            return {}
+        worst = min(scored, key=lambda image: image["psnr"])
+        return {"psnr_by_image": [round(image["psnr"], 3) for image in scored],
+                "worst_image": {key: worst.get(key) for key in ("index", "file", "psnr")}}
+
+
+class _ActiveList:
+    """A list-like sink that appends to the calling thread's current list (``local.images``)."""
+
+    def __init__(self, local: threading.local):
+        self._local = local
+
+    def append(self, item: Dict) -> None:
+        images = getattr(self._local, "images", None)
+        if images is not None:
+            images.append(item)
+
+
+def record_eval_curve(curve: List[Dict], images: Optional[EvalImagesByStep] = None) -> None:
     """Append to ``curve`` the PSNR and SSIM of each all-images eval the trainer logs (nerfstudio's and
-    bytesplat's trainers log it under the same name, every ``steps_per_eval_all_images``)."""
+    bytesplat's trainers log it under the same name, every ``steps_per_eval_all_images``), with each
+    eval image's PSNR where ``images`` kept them."""
     from nerfstudio.utils import writer
 
     real_put_dict = writer.put_dict
@@ -183,7 +238,8 @@ def record_eval_curve(curve: List[Dict]) -> None:
     def put_dict(name, scalar_dict, step, *args, **kwargs):
         if name == EVAL_ALL_IMAGES:
             curve.append({"step": int(step), **{key: float(scalar_dict[key]) for key in ("psnr", "ssim")
-                                                  if key in scalar_dict}})
+                                                  if key in scalar_dict},
+                          **(images.fields(int(step)) if images is not None else {})})
         return real_put_dict(name, scalar_dict, step, *args, **kwargs)
 
     writer.put_dict = put_dict

@@ -196,17 +196,42 @@ def run_one(entry: MethodEntry, seed: int, args: argparse.Namespace, repeat: int
         "launched_command": shlex.join(command), "config": str(config),
     }
     if args.eval:
-        eval_json, images_json = run_dir / "eval.json", run_dir / "eval_images.json"
-        # ns-eval itself, keeping each eval image's metrics (eval_images.py); --offline-lpips: every
-        # method's LPIPS goes through bytesplat's offline check (no network wait, no crash)
-        eval_command = [sys.executable, "-m", "bytesplat_ns.bench.eval_images", "--images", str(images_json),
-                        *(["--offline-lpips"] if args.offline_lpips else []),
-                        "--", "--load-config", str(config), "--output-path", str(eval_json)]
-        record["ns_eval_wall_s"] = _run_logged(eval_command, run_dir / "eval.log")
+        # ns-eval itself, keeping each eval image's metrics and the worst one's panel (eval_images.py)
+        record["ns_eval_wall_s"] = run_eval(config, run_dir, args.offline_lpips)
+        eval_json = run_dir / "eval.json"
         record["ns_eval_command"] = f"ns-eval --load-config {shlex.quote(str(config))} --output-path {shlex.quote(str(eval_json))}"
         record.update(read_eval(eval_json, lpips_measured=not args.offline_lpips or lpips_weights_cached()))
-        record.update(eval_image_fields(json.loads(images_json.read_text())))
+        record.update(eval_image_fields(json.loads((run_dir / "eval_images.json").read_text())))
+        if (run_dir / WORST_VIEW).is_file():
+            record["worst_view"] = str(run_dir / WORST_VIEW)
+        if entry.method.startswith("bytesplat"):
+            # the same checkpoint rendered by other backends: a view spoiled by our eval render only
+            # scores better there; one spoiled by the trained Gaussians scores the same
+            by_rasterizer = {}
+            for name in args.eval_rasterizers:
+                run_eval(config, run_dir, args.offline_lpips, rasterizer=name)
+                scores = read_eval(run_dir / f"eval-{name}.json", lpips_measured=False)
+                by_rasterizer[name] = {**scores, **eval_image_fields(json.loads((run_dir / f"eval_images-{name}.json").read_text()))}
+            if by_rasterizer:
+                record["eval_by_rasterizer"] = by_rasterizer
     return record
+
+
+WORST_VIEW = "worst_view.png"  # in each run folder: ground truth | render | depth of the worst eval image
+
+
+def run_eval(config: Path, run_dir: Path, offline_lpips: bool, rasterizer: Optional[str] = None) -> float:
+    """ns-eval of ``config`` through eval_images.py, into ``run_dir`` (``eval[-R].json``,
+    ``eval_images[-R].json``, ``worst_view[-R].png``, ``eval[-R].log``); its wall seconds.
+    ``offline_lpips``: every method's LPIPS goes through bytesplat's offline check (no network
+    wait, no crash)."""
+    suffix = f"-{rasterizer}" if rasterizer else ""
+    worst = run_dir / WORST_VIEW.replace(".png", f"{suffix}.png")
+    command = [sys.executable, "-m", "bytesplat_ns.bench.eval_images", "--images", str(run_dir / f"eval_images{suffix}.json"),
+               "--worst-view", str(worst), *(["--offline-lpips"] if offline_lpips else []),
+               *(["--rasterizer", rasterizer] if rasterizer else []),
+               "--", "--load-config", str(config), "--output-path", str(run_dir / f"eval{suffix}.json")]
+    return _run_logged(command, run_dir / f"eval{suffix}.log")
 
 
 def summarize(runs: List[Dict]) -> Dict[str, Dict[str, Dict[str, float]]]:
@@ -284,6 +309,9 @@ def parser() -> argparse.ArgumentParser:
                    "random stream) but tensorboard does not encode them (465 of splatfacto's 1071 s at 30000 "
                    "iterations on the fox capture); recorded as image_writes_skipped, and such runs' wall clocks are "
                    "left out of wall-clock comparisons, as --parallel runs are")
+    p.add_argument("--eval-rasterizers", nargs="+", default=[], choices=("reference", "gsplat", "fused"),
+                   help="bytesplat runs: ns-eval the final checkpoint again with each of these backends (recorded as "
+                   "eval_by_rasterizer: the metrics and each eval image's)")
     p.add_argument("--merge", nargs="+", type=Path, default=None, metavar="JSON",
                    help="run nothing: combine the runs of earlier wallclock JSON files (e.g. one per seed, "
                    "each in its own session) into --out, with the summary and plot over all of them")

@@ -51,7 +51,8 @@ def test_queue_runs_detached_and_collects(tmp_path):
         # a failure does not stop the next job; run folders stay out of the results
         "exit 7",
         "mkdir -p $SUITES/s/work/run $SUITES/s/steps && echo '{}' > $SUITES/s/steps/one.json"
-        " && echo '{}' > $SUITES/s/work/run/big.json && echo log > $SUITES/s/work/run/train.log",
+        " && echo '{}' > $SUITES/s/work/run/big.json && echo log > $SUITES/s/work/run/train.log"
+        " && echo log > $SUITES/s/work/run/eval-gsplat.log && echo png > $SUITES/s/work/run/worst_view.png",
         "@0 touch $Q/never",
     ]
     assert q.main(["start", "--dir", str(queue_dir), "--repo", str(repo), "--setup", "source setup.sh", *jobs]) == 0
@@ -71,7 +72,10 @@ def test_queue_runs_detached_and_collects(tmp_path):
     assert not any("work" in n for n in names)
     with tarfile.open(out / "queue-logs.tar.xz") as tar:
         names = set(tar.getnames())
-    assert {"logs/setup.log", "logs/job0.log", "suites/s/work/run/train.log"} <= names
+    assert {"logs/setup.log", "logs/job0.log", "suites/s/work/run/train.log", "suites/s/work/run/eval-gsplat.log"} <= names
+    # each run's worst eval view comes back on its own, out of the results
+    with tarfile.open(out / "queue-views.tar.xz") as tar:
+        assert tar.getnames() == ["suites/s/work/run/worst_view.png"]
     # an extension the setup built comes back compressed, every collect
     (queue_dir / "out" / "ext_cuda.so").write_bytes(b"\x7fELF" + bytes(1000))
     for _ in range(2):

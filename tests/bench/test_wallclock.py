@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 
 from bytesplat_ns.bench import wallclock
 from bytesplat_ns.bench.timed_ns_train import CollectionTimer, PhaseTimers
@@ -90,7 +91,7 @@ def test_two_configurations_end_to_end(tmp_path):
     result = wallclock.main([
         "--methods", "ref=bytesplat --pipeline.model.rasterizer reference --steps-per-eval-image 2",
         "auto=bytesplat --steps-per-eval-image 2 --steps-per-eval-all-images 2",
-        "--iterations", "3", "--seeds", "1", "--dataparser", scene,
+        "--iterations", "3", "--seeds", "1", "--dataparser", scene, "--eval-rasterizers", "reference",
         "--work-dir", str(tmp_path / "runs"), "--out", str(out),
     ])
     assert json.loads(out.read_text()) == json.loads(json.dumps(result))
@@ -120,10 +121,22 @@ def test_two_configurations_end_to_end(tmp_path):
         assert sum(image["psnr"] for image in images) / len(images) == pytest.approx(run["psnr"], rel=1e-6)
         assert run["psnr_worst_image"] == min(image["psnr"] for image in images)
         assert run.get("psnr_std", 0.0) >= 0  # ns-eval's spread: none with a single eval image
+        # the worst view's panel: ground truth | render | depth of the scene's eval image size
+        with Image.open(run["worst_view"]) as panel:
+            assert panel.format == "PNG" and panel.size[0] == 3 * 32
+        # the same checkpoint through the backend it was evaluated with: the same scores
+        again = run["eval_by_rasterizer"]["reference"]
+        assert again["psnr"] == pytest.approx(run["psnr"], abs=1e-4)
+        assert [i["file"] for i in again["eval_images"]] == [i["file"] for i in images]
     ref, auto = result["runs"]
     assert ref["eval_curve"] == []  # steps_per_eval_all_images 1000: none in 3 steps
     assert [point["step"] for point in auto["eval_curve"]] == [2]
-    assert auto["eval_curve"][0]["psnr"] > 5 and 0 < auto["eval_curve"][0]["ssim"] <= 1
+    point = auto["eval_curve"][0]
+    assert point["psnr"] > 5 and 0 < point["ssim"] <= 1
+    # each image of the in-training eval, in eval order: their mean is the logged mean
+    assert len(point["psnr_by_image"]) == len(auto["eval_images"])
+    assert sum(point["psnr_by_image"]) / len(point["psnr_by_image"]) == pytest.approx(point["psnr"], abs=1e-3)
+    assert point["worst_image"]["psnr"] == pytest.approx(min(point["psnr_by_image"]), abs=1e-3)
     assert "--pipeline.model.rasterizer reference" in ref["ns_train_command"]
     assert result["summary"]["ref"]["wall_s"]["min"] == ref["wall_s"] == result["summary"]["ref"]["wall_s"]["median"]
     png = out.with_suffix(".png")
@@ -441,3 +454,33 @@ def test_eval_images_records_each_image_in_order_and_changes_nothing_else():
                       {"index": 0, "file": "a.png", "psnr": 23.0, "ssim": 0.5}]
     assert wallclock.eval_image_fields(images)["psnr_worst_image"] == 21.0
     assert wallclock.eval_image_fields([]) == {"eval_images": []}
+
+
+def test_eval_with_another_rasterizer_needs_a_bytesplat_model():
+    from types import SimpleNamespace
+
+    from bytesplat_ns.bench.eval_images import use_rasterizer
+
+    with pytest.raises(BytesplatError, match="not a bytesplat model"):
+        use_rasterizer(SimpleNamespace(model=SimpleNamespace(config=SimpleNamespace())), "gsplat")
+    model = SimpleNamespace(config=SimpleNamespace(rasterizer="auto"), _backend="fused")
+    use_rasterizer(SimpleNamespace(model=model), "gsplat")
+    assert (model.config.rasterizer, model._backend) == ("gsplat", None)  # resolved again on the next render
+
+
+def test_worst_view_keeps_the_lowest_psnr_panel(tmp_path):
+    from bytesplat_ns.bench.eval_images import WorstView
+
+    worst = WorstView()
+    assert not worst.write(tmp_path / "none.png")
+    for psnr, level in ((30.0, 0.2), (12.0, 0.9), (20.0, 0.5)):
+        image = torch.full((4, 6, 3), level)  # ground truth | render, 3 pixels each
+        depth = torch.arange(12.0).reshape(4, 3, 1)
+        worst.offer({"psnr": psnr, "file": f"{psnr}.png"}, {"depth": depth}, {"img": image})
+    assert worst.entry["file"] == "12.0.png"
+    assert worst.write(tmp_path / "w.png", max_width=4)
+    with Image.open(tmp_path / "w.png") as panel:
+        assert panel.size == (4, 2)  # 9 x 4 shrunk to 4 wide
+    full = worst.panel
+    assert full.shape == (4, 9, 3) and int(full[0, 0, 0]) == round(0.9 * 255)
+    assert full[0, 6, 0] == 255 and full[3, 8, 0] == 0  # depth: nearest white, farthest black
