@@ -265,6 +265,19 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
                                  "--offline-lpips", "--work-dir", "{work}/large"), name="large_seeds"),))
           + _per_seed_on_capture(f"'{_BUDGET_30}'", 30000, "capture-alone", "capture_alone_seed{seed}"),
           needs_data=True),
+    Suite("spoiled-views",
+          "30000-iteration runs that ended with one eval view spoiled, again with the view diagnostics (each eval "
+          "image's PSNR in the trainer's evals, the worst view's panel, the final checkpoint evaluated through gsplat "
+          "too): bytesplat on the capture of --data, seeds 5 and 0 (24.38 and 26.97 dB before), each alone without "
+          "tensorboard's image writes; the 30% budget on the built-in large scene, seeds 0 and 2, at once",
+          1,
+          (Step("wallclock", _args("--data {data} --methods bytesplat --iterations 30000 --seeds 5 0 --skip-image-writes "
+                                   "--eval-rasterizers gsplat --offline-lpips --work-dir {work}/capture"),
+                name="capture_seeds"),
+           Step("wallclock", ("--methods", _BUDGET_30, "--iterations", "30000", "--seeds", "0", "2", "--parallel", "2",
+                              "--dataparser", "bytesplat-scene --scene-size large", "--eval-rasterizers", "gsplat",
+                              "--offline-lpips", "--work-dir", "{work}/large"), name="large_budget_seeds")),
+          needs_data=True),
     Suite("trained-capture",
           "raster + loss and a whole step on a real capture (--data) trained for 30000 iterations, at its full "
           "resolution: fused vs gsplat 1.4.0 and 1.5.3 (installed at /tmp/gsplat-1.5.3 by scripts/gpu_setup.sh) with "
