@@ -21,6 +21,11 @@ at the current training resolution (a render and its backward each, no optimizer
 lowest-ranked ``fraction`` of the Gaussians is removed with their optimizer and strategy state
 (``pruning.apply_prune``). Gaussians no training view sees rank lowest. The rest of training then
 adjusts the remaining Gaussians to the images (after ``stop_split_at`` nothing grows back).
+
+``unseen`` removes, at the same steps, every Gaussian whose weights are zero in every training
+view, however many (with ``fraction`` 0: only those). No training image changes: they are the
+Gaussians that only other viewpoints can show (behind or beside every training camera, or hidden
+behind surfaces from all of them), untouched by any gradient since nothing training sees moves them.
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ class BudgetSettings:
 
     fraction: float = 0.0
     steps: Tuple[int, ...] = ()
+    unseen: bool = False
 
     def __post_init__(self):
         if not 0.0 <= self.fraction < 1.0:
@@ -84,7 +90,7 @@ class GaussianBudget:
     def __init__(self, settings: BudgetSettings, densify_stop: int, enabled: bool = True):
         self.settings = settings
         self.steps = tuple(sorted({int(s) for s in settings.steps})) or (int(densify_stop),)
-        self.enabled = enabled and settings.fraction > 0
+        self.enabled = enabled and (settings.fraction > 0 or settings.unseen)
         self.history: List[Dict[str, float]] = []
 
     def is_prune_step(self, step: int) -> bool:
@@ -98,6 +104,8 @@ class GaussianBudget:
         importance, views = importance_pass()
         mask = lowest_ranked(importance, self.settings.fraction)
         unseen = int((importance <= 0).sum())
+        if self.settings.unseen:
+            mask |= importance <= 0
         before = int(importance.shape[0])
         removed = apply_prune(params, optimizers, state, mask)
         stats = dict(step=float(step), gaussians=float(before), removed=float(removed), unseen=float(unseen),

@@ -68,6 +68,13 @@ def _budget_on_capture(budget: str, then: Tuple[Step, ...] = ()) -> Tuple[Step, 
                                     "--no-eval --offline-lpips --work-dir {work}/capture-wall"), name="capture_wall"))
 
 
+def _budget_on_large(budget: str) -> Step:
+    """A Gaussian budget against none on the built-in large scene, 30000 iterations, seeds 0-2, the six runs at once."""
+    return Step("wallclock", ("--methods", "bytesplat", budget, "--iterations", "30000", "--seeds", "0", "1", "2",
+                              "--parallel", "6", "--dataparser", "bytesplat-scene --scene-size large",
+                              "--offline-lpips", "--work-dir", "{work}/large"), name="large_seeds")
+
+
 _COUNTS = "--views 4 --warmup 1 --repeats 3 --communicators pixel sparse-grad dense"
 _SEEDS = "--scene large --iterations 3000 --num-downscales 0 --seeds 1 2 3 4 5"
 _GSPLAT_153 = "/tmp/gsplat-1.5.3"  # where scripts/gpu_setup.sh installs the carried gsplat 1.5.3 wheel
@@ -75,6 +82,7 @@ _TRAINED_CAPTURE = "{work}/train/bytesplat-seed0/bytesplat/bytesplat/seed0"  # t
 _VISIBLE_ONLY = "visible=bytesplat --pipeline.model.optimize-visible-only True"
 _BUDGET_40 = "budget40=bytesplat --pipeline.model.budget-prune-fraction 0.4"
 _BUDGET_30 = "budget30=bytesplat --pipeline.model.budget-prune-fraction 0.3"
+_UNSEEN = "unseen=bytesplat --pipeline.model.budget-prune-unseen True"
 # gpu1b repeats the one-GPU baseline: how far two runs of one configuration land apart
 _QUALITY = "--pipeline.model.num-downscales 0 --pipeline.views-per-step 2"
 
@@ -259,11 +267,16 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           "too), then seed 0's pair on the capture back to back (wall clock), then the budget alone on the capture, "
           "one seed per step (quality of runs that had the GPU alone)",
           1,
-          _budget_on_capture(_BUDGET_30, then=(
-              Step("wallclock", ("--methods", "bytesplat", _BUDGET_30, "--iterations", "30000", "--seeds", "0", "1", "2",
-                                 "--parallel", "6", "--dataparser", "bytesplat-scene --scene-size large",
-                                 "--offline-lpips", "--work-dir", "{work}/large"), name="large_seeds"),))
+          _budget_on_capture(_BUDGET_30, then=(_budget_on_large(_BUDGET_30),))
           + _per_seed_on_capture(f"'{_BUDGET_30}'", 30000, "capture-alone", "capture_alone_seed{seed}"),
+          needs_data=True),
+    Suite("budget-unseen",
+          "removing only the Gaussians no training view shows when densification stops "
+          "(--pipeline.model.budget-prune-unseen; no training image changes) against not removing them, 30000 "
+          "iterations, 3 seeds: the capture of --data and the built-in large scene, each scene's six runs at once "
+          "(quality and Gaussians), then seed 0's pair on the capture back to back (wall clock)",
+          1,
+          _budget_on_capture(_UNSEEN, then=(_budget_on_large(_UNSEEN),)),
           needs_data=True),
     Suite("spoiled-views",
           "30000-iteration runs that ended with one eval view spoiled, again with the view diagnostics (each eval "
