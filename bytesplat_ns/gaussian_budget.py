@@ -25,7 +25,7 @@ adjusts the remaining Gaussians to the images (after ``stop_split_at`` nothing g
 ``unseen`` removes, at the same steps, every Gaussian whose weights are zero in every training
 view, however many (with ``fraction`` 0: only those). No training image changes: they are the
 Gaussians that only other viewpoints can show (behind or beside every training camera, or hidden
-behind surfaces from all of them), untouched by any gradient since nothing training sees moves them.
+behind surfaces from all of them), which no training view's gradient reaches.
 """
 
 from __future__ import annotations
