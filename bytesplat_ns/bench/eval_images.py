@@ -49,8 +49,10 @@ class WorstView:
             return
         self.psnr, self.entry, self.panel = psnr, entry, view_panel(images_dict["img"], outputs.get("depth"))
 
-    def write(self, path: Path, max_width: int = 2048) -> bool:
-        """The panel as PNG at ``path``, shrunk to at most ``max_width`` pixels wide; False if none was kept."""
+    def write(self, path: Path, max_width: int = 1200) -> bool:
+        """The panel as PNG at ``path``, shrunk to at most ``max_width`` pixels wide (a capture's panel
+        stays near 1 MB: several runs' come back through the device in one 16 MB archive); False if none
+        was kept."""
         if self.panel is None:
             return False
         from PIL import Image

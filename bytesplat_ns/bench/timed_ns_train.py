@@ -201,7 +201,8 @@ class EvalImagesByStep:
                 if step is not None:
                     self.by_step[int(step)] = images
 
-        record_image_metrics(pipeline, _ActiveList(self._local), active=lambda: getattr(self._local, "images", None) is not None)
+        record_image_metrics(pipeline, _ActiveList(self._local),
+                             active=lambda: getattr(self._local, "images", None) is not None)
         pipeline.get_average_eval_image_metrics = get_average_eval_image_metrics
 
     def fields(self, step: int) -> Dict:
