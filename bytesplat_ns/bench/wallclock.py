@@ -212,11 +212,17 @@ def run_one(entry: MethodEntry, seed: int, args: argparse.Namespace, repeat: int
                 run_eval(config, run_dir, args.offline_lpips, rasterizer=name)
                 scores = read_eval(run_dir / f"eval-{name}.json", lpips_measured=False)
                 by_rasterizer[name] = {**scores, **eval_image_fields(json.loads((run_dir / f"eval_images-{name}.json").read_text()))}
+                # flat too: the summary and the results page's table show them beside the run's own eval
+                for key in OTHER_BACKEND_KEYS:
+                    if key in by_rasterizer[name]:
+                        record[f"{key}_with_{name}"] = by_rasterizer[name][key]
             if by_rasterizer:
                 record["eval_by_rasterizer"] = by_rasterizer
     return record
 
 
+# psnr_with_gsplat, psnr_worst_image_with_gsplat: the run's checkpoint evaluated through gsplat (--eval-rasterizers)
+OTHER_BACKEND_KEYS = ("psnr", "psnr_worst_image")
 WORST_VIEW = "worst_view.png"  # in each run folder: ground truth | render | depth of the worst eval image
 
 
@@ -246,7 +252,9 @@ def summarize(runs: List[Dict]) -> Dict[str, Dict[str, Dict[str, float]]]:
     for label in dict.fromkeys(map(group, runs)):
         mine = [r for r in runs if group(r) == label]
         summary[label] = {"seeds": len({r["seed"] for r in mine}), "runs": len(mine)}  # type: ignore[dict-item]
-        for key in SUMMARY_KEYS:
+        other_backends = sorted({f"{key}_with_{name}" for r in mine for name in r.get("eval_by_rasterizer", {})
+                                 for key in OTHER_BACKEND_KEYS if f"{key}_with_{name}" in r})
+        for key in (*SUMMARY_KEYS, *other_backends):
             values = [float(r[key]) for r in mine if r.get(key) is not None]
             if values:
                 summary[label][key] = {"mean": statistics.fmean(values), "median": statistics.median(values),

@@ -126,7 +126,8 @@ def test_two_configurations_end_to_end(tmp_path):
             assert panel.format == "PNG" and panel.size[0] == 3 * 32
         # the same checkpoint through the backend it was evaluated with: the same scores
         again = run["eval_by_rasterizer"]["reference"]
-        assert again["psnr"] == pytest.approx(run["psnr"], abs=1e-4)
+        assert again["psnr"] == pytest.approx(run["psnr"], abs=1e-4) and run["psnr_with_reference"] == again["psnr"]
+        assert run["psnr_worst_image_with_reference"] == again["psnr_worst_image"]
         assert [i["file"] for i in again["eval_images"]] == [i["file"] for i in images]
     ref, auto = result["runs"]
     assert ref["eval_curve"] == []  # steps_per_eval_all_images 1000: none in 3 steps
@@ -139,6 +140,7 @@ def test_two_configurations_end_to_end(tmp_path):
     assert point["worst_image"]["psnr"] == pytest.approx(min(point["psnr_by_image"]), abs=1e-3)
     assert "--pipeline.model.rasterizer reference" in ref["ns_train_command"]
     assert result["summary"]["ref"]["wall_s"]["min"] == ref["wall_s"] == result["summary"]["ref"]["wall_s"]["median"]
+    assert result["summary"]["ref"]["psnr_with_reference"]["mean"] == ref["psnr_with_reference"]
     png = out.with_suffix(".png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
