@@ -26,7 +26,9 @@ to ``DIR-TIME`` first. The detached runner sources the setup
 built), then runs the jobs in order in ``DIR/repo`` with the setup's environment plus ``Q`` (the
 queue's folder), ``RESULTS`` and ``SUITES``. A job written ``+JOB`` runs alongside the one before
 it; ``@SECONDS JOB`` starts only if the queue has run for less than that (otherwise it is recorded
-as skipped). A failed job does not stop the next; a failed setup skips them all.
+as skipped). A failed job does not stop the next; a failed setup skips them all. A job whose
+``--data PATH`` is not in the checkout (on the device machine: not carried) stops ``start`` at once,
+before the setup's minutes are spent.
 
 ``collect`` waits until every job has finished or ``--wait`` seconds have passed, prints each job's
 state and the end of the logs of the running and failed ones, and writes to ``--out`` (default
@@ -45,6 +47,7 @@ import argparse
 import json
 import lzma
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -101,6 +104,25 @@ def _write_status(queue: Path, status: Dict) -> None:
 def read_status(queue: Path) -> Optional[Dict]:
     path = queue / STATUS
     return json.loads(path.read_text()) if path.exists() else None
+
+
+def missing_data(jobs: List[Dict], repo: Path) -> Optional[str]:
+    """What is wrong when a job's ``--data PATH`` is not there (None when every one is): checked
+    before the setup, which takes minutes of device time, rather than when the job starts. A path
+    with a variable in it is left to the job."""
+    for i, job in enumerate(jobs):
+        try:
+            words = shlex.split(job["command"])
+        except ValueError:
+            continue
+        for option, value in zip(words, words[1:]):
+            if option != "--data" or "$" in value or "{" in value:
+                continue
+            path = Path(value) if Path(value).is_absolute() else repo / value
+            if not path.exists():
+                return (f"job{i} trains on --data {value}, which is not in {repo} (on the device machine: carry it, "
+                        f"e.g. carry [\".whl\", \".data\"])")
+    return None
 
 
 def start(queue: Path, repo: Path, setup: str, jobs: List[Dict]) -> None:
@@ -288,6 +310,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             return 2
         if not (args.repo / "docs" / "results").is_dir():
             print(f"queue: error: {args.repo} is not a bytesplat-ns checkout (no docs/results)", file=sys.stderr)
+            return 2
+        missing = missing_data(jobs, args.repo)
+        if missing:
+            print(f"queue: error: {missing}", file=sys.stderr)
             return 2
         start(args.dir, args.repo.resolve(), args.setup, jobs)
         return 0

@@ -120,3 +120,19 @@ def test_a_running_queue_is_not_replaced(tmp_path):
     kept = tmp_path / f"queue-{int(first['started_at'])}"
     assert q.read_status(kept)["jobs"][0]["command"] == "sleep 3"
     assert _wait_done(queue_dir)["jobs"][0]["command"] == "true"
+
+
+def test_start_checks_each_jobs_data_before_the_setup(tmp_path, capsys):
+    repo = _fake_checkout(tmp_path)
+    (repo / ".data" / "fox").mkdir(parents=True)
+    queue_dir = tmp_path / "queue"
+    job = "bytesplat-bench suite s --data .data/{} --only x --results-dir $RESULTS"
+    assert q.main(["start", "--dir", str(queue_dir), "--repo", str(repo), "--setup", "true", "true",
+                   job.format("lego")]) == 2
+    err = capsys.readouterr().err
+    assert "job1 trains on --data .data/lego" in err and "carry" in err
+    assert not queue_dir.exists()  # nothing started: no setup ran
+    # present, or a path the job's environment gives: started
+    assert q.main(["start", "--dir", str(queue_dir), "--repo", str(repo), "--setup", "true", job.format("fox"),
+                   "wallclock --data $Q/data"]) == 0
+    assert [j["state"] for j in _wait_done(queue_dir)["jobs"]] == ["failed", "failed"]  # no such commands here
