@@ -188,21 +188,22 @@ class EvalImagesByStep:
     def install(self, pipeline) -> None:
         from bytesplat_ns.bench.eval_images import record_image_metrics
 
+        seen: List[Dict] = []  # every image of every all-images eval, in order
+        record_image_metrics(pipeline, seen, active=lambda: getattr(self._local, "evaluating", False))
         real = pipeline.get_average_eval_image_metrics
 
         @functools.wraps(real)
         def get_average_eval_image_metrics(*args, **kwargs):
             step = kwargs.get("step", args[0] if args else None)
-            self._local.images = images = []
+            first = len(seen)
+            self._local.evaluating = True
             try:
                 return real(*args, **kwargs)
             finally:
-                self._local.images = None
+                self._local.evaluating = False
                 if step is not None:
-                    self.by_step[int(step)] = images
+                    self.by_step[int(step)] = seen[first:]
 
-        record_image_metrics(pipeline, _ActiveList(self._local),
-                             active=lambda: getattr(self._local, "images", None) is not None)
         pipeline.get_average_eval_image_metrics = get_average_eval_image_metrics
 
     def fields(self, step: int) -> Dict:
@@ -214,18 +215,6 @@ class EvalImagesByStep:
         worst = min(scored, key=lambda image: image["psnr"])
         return {"psnr_by_image": [round(image["psnr"], 3) for image in scored],
                 "worst_image": {key: worst.get(key) for key in ("index", "file", "psnr")}}
-
-
-class _ActiveList:
-    """A list-like sink that appends to the calling thread's current list (``local.images``)."""
-
-    def __init__(self, local: threading.local):
-        self._local = local
-
-    def append(self, item: Dict) -> None:
-        images = getattr(self._local, "images", None)
-        if images is not None:
-            images.append(item)
 
 
 def record_eval_curve(curve: List[Dict], images: Optional[EvalImagesByStep] = None) -> None:
