@@ -74,6 +74,11 @@ class BudgetSettings:
     steps: Tuple[int, ...] = ()
     unseen: bool = False
 
+    @property
+    def active(self) -> bool:
+        """Whether a budget step removes anything by these settings."""
+        return self.fraction > 0 or self.unseen
+
     def __post_init__(self):
         if not 0.0 <= self.fraction < 1.0:
             raise SettingError(f"--pipeline.model.budget-prune-fraction must be in [0, 1), got {self.fraction}")
@@ -90,7 +95,7 @@ class GaussianBudget:
     def __init__(self, settings: BudgetSettings, densify_stop: int, enabled: bool = True):
         self.settings = settings
         self.steps = tuple(sorted({int(s) for s in settings.steps})) or (int(densify_stop),)
-        self.enabled = enabled and (settings.fraction > 0 or settings.unseen)
+        self.enabled = enabled and settings.active
         self.history: List[Dict[str, float]] = []
 
     def is_prune_step(self, step: int) -> bool:
@@ -103,9 +108,10 @@ class GaussianBudget:
         start = time.perf_counter()
         importance, views = importance_pass()
         mask = lowest_ranked(importance, self.settings.fraction)
-        unseen = int((importance <= 0).sum())
+        seen_by_none = importance <= 0
+        unseen = int(seen_by_none.sum())
         if self.settings.unseen:
-            mask |= importance <= 0
+            mask |= seen_by_none
         before = int(importance.shape[0])
         removed = apply_prune(params, optimizers, state, mask)
         stats = dict(step=float(step), gaussians=float(before), removed=float(removed), unseen=float(unseen),

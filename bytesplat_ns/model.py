@@ -242,7 +242,7 @@ class ByteSplatModel(SplatfactoModel):
             settings = self._budget_settings()
             dist = (torch.distributed.is_available() and torch.distributed.is_initialized()
                     and torch.distributed.get_world_size() > 1)
-            if (settings.fraction > 0 or settings.unseen) and dist:
+            if settings.active and dist:
                 CONSOLE.log("bytesplat: the Gaussian budget is not supported with sharded training yet; off")
             self._budget = GaussianBudget(settings, self.config.stop_split_at, enabled=not dist)
             if self._budget.enabled:

@@ -200,8 +200,7 @@ def run_one(entry: MethodEntry, seed: int, args: argparse.Namespace, repeat: int
         record["ns_eval_wall_s"] = run_eval(config, run_dir, args.offline_lpips)
         eval_json = run_dir / "eval.json"
         record["ns_eval_command"] = f"ns-eval --load-config {shlex.quote(str(config))} --output-path {shlex.quote(str(eval_json))}"
-        record.update(read_eval(eval_json, lpips_measured=not args.offline_lpips or lpips_weights_cached()))
-        record.update(eval_image_fields(json.loads((run_dir / "eval_images.json").read_text())))
+        record.update(eval_outputs(run_dir, lpips_measured=not args.offline_lpips or lpips_weights_cached()))
         if (run_dir / WORST_VIEW).is_file():
             record["worst_view"] = str(run_dir / WORST_VIEW)
         if entry.method.startswith("bytesplat"):
@@ -210,8 +209,7 @@ def run_one(entry: MethodEntry, seed: int, args: argparse.Namespace, repeat: int
             by_rasterizer = {}
             for name in args.eval_rasterizers:
                 run_eval(config, run_dir, args.offline_lpips, rasterizer=name)
-                scores = read_eval(run_dir / f"eval-{name}.json", lpips_measured=False)
-                by_rasterizer[name] = {**scores, **eval_image_fields(json.loads((run_dir / f"eval_images-{name}.json").read_text()))}
+                by_rasterizer[name] = eval_outputs(run_dir, lpips_measured=False, rasterizer=name)
                 # flat too: the summary and the results page's table show them beside the run's own eval
                 for key in OTHER_BACKEND_KEYS:
                     if key in by_rasterizer[name]:
@@ -224,6 +222,13 @@ def run_one(entry: MethodEntry, seed: int, args: argparse.Namespace, repeat: int
 # psnr_with_gsplat, psnr_worst_image_with_gsplat: the run's checkpoint evaluated through gsplat (--eval-rasterizers)
 OTHER_BACKEND_KEYS = ("psnr", "psnr_worst_image")
 WORST_VIEW = "worst_view.png"  # in each run folder: ground truth | render | depth of the worst eval image
+
+
+def eval_outputs(run_dir: Path, lpips_measured: bool, rasterizer: Optional[str] = None) -> Dict:
+    """What :func:`run_eval` wrote: ns-eval's means and spreads and each eval image's metrics."""
+    suffix = f"-{rasterizer}" if rasterizer else ""
+    return {**read_eval(run_dir / f"eval{suffix}.json", lpips_measured),
+            **eval_image_fields(json.loads((run_dir / f"eval_images{suffix}.json").read_text()))}
 
 
 def run_eval(config: Path, run_dir: Path, offline_lpips: bool, rasterizer: Optional[str] = None) -> float:
