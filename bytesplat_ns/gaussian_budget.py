@@ -21,11 +21,6 @@ at the current training resolution (a render and its backward each, no optimizer
 lowest-ranked ``fraction`` of the Gaussians is removed with their optimizer and strategy state
 (``pruning.apply_prune``). Gaussians no training view sees rank lowest. The rest of training then
 adjusts the remaining Gaussians to the images (after ``stop_split_at`` nothing grows back).
-
-``unseen`` removes, at the same steps, every Gaussian whose weights are zero in every training
-view, however many (with ``fraction`` 0: only those). No training image changes: they are the
-Gaussians that only other viewpoints can show (behind or beside every training camera, or hidden
-behind surfaces from all of them), which no training view's gradient reaches.
 """
 
 from __future__ import annotations
@@ -72,12 +67,11 @@ class BudgetSettings:
 
     fraction: float = 0.0
     steps: Tuple[int, ...] = ()
-    unseen: bool = False
 
     @property
     def active(self) -> bool:
         """Whether a budget step removes anything by these settings."""
-        return self.fraction > 0 or self.unseen
+        return self.fraction > 0
 
     def __post_init__(self):
         if not 0.0 <= self.fraction < 1.0:
@@ -108,10 +102,7 @@ class GaussianBudget:
         start = time.perf_counter()
         importance, views = importance_pass()
         mask = lowest_ranked(importance, self.settings.fraction)
-        seen_by_none = importance <= 0
-        unseen = int(seen_by_none.sum())
-        if self.settings.unseen:
-            mask |= seen_by_none
+        unseen = int((importance <= 0).sum())
         before = int(importance.shape[0])
         removed = apply_prune(params, optimizers, state, mask)
         stats = dict(step=float(step), gaussians=float(before), removed=float(removed), unseen=float(unseen),

@@ -90,9 +90,6 @@ class ByteSplatModelConfig(SplatfactoModelConfig):
     budget_prune_steps: Tuple[int, ...] = ()
     """Steps at which the budget prunes, right after gsplat's step (empty: stop_split_at, when densification
     ends; runs shorter than that need steps here)."""
-    budget_prune_unseen: bool = False
-    """At each budget step, also remove every Gaussian that no training view shows (zero compositing weight in
-    all of them; with budget_prune_fraction 0: only those). No training image changes."""
     tile_stats_every: int = 0
     """Every this many steps, log how many tiles hold more Gaussians than the fused kernel keeps on chip
     (tensorboard tiles/*, model.tile_occupancy.log; 0: off). Any backend; capacity as for hw-prune."""
@@ -246,18 +243,12 @@ class ByteSplatModel(SplatfactoModel):
                 CONSOLE.log("bytesplat: the Gaussian budget is not supported with sharded training yet; off")
             self._budget = GaussianBudget(settings, self.config.stop_split_at, enabled=not dist)
             if self._budget.enabled:
-                what = []
-                if settings.fraction > 0:
-                    what.append(f"the {settings.fraction:.0%} of the Gaussians least seen in the training views")
-                if settings.unseen:
-                    what.append("every Gaussian no training view shows")
-                CONSOLE.log(f"bytesplat: Gaussian budget: at step(s) {', '.join(map(str, self._budget.steps))} it "
-                            f"removes {' and '.join(what)}")
+                CONSOLE.log(f"bytesplat: Gaussian budget: at step(s) {', '.join(map(str, self._budget.steps))} the "
+                            f"{settings.fraction:.0%} of the Gaussians least seen in the training views are removed")
         return self._budget
 
     def _budget_settings(self) -> BudgetSettings:
-        return BudgetSettings(float(self.config.budget_prune_fraction), tuple(self.config.budget_prune_steps),
-                              bool(self.config.budget_prune_unseen))
+        return BudgetSettings(float(self.config.budget_prune_fraction), tuple(self.config.budget_prune_steps))
 
     def _budget_importance(self) -> Tuple[torch.Tensor, int]:
         """Every Gaussian's compositing weights summed over every training view at the current training

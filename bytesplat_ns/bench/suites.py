@@ -82,7 +82,6 @@ _TRAINED_CAPTURE = "{work}/train/bytesplat-seed0/bytesplat/bytesplat/seed0"  # t
 _VISIBLE_ONLY = "visible=bytesplat --pipeline.model.optimize-visible-only True"
 _BUDGET_40 = "budget40=bytesplat --pipeline.model.budget-prune-fraction 0.4"
 _BUDGET_30 = "budget30=bytesplat --pipeline.model.budget-prune-fraction 0.3"
-_UNSEEN = "unseen=bytesplat --pipeline.model.budget-prune-unseen True"
 # gpu1b repeats the one-GPU baseline: how far two runs of one configuration land apart
 _QUALITY = "--pipeline.model.num-downscales 0 --pipeline.views-per-step 2"
 
@@ -269,14 +268,6 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           1,
           _budget_on_capture(_BUDGET_30, then=(_budget_on_large(_BUDGET_30),))
           + _per_seed_on_capture(f"'{_BUDGET_30}'", 30000, "capture-alone", "capture_alone_seed{seed}"),
-          needs_data=True),
-    Suite("budget-unseen",
-          "removing only the Gaussians no training view shows when densification stops "
-          "(--pipeline.model.budget-prune-unseen; no training image changes) against not removing them, 30000 "
-          "iterations, 3 seeds: the capture of --data and the built-in large scene, each scene's six runs at once "
-          "(quality and Gaussians), then seed 0's pair on the capture back to back (wall clock)",
-          1,
-          _budget_on_capture(_UNSEEN, then=(_budget_on_large(_UNSEEN),)),
           needs_data=True),
     Suite("spoiled-views",
           "30000-iteration runs that ended with one eval view spoiled, again with the view diagnostics (each eval "

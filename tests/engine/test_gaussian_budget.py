@@ -113,26 +113,6 @@ def test_settings_and_schedule():
     budget = GaussianBudget(BudgetSettings(fraction=0.3, steps=(9000, 3000, 9000)), densify_stop=15000)
     assert budget.steps == (3000, 9000) and not budget.is_prune_step(15000)
     assert not GaussianBudget(BudgetSettings(fraction=0.3), densify_stop=15000, enabled=False).enabled  # sharded
-    assert GaussianBudget(BudgetSettings(unseen=True), densify_stop=15000).enabled  # the unseen alone
-
-
-def test_unseen_removes_every_zero_weight_gaussian_with_or_without_a_share():
-    importance = torch.tensor([3.0, 0.0, 1.0, 0.0, 2.0, 0.0, 5.0, 4.0])
-
-    def removed(settings):
-        params = torch.nn.ParameterDict({"means": torch.nn.Parameter(torch.arange(8.0)[:, None])})
-        optimizers = {"means": torch.optim.Adam([{"params": [params["means"]], "lr": 1e-3, "name": "means"}])}
-        stats = GaussianBudget(settings, densify_stop=5).step_post_backward(params, optimizers, {}, 5,
-                                                                           lambda: (importance, 2))
-        kept = set(params["means"].detach().flatten().long().tolist())
-        return sorted(set(range(8)) - kept), stats
-
-    gone, stats = removed(BudgetSettings(unseen=True))
-    assert gone == [1, 3, 5] and stats["removed"] == 3 and stats["unseen"] == 3
-    # a share smaller than the unseen: the unseen all the same; a larger one: the share, which holds them
-    assert removed(BudgetSettings(fraction=0.25, unseen=True))[0] == [1, 3, 5]
-    assert removed(BudgetSettings(fraction=0.5, unseen=True))[0] == [1, 2, 3, 5]
-    assert removed(BudgetSettings(fraction=0.25))[0] == [1, 3]
 
 
 def test_budget_step_removes_the_lowest_with_their_optimizer_and_strategy_state():
@@ -158,22 +138,16 @@ def test_budget_step_removes_the_lowest_with_their_optimizer_and_strategy_state(
     assert apply_prune(params, optimizers, state, torch.zeros(150, dtype=torch.bool)) == 0
 
 
-@pytest.mark.parametrize("fraction,unseen", [(0.3, False), (0.0, True)])
-def test_budget_step_in_the_training_loop(tmp_path, monkeypatch, fraction, unseen):
+def test_budget_step_in_the_training_loop(tmp_path, monkeypatch):
     """ns-train's loop on the built-in scene: one budget step at the configured step removes the set
-    share (and, with --pipeline.model.budget-prune-unseen, every Gaussian no view shows) right after
-    gsplat's step, its importance pass covers every training camera (the weights summed over
-    Gaussians equal each view's accumulated alpha), and training goes on."""
+    share right after gsplat's step, its importance pass covers every training camera (the weights
+    summed over Gaussians equal each view's accumulated alpha), and training goes on."""
     scene = ensure_scene(SceneSpec(size="small", num_views=10, width=32), cache_dir=tmp_path / "scenes")
     config = copy.deepcopy(bytesplat_config)
-    config.pipeline.model.budget_prune_fraction = fraction
-    config.pipeline.model.budget_prune_unseen = unseen
+    config.pipeline.model.budget_prune_fraction = 0.3
     config.pipeline.model.budget_prune_steps = (6,)
     trainer, _ = setup_trainer("budget", config, scene, 10, tmp_path / "out", seed=0, device="cpu")
     model = trainer.pipeline.model
-    if unseen:  # 50 Gaussians too faint to show in any pixel (alpha < 1/255): no view sees them, no gradient moves them
-        with torch.no_grad():
-            model.gauss_params["opacities"][:50] = torch.logit(torch.tensor(1e-6))
     counts = {}  # Gaussians at the start of each step
     real_iteration = type(trainer).train_iteration
 
@@ -187,11 +161,7 @@ def test_budget_step_in_the_training_loop(tmp_path, monkeypatch, fraction, unsee
     cameras = trainer.pipeline.datamanager.train_dataset.cameras
     assert stats["step"] == 6 and stats["views"] == len(cameras)
     before, after = counts[6], counts[7]
-    expected = int(fraction * before)
-    if unseen:
-        assert stats["unseen"] >= 50
-        expected = max(expected, int(stats["unseen"]))
-    assert stats["gaussians"] == before and stats["removed"] == expected and after == before - stats["removed"]
+    assert stats["gaussians"] == before and stats["removed"] == int(0.3 * before) and after == before - stats["removed"]
     # nothing else removes or adds Gaussians (gsplat's densification starts later), and training goes on
     assert set(counts.values()) == {before, after} and counts[9] == after == model.num_points
     check_state_consistent(model.gauss_params, model.optimizers, model.strategy_state)
