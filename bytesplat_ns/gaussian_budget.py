@@ -37,16 +37,18 @@ from bytesplat_ns.pruning import apply_prune
 
 
 def view_blending_weights(render: Callable[[Tensor], Tensor], num_gaussians: int, device: torch.device,
-                          dtype: torch.dtype = torch.float32) -> Tensor:
-    """[N]: for one view, each Gaussian's compositing weights summed over the view's pixels.
+                          dtype: torch.dtype = torch.float32, pixel_weights: Optional[Tensor] = None) -> Tensor:
+    """[N]: for one view, each Gaussian's compositing weights summed over the view's pixels (each
+    pixel's times ``pixel_weights`` [H,W] when given: e.g. its error, for what spoils a view).
 
     ``render(colors)`` renders the view with ``colors`` [N,3] as the Gaussians' colours and returns
-    the colour image (no background); the weights are the gradient of its first channel's sum with
-    respect to the first colour channel."""
+    the colour image (no background); the weights are the gradient of its first channel's (weighted)
+    sum with respect to the first colour channel."""
     colors = torch.ones(num_gaussians, 3, device=device, dtype=dtype, requires_grad=True)
     with torch.enable_grad():
-        image = render(colors)
-        (grad,) = torch.autograd.grad(image[..., 0].sum(), colors)
+        channel = render(colors)[..., 0]
+        total = channel.sum() if pixel_weights is None else (channel * pixel_weights).sum()
+        (grad,) = torch.autograd.grad(total, colors)
     return grad[:, 0]
 
 

@@ -17,6 +17,8 @@ r"""``bytesplat-bench``: the project's benchmarks, each writing one JSON file.
     bytesplat-bench wallclock --data DATA --iterations 5000 --seeds 0 1 2 --out wallclock.json
         (``ns-train`` + ``ns-eval`` as a user runs them, per method and seed: the wall clock and
         where it goes: ``bytesplat_ns.bench.wallclock``)
+    bytesplat-bench spoilers --load-config RUN/config.yml --image 0052.jpg --out spoilers.json
+        (the Gaussians that spoil one eval view, what they are and since when: ``bytesplat_ns.bench.spoilers``)
 
     bytesplat-bench dram --num-gaussians 1000000 4000000 --stages split gsplat-fussim --out dram.json
         (device-memory bytes of one raster + loss pass, counted by Nsight Compute: ``bytesplat_ns.bench.dram``)
@@ -102,6 +104,7 @@ SUBCOMMANDS = {
     "matrix": "bytesplat_ns.bench.matrix",
     "plots": "bytesplat_ns.bench.plots",
     "wallclock": "bytesplat_ns.bench.wallclock",
+    "spoilers": "bytesplat_ns.bench.spoilers",
     "suite": "bytesplat_ns.bench.suite_runner",
     "report": "bytesplat_ns.bench.report",
     "queue": "bytesplat_ns.bench.queue",

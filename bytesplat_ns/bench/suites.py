@@ -273,14 +273,19 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           "30000-iteration runs that ended with one eval view spoiled, again with the view diagnostics (each eval "
           "image's PSNR in the trainer's evals, the worst view's panel, the final checkpoint evaluated through gsplat "
           "too): bytesplat on the capture of --data, seeds 5, 3 and 4 (24.38, 28.16 and 28.17 dB "
-          "before, each alone) at once without tensorboard's image writes; the 30% budget on the built-in large scene, seeds 0 and 2, at once",
+          "before, each alone) at once without tensorboard's image writes; the 30% budget on the built-in large scene, seeds 0 and 2, at once; "
+          "then bytesplat and splatfacto on the capture, seeds 6-8, the six runs at once, each with the Gaussians that "
+          "spoil its worst view found, described and followed back through its checkpoints (bytesplat-bench spoilers)",
           1,
           (Step("wallclock", _args("--data {data} --methods bytesplat --iterations 30000 --seeds 5 3 4 --parallel 3 --skip-image-writes "
                                    "--eval-rasterizers gsplat --offline-lpips --work-dir {work}/capture"),
                 name="capture_seeds"),
            Step("wallclock", ("--methods", _BUDGET_30, "--iterations", "30000", "--seeds", "0", "2", "--parallel", "2",
                               "--dataparser", "bytesplat-scene --scene-size large", "--eval-rasterizers", "gsplat",
-                              "--offline-lpips", "--work-dir", "{work}/large"), name="large_budget_seeds")),
+                              "--offline-lpips", "--work-dir", "{work}/large"), name="large_budget_seeds"),
+           Step("wallclock", _args("--data {data} --methods bytesplat splatfacto --iterations 30000 --seeds 6 7 8 "
+                                   "--parallel 6 --skip-image-writes --spoilers --offline-lpips "
+                                   "--work-dir {work}/spoilers"), name="capture_spoilers")),
           needs_data=True),
     Suite("trained-capture",
           "raster + loss and a whole step on a real capture (--data) trained for 30000 iterations, at its full "

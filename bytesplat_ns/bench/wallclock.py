@@ -63,15 +63,18 @@ def run_name(seed: int, repeat: int = 0) -> str:
 
 
 def ns_train_args(entry: MethodEntry, data: Optional[Path], iterations: int, seed: int, out_dir: Path,
-                  dataparser: Sequence[str], repeat: int = 0) -> List[str]:
-    """The arguments after ``ns-train``: what a user types, plus where the run goes."""
+                  dataparser: Sequence[str], repeat: int = 0, keep_checkpoints: bool = False) -> List[str]:
+    """The arguments after ``ns-train``: what a user types, plus where the run goes (and, with
+    ``keep_checkpoints``, every checkpoint kept, not only the latest: for ``--spoilers``)."""
     args = [entry.method]
     if data is not None:
         args += ["--data", str(data)]
     args += ["--vis", "tensorboard", "--max-num-iterations", str(iterations), "--machine.seed", str(seed),
              "--viewer.quit-on-train-completion", "True", "--output-dir", str(out_dir),
-             "--experiment-name", entry.label, "--timestamp", run_name(seed, repeat), *entry.extra_args, *dataparser]
-    return args
+             "--experiment-name", entry.label, "--timestamp", run_name(seed, repeat)]
+    if keep_checkpoints:
+        args += ["--save-only-latest-checkpoint", "False"]
+    return args + [*entry.extra_args, *dataparser]
 
 
 def _run_logged(command: List[str], log: Path) -> float:
@@ -166,7 +169,8 @@ def run_one(entry: MethodEntry, seed: int, args: argparse.Namespace, repeat: int
     run_dir = Path(args.work_dir) / f"{entry.label}-{name}"
     run_dir.mkdir(parents=True, exist_ok=True)
     timings_path = run_dir / "timings.json"
-    train_args = ns_train_args(entry, args.data, args.iterations, seed, run_dir, shlex.split(args.dataparser), repeat)
+    train_args = ns_train_args(entry, args.data, args.iterations, seed, run_dir, shlex.split(args.dataparser), repeat,
+                               keep_checkpoints=args.spoilers)
     command = [sys.executable, "-m", "bytesplat_ns.bench.timed_ns_train", "--timings", str(timings_path),
                *(["--offline-lpips"] if args.offline_lpips else []),
                *(["--skip-image-writes"] if args.skip_image_writes else []), "--launcher", entry.launcher, "--", *train_args]
@@ -203,6 +207,8 @@ def run_one(entry: MethodEntry, seed: int, args: argparse.Namespace, repeat: int
         record.update(eval_outputs(run_dir, lpips_measured=not args.offline_lpips or lpips_weights_cached()))
         if (run_dir / WORST_VIEW).is_file():
             record["worst_view"] = str(run_dir / WORST_VIEW)
+        if args.spoilers and record.get("eval_images"):
+            record["spoilers"] = run_spoilers(config, run_dir, min(record["eval_images"], key=lambda i: i["psnr"])["file"])
         if entry.method.startswith("bytesplat"):
             # the same checkpoint rendered by other backends: a view spoiled by our eval render only
             # scores better there; one spoiled by the trained Gaussians scores the same
@@ -243,6 +249,18 @@ def run_eval(config: Path, run_dir: Path, offline_lpips: bool, rasterizer: Optio
                *(["--rasterizer", rasterizer] if rasterizer else []),
                "--", "--load-config", str(config), "--output-path", str(run_dir / f"eval{suffix}.json")]
     return _run_logged(command, run_dir / f"eval{suffix}.log")
+
+
+def run_spoilers(config: Path, run_dir: Path, image: str) -> Dict:
+    """``bytesplat-bench spoilers`` on the run's worst eval image (``spoilers.json``, ``spoilers.log``); a
+    failure is recorded in its place (the run's own numbers stand without it)."""
+    out = run_dir / "spoilers.json"
+    try:
+        _run_logged([sys.executable, "-m", "bytesplat_ns.bench.spoilers", "--load-config", str(config), "--image",
+                     image, "--out", str(out)], run_dir / "spoilers.log")
+    except BytesplatError as e:
+        return {"image": image, "error": str(e)}
+    return json.loads(out.read_text())
 
 
 def summarize(runs: List[Dict]) -> Dict[str, Dict[str, Dict[str, float]]]:
@@ -325,6 +343,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-rasterizers", nargs="+", default=[], choices=("reference", "gsplat", "fused"),
                    help="bytesplat runs: ns-eval the final checkpoint again with each of these backends (recorded as "
                    "eval_by_rasterizer: the metrics and each eval image's)")
+    p.add_argument("--spoilers", action="store_true",
+                   help="after ns-eval, which Gaussians spoil the worst eval view and since when (bytesplat-bench "
+                   "spoilers, recorded as spoilers); ns-train then keeps every checkpoint (--save-only-latest-checkpoint "
+                   "False), one per steps-per-save")
     p.add_argument("--merge", nargs="+", type=Path, default=None, metavar="JSON",
                    help="run nothing: combine the runs of earlier wallclock JSON files (e.g. one per seed, "
                    "each in its own session) into --out, with the summary and plot over all of them")
