@@ -61,14 +61,14 @@ class ViewProbe:
         self.batch = dataset[self.index]
 
     def render(self) -> Dict[str, Tensor]:
-        """The model's eval render of the view and the ground truth it is scored against ([H,W,3] each)."""
-        self.model.eval()
+        """The model's eval render of the view and the ground truth it is scored against ([H,W,3] each),
+        as splatfacto's ``get_image_metrics_and_images`` pairs them (without its metrics: no LPIPS)."""
+        model = self.model
+        model.eval()
         with torch.no_grad():
-            outputs = self.model.get_outputs_for_camera(self.camera)
-            _, images = self.model.get_image_metrics_and_images(outputs, self.batch)
-        both = images["img"]  # ground truth | render, side by side
-        width = both.shape[1] // 2
-        return {"target": both[:, :width].float(), "predicted": both[:, width:].float()}
+            outputs = model.get_outputs_for_camera(self.camera)
+            target = model.composite_with_background(model.get_gt_img(self.batch["image"]), outputs["background"])
+        return {"target": target.float(), "predicted": outputs["rgb"].float()}
 
     def psnr(self) -> float:
         out = self.render()
@@ -273,9 +273,11 @@ def main(argv: Optional[List[str]] = None) -> Dict:
     args = parser().parse_args(argv)
     from nerfstudio.utils.eval_utils import eval_setup
 
-    import bytesplat_ns.compat  # noqa: F401  (bytesplat's checkpoint loader for eval_setup)
+    from bytesplat_ns.compat import offline_safe_lpips
 
-    config, pipeline, checkpoint, step = eval_setup(args.load_config, test_mode="test")
+    # splatfacto builds LPIPS (downloading its weights) when its model is set up; no metric here needs it
+    with offline_safe_lpips():
+        config, pipeline, checkpoint, step = eval_setup(args.load_config, test_mode="test")
     earlier = [path for path in checkpoint_paths(config) if path != Path(checkpoint)] if args.trajectory else []
     result = analyse(pipeline, args.image, step, top=args.top, backend=args.rasterizer, checkpoints=earlier,
                      log=lambda line: print(line, file=sys.stderr, flush=True))

@@ -274,8 +274,9 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           "image's PSNR in the trainer's evals, the worst view's panel, the final checkpoint evaluated through gsplat "
           "too): bytesplat on the capture of --data, seeds 5, 3 and 4 (24.38, 28.16 and 28.17 dB "
           "before, each alone) at once without tensorboard's image writes; the 30% budget on the built-in large scene, seeds 0 and 2, at once; "
-          "then bytesplat and splatfacto on the capture, seeds 6-8, the six runs at once, each with the Gaussians that "
-          "spoil its worst view found, described and followed back through its checkpoints (bytesplat-bench spoilers)",
+          "then bytesplat on the capture, seeds 6-11, the six runs at once, each with the Gaussians that spoil its worst "
+          "view found, described and followed back through its checkpoints, one per 1000 steps (bytesplat-bench "
+          "spoilers); splatfacto the same, seeds 6-8, three at once",
           1,
           (Step("wallclock", _args("--data {data} --methods bytesplat --iterations 30000 --seeds 5 3 4 --parallel 3 --skip-image-writes "
                                    "--eval-rasterizers gsplat --offline-lpips --work-dir {work}/capture"),
@@ -283,9 +284,12 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
            Step("wallclock", ("--methods", _BUDGET_30, "--iterations", "30000", "--seeds", "0", "2", "--parallel", "2",
                               "--dataparser", "bytesplat-scene --scene-size large", "--eval-rasterizers", "gsplat",
                               "--offline-lpips", "--work-dir", "{work}/large"), name="large_budget_seeds"),
-           Step("wallclock", _args("--data {data} --methods bytesplat splatfacto --iterations 30000 --seeds 6 7 8 "
-                                   "--parallel 6 --skip-image-writes --spoilers --offline-lpips "
-                                   "--work-dir {work}/spoilers"), name="capture_spoilers")),
+           Step("wallclock", ("--data", "{data}", "--methods", "bytesplat --steps-per-save 1000", "--iterations", "30000",
+                              "--seeds", "6", "7", "8", "9", "10", "11", "--parallel", "6", "--skip-image-writes",
+                              "--spoilers", "--offline-lpips", "--work-dir", "{work}/spoilers"), name="capture_spoilers"),
+           Step("wallclock", ("--data", "{data}", "--methods", "splatfacto --steps-per-save 1000", "--iterations", "30000",
+                              "--seeds", "6", "7", "8", "--parallel", "3", "--skip-image-writes", "--spoilers",
+                              "--offline-lpips", "--work-dir", "{work}/spoilers"), name="capture_spoilers_splatfacto")),
           needs_data=True),
     Suite("trained-capture",
           "raster + loss and a whole step on a real capture (--data) trained for 30000 iterations, at its full "
