@@ -28,21 +28,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
 REMOVED_COUNTS = (1, 10, 100, 1000)
 DESCRIBED = 20  # the top Gaussians listed one by one
-
-
-def view_psnr(predicted: Tensor, target: Tensor) -> float:
-    mse = float(((predicted - target) ** 2).mean())
-    return 10.0 * math.log10(1.0 / max(mse, 1e-12))
 
 
 class ViewProbe:
@@ -71,8 +65,10 @@ class ViewProbe:
         return {"target": target.float(), "predicted": outputs["rgb"].float()}
 
     def psnr(self) -> float:
+        from bytesplat_ns.image_metrics import psnr
+
         out = self.render()
-        return view_psnr(out["predicted"], out["target"])
+        return float(psnr(out["predicted"], out["target"]))
 
     def psnr_without(self, rows: Tensor) -> float:
         """The view's PSNR with these Gaussians made fully transparent (their opacities restored after)."""
@@ -86,16 +82,17 @@ class ViewProbe:
             with torch.no_grad():
                 opacities.data[rows] = kept
 
-    def error_attribution(self, backend: str) -> Dict[str, Tensor]:
-        """[N] each Gaussian's compositing weights times the squared error of the pixels they fall on."""
+    def error_attribution(self, backend: str) -> Tuple[float, Tensor]:
+        """The view's PSNR and [N] each Gaussian's compositing weights times the squared error of the
+        pixels they fall on (from one render)."""
         from bytesplat_ns.gaussian_budget import view_blending_weights
+        from bytesplat_ns.image_metrics import psnr
 
         out = self.render()
         error = ((out["predicted"] - out["target"]) ** 2).mean(dim=-1)
         render = colour_renderer(self.model, self.camera, backend)
-        return {"attribution": view_blending_weights(render, self.model.num_points, self.model.device,
-                                                     pixel_weights=error.to(self.model.device)),
-                "error_sum": error.sum().to(torch.float64)}
+        return float(psnr(out["predicted"], out["target"])), view_blending_weights(
+            render, self.model.num_points, self.model.device, pixel_weights=error.to(self.model.device))
 
 
 def colour_renderer(model, camera, backend: str) -> Callable[[Tensor], Tensor]:
@@ -184,16 +181,15 @@ def trajectory_point(probe: ViewProbe, rows: Tensor, final_means: Tensor, backen
                      eval_geometry: Dict[str, Tensor], train_geometry: Dict[str, Tensor]) -> Dict:
     """The view and the followed Gaussians at the checkpoint the pipeline holds now."""
     model = probe.model
-    point: Dict = {"num_gaussians": model.num_points, "psnr": probe.psnr()}
-    if model.num_points != final_means.shape[0]:
-        point["tracked"] = False  # densification or pruning since: rows are other Gaussians
-        return point
-    attribution = probe.error_attribution(backend)
+    if model.num_points != final_means.shape[0]:  # densification or pruning since: rows are other Gaussians
+        return {"num_gaussians": model.num_points, "psnr": probe.psnr(), "tracked": False}
+    psnr, attribution = probe.error_attribution(backend)
+    point: Dict = {"num_gaussians": model.num_points, "psnr": psnr}
     features = gaussian_features(model, rows, eval_geometry, train_geometry)
     with torch.no_grad():
         features["displacement_to_final"] = (model.means.detach()[rows].float() - final_means[rows]).norm(dim=1)
-    total = float(attribution["attribution"].sum())
-    point.update(tracked=True, error_share=float(attribution["attribution"][rows].sum()) / total if total > 0 else 0.0,
+    total = float(attribution.sum())
+    point.update(tracked=True, error_share=float(attribution[rows].sum()) / total if total > 0 else 0.0,
                  median=medians(features))
     return point
 
@@ -213,8 +209,7 @@ def analyse(pipeline, image_name: str, step: int, top: int = 100, backend: Optio
     train_geometry = camera_geometry(train_cameras, model.device)
 
     log(f"spoilers: {image_name}: attributing its error to {model.num_points} Gaussians ({backend})")
-    psnr = probe.psnr()
-    attribution = probe.error_attribution(backend)["attribution"]
+    psnr, attribution = probe.error_attribution(backend)
     total = float(attribution.sum())
     order = torch.argsort(attribution, descending=True)
     count = min(top, model.num_points)
