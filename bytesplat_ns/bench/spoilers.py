@@ -43,16 +43,16 @@ class ViewProbe:
     """One eval view of a loaded pipeline: its ground truth, renders and error attribution."""
 
     def __init__(self, pipeline, image_name: str):
-        self.pipeline, self.model = pipeline, pipeline.model
+        self.model = pipeline.model
         dataset = pipeline.datamanager.eval_dataset
         names = [Path(name).name for name in dataset.image_filenames]
         if image_name not in names:
             from bytesplat_ns.errors import BytesplatError
 
             raise BytesplatError(f"--image {image_name}: not an eval image of this run (eval images: {', '.join(names)})")
-        self.index = names.index(image_name)
-        self.camera = dataset.cameras[self.index:self.index + 1].to(self.model.device)
-        self.batch = dataset[self.index]
+        index = names.index(image_name)
+        self.camera = dataset.cameras[index:index + 1].to(self.model.device)
+        self.batch = dataset[index]
 
     def render(self) -> Dict[str, Tensor]:
         """The model's eval render of the view and the ground truth it is scored against ([H,W,3] each),
