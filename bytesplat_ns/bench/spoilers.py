@@ -52,7 +52,10 @@ class ViewProbe:
             raise BytesplatError(f"--image {image_name}: not an eval image of this run (eval images: {', '.join(names)})")
         index = names.index(image_name)
         self.camera = dataset.cameras[index:index + 1].to(self.model.device)
-        self.batch = dataset[index]
+        # The datamanager's cached image, as the eval renders are scored against: for a capture with lens
+        # distortion it is undistorted (and cropped) to the camera the render uses; dataset[index] is
+        # the photo as taken.
+        self.batch = pipeline.datamanager.cached_eval[index]
 
     def render(self) -> Dict[str, Tensor]:
         """The model's eval render of the view and the ground truth it is scored against ([H,W,3] each),
