@@ -345,7 +345,46 @@ def dram_table(steps: List[Dict]) -> List[str]:
             rows.append([_count(row["num_gaussians"]), stage_label(row), _f(row["dram_read_bytes"] / 1e6, "{:.1f}"),
                          _f(row["dram_write_bytes"] / 1e6, "{:.1f}"), _f(row["dram_bytes"] / 1e6, "{:.1f}"),
                          str(row["kernels"]), "-" if split is None else f"{row['dram_bytes'] / split['dram_bytes']:.2f}x"])
-    return _table(["Gaussians", "stage", "read MB", "written MB", "total MB", "kernels", "vs split"], rows)
+    lines = _table(["Gaussians", "stage", "read MB", "written MB", "total MB", "kernels", "vs split"], rows)
+    profiles = kernel_profile_table(steps)
+    return lines + ([""] + profiles if profiles else [])
+
+
+def kernel_profile_table(steps: List[Dict], min_share: float = 0.02) -> List[str]:
+    """Each profiled stage's kernels (dram --kernels) that take at least ``min_share`` of its kernel
+    time, then the rest in one line: where a stage's time goes and what bounds each kernel."""
+    from bytesplat_ns.bench.dram import stage_label
+
+    rows = []
+    for step in steps:
+        for row in step["result"]["rows"]:
+            if "kernel_profile_error" in row:
+                rows.append([_count(row["num_gaussians"]), stage_label(row), f"error: {row['kernel_profile_error']}"]
+                            + ["-"] * 7)
+            profile = row.get("kernel_profile")
+            if not profile:
+                continue
+            total = sum(k.get("duration_us", 0.0) for k in profile)
+            rest = [k for k in profile if k.get("duration_us", 0.0) < min_share * total]
+            for k in profile:
+                if k in rest:
+                    continue
+                rows.append([_count(row["num_gaussians"]), stage_label(row), f"`{k['name']}`", _f(k.get("duration_us"), "{:.0f}"),
+                             f"{k['duration_us'] / total:.0%}", _f(k.get("issue_slots_busy_pct"), "{:.0f}%"),
+                             f"{_f(k.get('achieved_occupancy_pct'), '{:.0f}')} / {_f(k.get('theoretical_occupancy_pct'), '{:.0f}')}%",
+                             str(k.get("registers", "-")), str(k.get("local_spill_requests", "-")),
+                             _f(k["dram_bytes"] / 1e6 if "dram_bytes" in k else None, "{:.1f}")])
+            if rest:
+                rest_us = sum(k.get("duration_us", 0.0) for k in rest)
+                rows.append([_count(row["num_gaussians"]), stage_label(row), f"{len(rest)} other kernels",
+                             f"{rest_us:.0f}", f"{rest_us / total:.0%}", "-", "-", "-", "-",
+                             _f(sum(k.get("dram_bytes", 0) for k in rest) / 1e6, "{:.1f}")])
+    if not rows:
+        return []
+    return ["Kernel by kernel (Nsight Compute sections, one pass each; issue slots busy near 100%: bound by the "
+            "instructions it issues):", ""] + _table(
+        ["Gaussians", "stage", "kernel", "us", "share", "issue slots busy", "occupancy achieved / theoretical",
+         "registers", "spill requests", "DRAM MB"], rows)
 
 
 TABLES = {"raster": raster_table, "train": train_table, "distributed": distributed_table,

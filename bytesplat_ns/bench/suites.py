@@ -311,11 +311,13 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           "device-memory bytes of one raster + loss pass (forward, loss, backward), counted by Nsight Compute: the "
           "default split schedule, the fused kernel's two- and one-launch schedules, and gsplat 1.4.0 and 1.5.3 "
           "(installed at /tmp/gsplat-1.5.3 by scripts/gpu_setup.sh) with pytorch_msssim and with fussim, 1080p, 1M "
-          "and 4M random Gaussians",
+          "and 4M random Gaussians; then the split schedule and gsplat 1.4.0's rasterization kernel by kernel (1M)",
           1,
           (Step("dram", _args("--num-gaussians 1000000 4000000 --width 1920 --height 1080 --stages split two_launch "
                               f"one_launch gsplat-pytorch_msssim gsplat-fussim --gsplat-site {_GSPLAT_153}"),
-                name="dram_1080p"),)),
+                name="dram_1080p"),
+           Step("dram", _args("--num-gaussians 1000000 --width 1920 --height 1080 --stages split gsplat-pytorch_msssim "
+                              "--kernels"), name="kernels_1m"))),
     Suite("visible-adam",
           "Adam on the visible Gaussians only (--pipeline.model.optimize-visible-only) against Adam on all of them: "
           "ns-train + ns-eval on a real capture (--data), 5000 iterations, 3 seeds, each pair back to back",

@@ -83,3 +83,101 @@ def test_a_site_goes_first_on_the_childs_path(tmp_path):
     row = measure_stage(str(script), "gsplat-fussim", tmp_path / "scene.pt", 2, site="/opt/gsplat-site")
     assert row["dram_bytes"] == 1_004_354.0
     assert (tmp_path / "path.txt").read_text().split(":")[0].strip() == "/opt/gsplat-site"
+
+
+HEADER = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
+          '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value","Rule Name","Rule Type",'
+          '"Rule Description","Estimated Speedup Type","Estimated Speedup"')
+BWD = "void bytesplat::<unnamed>::render_bwd_kernel<0, 1, 0>(int, int, const float *, bool)"
+FILL = "void at::vectorized_elementwise_kernel<4, at::FillFunctor<float>, std::array<char *, 1>>(int, T2, T3)"
+
+
+def _details(kid, kernel, section, metric, unit, value, rule=("", "", "")):
+    return (f'"{kid}","1","python3.12","h","{kernel}","1","7","(256, 1, 1)","(120, 68, 1)","0","9.0","{section}",'
+            f'"{metric}","{unit}","{value}","{rule[0]}","{rule[1]}","{rule[2]}","",""')
+
+
+# the metrics ncu's details page gives for its sections (as an H200 printed them), a rule row and
+# metrics the profile does not keep
+DETAILS = "\n".join(["==PROF== Connected to process 1", HEADER,
+    _details(0, BWD, "GPU Speed Of Light Throughput", "Memory Throughput", "%", "44.52"),
+    _details(0, BWD, "GPU Speed Of Light Throughput", "Duration", "ns", "1,698,112"),
+    _details(0, BWD, "GPU Speed Of Light Throughput", "Compute (SM) Throughput", "%", "81.70"),
+    _details(0, BWD, "Compute Workload Analysis", "Issue Slots Busy", "%", "81.70"),
+    _details(0, BWD, "Memory Workload Analysis", "Local Memory Spilling Requests", "", "979,088"),
+    _details(0, BWD, "Memory Workload Analysis", "Memory Throughput", "byte/s", "258,540,835,940.15"),
+    _details(0, BWD, "Launch Statistics", "Registers Per Thread", "register/thread", "48"),
+    _details(0, BWD, "Occupancy", "Theoretical Occupancy", "%", "62.50"),
+    _details(0, BWD, "Occupancy", "Achieved Occupancy", "%", "60.98"),
+    _details(0, BWD, "Occupancy", "", "", "", rule=("TheoreticalOccupancy", "OPT", "The 10.00 theoretical warps")),
+    _details(1, FILL, "GPU Speed Of Light Throughput", "Duration", "us", "1.95"),
+    _details(1, FILL, "Compute Workload Analysis", "Issue Slots Busy", "%", "0.03"),
+    _details(1, FILL, "Launch Statistics", "Registers Per Thread", "register/thread", "16"),
+    "==PROF== Disconnected from process 1"]) + "\n"
+
+
+def test_kernel_profile_keeps_each_kernels_bounds_in_launch_order():
+    from bytesplat_ns.bench.dram import parse_ncu_kernels, profile_summary
+
+    bwd, fill = parse_ncu_kernels(DETAILS)
+    assert bwd["name"] == "render_bwd_kernel<0, 1, 0>" and bwd["kernel"] == BWD
+    assert bwd["duration_us"] == pytest.approx(1698.112) and bwd["issue_slots_busy_pct"] == 81.7
+    assert bwd["sm_throughput_pct"] == 81.7 and bwd["registers"] == 48 and bwd["local_spill_requests"] == 979_088
+    assert (bwd["achieved_occupancy_pct"], bwd["theoretical_occupancy_pct"]) == (60.98, 62.5)
+    assert bwd["dram_bytes"] == round(258_540_835_940.15 * 1698.112e-6)  # the SOL page's DRAM rate times the time
+    assert bwd["grid"] == "(120, 68, 1)" and bwd["block"] == "(256, 1, 1)"
+    # a long template argument list is dropped, a duration in us stays in us, missing metrics stay absent
+    assert fill["name"] == "vectorized_elementwise_kernel" and fill["duration_us"] == pytest.approx(1.95)
+    assert "dram_bytes" not in fill and "local_spill_requests" not in fill
+    assert profile_summary({"kernel_profile": [bwd, fill]}, top=1) == \
+        "1700 us in 2; render_bwd_kernel<0, 1, 0> 1698 us (issue 82%)"
+
+
+def test_a_duration_in_an_unknown_unit_is_an_error_not_a_wrong_number():
+    from bytesplat_ns.bench.dram import parse_ncu_kernels
+
+    with pytest.raises(ValueError, match="unknown unit 'cycle'"):
+        parse_ncu_kernels(DETAILS.replace('"Duration","ns"', '"Duration","cycle"'))
+
+
+def test_kernels_adds_a_second_child_under_the_sections(tmp_path):
+    from bytesplat_ns.bench.dram import KERNEL_SECTIONS, measure_stage
+
+    script = tmp_path / "ncu"
+    (tmp_path / "sums.txt").write_text(CSV)
+    (tmp_path / "details.txt").write_text(DETAILS)
+    # the stand-in prints the sections' report when asked for sections, else the metric sums
+    script.write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path}/args.txt\n"
+                      f"case \"$*\" in *--section*) cat {tmp_path}/details.txt;; *) cat {tmp_path}/sums.txt;; esac\n")
+    script.chmod(0o755)
+    row = measure_stage(str(script), "split", tmp_path / "scene.pt", 2, kernels=True)
+    assert row["dram_bytes"] == 1_004_354.0 and [k["name"] for k in row["kernel_profile"]] == [
+        "render_bwd_kernel<0, 1, 0>", "vectorized_elementwise_kernel"]
+    plain, sections = (line.split() for line in (tmp_path / "args.txt").read_text().splitlines())
+    assert "--section" not in plain and "--metrics" not in sections
+    assert [sections[i + 1] for i, a in enumerate(sections) if a == "--section"] == list(KERNEL_SECTIONS)
+    assert sections[:4] == ["--clock-control", "none", "--profile-from-start", "off"]
+    assert sections[sections.index("--page") + 1] == "details"
+
+    (tmp_path / "details.txt").write_text("no table\n")
+    failed = measure_stage(str(script), "split", tmp_path / "scene.pt", 2, kernels=True)
+    assert failed["dram_bytes"] == 1_004_354.0 and failed["kernel_profile_error"] == "no ncu CSV table in the output"
+
+
+def test_the_report_lists_the_kernels_that_take_the_time():
+    from bytesplat_ns.bench.dram import parse_ncu_kernels
+    from bytesplat_ns.bench.report import dram_table
+
+    row = {"stage": "split", "num_gaussians": 1_000_000, "scene": "synthetic", "kernels": 2, "dram_read_bytes": 1e6,
+           "dram_write_bytes": 0.0, "dram_bytes": 1e6, "kernel_profile": parse_ncu_kernels(DETAILS)}
+    lines = dram_table([{"result": {"rows": [row]}}])
+    text = "\n".join(lines)
+    assert "| 1M | split | `render_bwd_kernel<0, 1, 0>` | 1698 | 100% | 82% | 61 / 62% | 48 | 979088 | 439.0 |" in text
+    assert "| 1M | split | 1 other kernels | 2 | 0% | - | - | - | - | 0.0 |" in text
+
+
+def test_the_suite_profiles_the_split_schedule_and_gsplat_kernel_by_kernel():
+    from bytesplat_ns.bench import suites
+
+    step = suites.SUITES["dram-traffic"].steps[1]
+    assert step.name == "kernels_1m" and "--kernels" in step.args and "split" in step.args
