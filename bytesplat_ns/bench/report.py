@@ -365,10 +365,9 @@ def kernel_profile_table(steps: List[Dict], min_share: float = 0.02) -> List[str
             if not profile:
                 continue
             total = sum(k.get("duration_us", 0.0) for k in profile)
-            rest = [k for k in profile if k.get("duration_us", 0.0) < min_share * total]
-            for k in profile:
-                if k in rest:
-                    continue
+            shown = [k.get("duration_us", 0.0) >= min_share * total for k in profile]
+            rest = [k for k, show in zip(profile, shown) if not show]
+            for k in (k for k, show in zip(profile, shown) if show):
                 rows.append([_count(row["num_gaussians"]), stage_label(row), f"`{k['name']}`", _f(k.get("duration_us"), "{:.0f}"),
                              f"{k['duration_us'] / total:.0%}", _f(k.get("issue_slots_busy_pct"), "{:.0f}%"),
                              f"{_f(k.get('achieved_occupancy_pct'), '{:.0f}')} / {_f(k.get('theoretical_occupancy_pct'), '{:.0f}')}%",
