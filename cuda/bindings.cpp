@@ -8,7 +8,8 @@ std::vector<at::Tensor> render_fwd(const at::Tensor &means2d, const at::Tensor &
                                    const at::Tensor &colors, const at::Tensor &opacities,
                                    const c10::optional<at::Tensor> &backgrounds,
                                    const at::Tensor &offsets, const at::Tensor &flatten_ids,
-                                   int64_t C, int64_t W, int64_t H, bool with_stop, bool warp_cull);
+                                   int64_t C, int64_t W, int64_t H, bool with_stop, bool warp_cull,
+                                   bool fast_exp);
 std::vector<at::Tensor> render_bwd(const at::Tensor &means2d, const at::Tensor &conics,
                                    const at::Tensor &colors, const at::Tensor &opacities,
                                    const c10::optional<at::Tensor> &backgrounds,
@@ -17,7 +18,8 @@ std::vector<at::Tensor> render_bwd(const at::Tensor &means2d, const at::Tensor &
                                    const at::Tensor &last, const at::Tensor &v_render,
                                    const c10::optional<at::Tensor> &v_alpha, bool absgrad,
                                    bool butterfly, bool contribution,
-                                   const c10::optional<at::Tensor> &stop, bool warp_cull);
+                                   const c10::optional<at::Tensor> &stop, bool warp_cull,
+                                   bool fast_exp);
 int64_t fused_capacity(int64_t blocks_per_sm);
 std::vector<int64_t> fused_smem_layout();
 std::vector<at::Tensor> fused_loss(const at::Tensor &means2d, const at::Tensor &conics,
@@ -28,7 +30,7 @@ std::vector<at::Tensor> fused_loss(const at::Tensor &means2d, const at::Tensor &
                                    const at::Tensor &window, int64_t cap_override,
                                    int64_t blocks_per_sm, bool absgrad, bool force_two_phase,
                                    bool clamp_inclusive, bool butterfly, bool contribution,
-                                   bool warp_cull);
+                                   bool warp_cull, bool fast_exp);
 std::vector<at::Tensor> loss_grad(const at::Tensor &render, const at::Tensor &gt, double ssim_lambda,
                                   const at::Tensor &window, bool clamp_inclusive);
 std::vector<at::Tensor> bin_tiles(const at::Tensor &means2d, const at::Tensor &radii,

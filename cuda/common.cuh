@@ -25,9 +25,87 @@ constexpr int kAccComps = kGradComps + 1; // s_acc floats per Gaussian: the grad
 constexpr float kAlphaMin = 1.f / 255.f;
 constexpr float kAlphaMax = 0.999f;
 constexpr float kTMin = 1e-4f;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// ---- A Gaussian's falloff exp(-sigma), in one of two forms (FASTEXP) ----
+// false: the conic (a, b, c) as given, sigma = 0.5*(a dx^2 + c dy^2) + b dx dy, expf(-sigma).
+// true: the conic is staged prescaled, (A, B, C) = -log2(e) * (a/2, b, c/2) (staged_conic), so the
+// exponent q = A dx^2 + B dx dy + C dy^2 = -log2(e)*sigma takes 5 instructions instead of 7, and
+// exp(-sigma) = 2^q is one hardware ex2.approx instead of expf's range reduction around it: 11 fewer
+// instructions per Gaussian and pixel in the forward loop (sm_90; suite sass-loops). The rounding of the
+// exponent itself dominates the error either way: |q| <= ~8 wherever alpha >= 1/255, so a few ulps
+// of q are a relative error of about 2e-6 in the falloff, as a few ulps of sigma are now.
+// Both forms are __host__ __device__: tests/raster/test_falloff_host.py runs them on the CPU.
+template <bool FASTEXP>
+__host__ __device__ __forceinline__ float3 staged_conic(float a, float b, float c) {
+    if (FASTEXP) return make_float3(-0.5f * kLog2e * a, -kLog2e * b, -0.5f * kLog2e * c);
+    return make_float3(a, b, c);
+}
+
+// The exponent at offset (dx, dy) = mean - pixel centre from the staged conic: sigma, or q.
+template <bool FASTEXP>
+__host__ __device__ __forceinline__ float falloff_exponent(float A, float B, float C, float dx, float dy) {
+    if (FASTEXP) return dx * fmaf(A, dx, B * dy) + C * dy * dy;
+    return 0.5f * (A * dx * dx + C * dy * dy) + B * dx * dy;
+}
+
+// sigma < 0 (a conic that is not positive definite there): the pixel is skipped, as in gsplat. The
+// forward tests sigma < 0, the backward sigma >= 0; they differ only for a NaN exponent.
+template <bool FASTEXP>
+__host__ __device__ __forceinline__ bool sigma_negative(float e) { return FASTEXP ? e > 0.f : e < 0.f; }
+template <bool FASTEXP>
+__host__ __device__ __forceinline__ bool sigma_nonnegative(float e) { return FASTEXP ? e <= 0.f : e >= 0.f; }
+
+__host__ __device__ __forceinline__ float exp2_approx(float q) {
+#ifdef __CUDA_ARCH__
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(q));
+    return r;
+#else
+    return exp2f(q);
+#endif
+}
+
+template <bool FASTEXP>
+__host__ __device__ __forceinline__ float falloff(float e) { return FASTEXP ? exp2_approx(e) : expf(-e); }
+
+// The exponent's gradient times v_e (= dL/d exponent, or for FASTEXP dL/dq / ln2) into g[0..4]:
+// (mean x, mean y, staged A, B, C). falloff_grad_scale turns these into the conic's and means'
+// gradients when the block's sums are written out, once per Gaussian and tile instead of per pixel.
+template <bool FASTEXP>
+__host__ __device__ __forceinline__ void falloff_exponent_grads(float A, float B, float C, float dx, float dy,
+                                                                float v_e, float *g) {
+    if (FASTEXP) {
+        const float Adx = A * dx, Cdy = C * dy;
+        g[0] = v_e * (fmaf(B, dy, Adx) + Adx);  // dq/dmean_x = 2A dx + B dy
+        g[1] = v_e * (fmaf(B, dx, Cdy) + Cdy);  // dq/dmean_y = B dx + 2C dy
+        g[2] = v_e * dx * dx;
+        g[3] = v_e * dx * dy;
+        g[4] = v_e * dy * dy;
+    } else {
+        g[2] = 0.5f * v_e * dx * dx;
+        g[3] = v_e * dx * dy;
+        g[4] = 0.5f * v_e * dy * dy;
+        g[0] = v_e * (A * dx + B * dy);
+        g[1] = v_e * (B * dx + C * dy);
+    }
+}
+
+// Factor from backward_slots' gradient component c (kGradComps layout) to the gradient of the
+// means and the conic as given: for FASTEXP the chain rule through q = -log2(e)*sigma and the
+// staged conic (means and |means|: ln 2; a, b, c: -log2(e)/2 * ln 2, -log2(e) * ln 2, ...).
+template <bool FASTEXP>
+__host__ __device__ __forceinline__ float falloff_grad_scale(int c) {
+    if (!FASTEXP) return 1.f;
+    if (c < 2 || c == 9 || c == 10) return kLn2;
+    if (c == 2 || c == 4) return -0.5f;
+    if (c == 3) return -1.f;
+    return 1.f;
+}
 
 // One Gaussian as staged in shared memory (structure of arrays, 44 bytes per Gaussian).
-// g0 = (x, y, opacity, conic.a), g1 = (conic.b, conic.c, r, g), g2 = b, id = flattened index,
+// g0 = (x, y, opacity, A), g1 = (B, C, r, g) with (A, B, C) = staged_conic(conic), g2 = b, id = flattened index,
 // warps = warp_mask (which of the block's warps can see it).
 struct SmemGaussians {
     float4 *g0;
@@ -110,7 +188,7 @@ __device__ __forceinline__ uint32_t warp_mask(float mx, float my, float o, float
 // of the warps (layout WW, thread_pixel) that can see each. Called by the whole block; caller syncs
 // afterwards. cull = false keeps every warp for every Gaussian (A/B runs and the tests that hold
 // culling against its absence: --pipeline.model.fused.warp-cull False).
-template <int WW>
+template <int WW, bool FASTEXP>
 __device__ __forceinline__ void load_gaussians(
     SmemGaussians s, const int32_t *__restrict__ flatten_ids, int64_t first, int count,
     const float *__restrict__ means2d, const float *__restrict__ conics,
@@ -120,8 +198,9 @@ __device__ __forceinline__ void load_gaussians(
         const float2 xy = reinterpret_cast<const float2 *>(means2d)[g];
         const float ca = conics[3 * g], cb = conics[3 * g + 1], cc = conics[3 * g + 2];
         const float r = colors[3 * g], gg = colors[3 * g + 1], b = colors[3 * g + 2];
-        s.g0[i] = make_float4(xy.x, xy.y, opacities[g], ca);
-        s.g1[i] = make_float4(cb, cc, r, gg);
+        const float3 k = staged_conic<FASTEXP>(ca, cb, cc);
+        s.g0[i] = make_float4(xy.x, xy.y, opacities[g], k.x);
+        s.g1[i] = make_float4(k.y, k.z, r, gg);
         s.g2[i] = b;
         s.id[i] = g;
         s.warps[i] = cull ? warp_mask<WW>(xy.x, xy.y, opacities[g], ca, cb, cc, x0, y0) : kAllWarps;
@@ -131,14 +210,15 @@ __device__ __forceinline__ void load_gaussians(
 // Front-to-back step of one pixel over shared slot k: returns kComposited, kSkipped, or kSaturated
 // once the pixel is full (the Gaussian at k is then NOT composited, as in gsplat).
 enum StepResult { kSkipped = 0, kComposited = 1, kSaturated = 2 };
+template <bool FASTEXP>
 __device__ __forceinline__ StepResult composite_step(
     const SmemGaussians &s, int k, float px, float py, float &T, float3 &acc) {
     const float4 a = s.g0[k];
     const float dx = a.x - px, dy = a.y - py;
     const float4 b = s.g1[k];
-    const float sigma = 0.5f * (a.w * dx * dx + b.y * dy * dy) + b.x * dx * dy;
-    const float alpha = fminf(kAlphaMax, a.z * expf(-sigma));
-    if (sigma < 0.f || alpha < kAlphaMin) return kSkipped;
+    const float e = falloff_exponent<FASTEXP>(a.w, b.x, b.y, dx, dy);
+    const float alpha = fminf(kAlphaMax, a.z * falloff<FASTEXP>(e));
+    if (sigma_negative<FASTEXP>(e) || alpha < kAlphaMin) return kSkipped;
     const float nextT = T * (1.f - alpha);
     if (nextT <= kTMin) return kSaturated;
     const float w = alpha * T;
@@ -152,6 +232,7 @@ __device__ __forceinline__ StepResult composite_step(
 // Composite shared slots [0, count) (list indices base + slot) into one pixel's state. `stop`
 // gets the list index of the Gaussian that saturated the pixel (untouched if none): the pruning
 // score counts it (docs/pruning.md); callers that do not need it leave it dead.
+template <bool FASTEXP>
 __device__ __forceinline__ void composite_slots(
     const SmemGaussians &s, int count, int base, float px, float py, float &T, float3 &acc,
     int &last, int &stop, bool &done) {
@@ -159,7 +240,7 @@ __device__ __forceinline__ void composite_slots(
     const uint32_t wbit = 1u << (threadIdx.x >> 5);
     for (int k = 0; k < count; ++k) {
         if (!(s.warps[k] & wbit)) continue;  // skipped at every pixel of this warp
-        const StepResult r = composite_step(s, k, px, py, T, acc);
+        const StepResult r = composite_step<FASTEXP>(s, k, px, py, T, acc);
         if (r == kSaturated) { done = true; stop = base + k; return; }
         if (r == kComposited) last = base + k + 1;
     }
@@ -279,7 +360,7 @@ __device__ __forceinline__ float warp_reduce_scatter16(const float (&v)[kGradPad
 // reduction, max-reduced (warp, then a shared and a global integer atomicMax on the bits), so the
 // butterfly needs no extra shuffle with absgrad (K 11 -> 12 is still 13); the caller walks up to
 // max(last, stop + 1) instead of last.
-template <int CHUNK, bool ABS, bool BUTTERFLY, bool CONTRIB>
+template <int CHUNK, bool ABS, bool BUTTERFLY, bool CONTRIB, bool FASTEXP>
 __device__ __forceinline__ void backward_slots(
     const SmemGaussians &s, int lo, int hi, int base, PixelBwd &p, float *s_acc,
     float *__restrict__ v_means2d, float *__restrict__ v_conics, float *__restrict__ v_colors,
@@ -304,10 +385,10 @@ __device__ __forceinline__ void backward_slots(
                 const float4 b = s.g1[k];
                 const float cb = s.g2[k];
                 const float dx = a.x - p.px, dy = a.y - p.py;
-                const float sigma = 0.5f * (a.w * dx * dx + b.y * dy * dy) + b.x * dx * dy;
-                const float vis = expf(-sigma);
+                const float e = falloff_exponent<FASTEXP>(a.w, b.x, b.y, dx, dy);
+                const float vis = falloff<FASTEXP>(e);
                 const float alpha = fminf(kAlphaMax, a.z * vis);
-                if (sigma >= 0.f && alpha >= kAlphaMin) {
+                if (sigma_nonnegative<FASTEXP>(e) && alpha >= kAlphaMin) {
                     if (CONTRIB && idx >= p.last) {
                         stopped = true;  // nothing behind it was composited: T in front is T_final
                         g[kContribComp] = alpha * p.T_final;
@@ -325,12 +406,9 @@ __device__ __forceinline__ void backward_slots(
                                         (cb * p.T - p.buf.z * ra) * p.v_rgb.z;
                         v_alpha += p.T_final * ra * p.v_a;
                         if (a.z * vis <= kAlphaMax) {
-                            const float v_sigma = -a.z * vis * v_alpha;
-                            g[2] = 0.5f * v_sigma * dx * dx;
-                            g[3] = v_sigma * dx * dy;
-                            g[4] = 0.5f * v_sigma * dy * dy;
-                            g[0] = v_sigma * (a.w * dx + b.x * dy);
-                            g[1] = v_sigma * (b.x * dx + b.y * dy);
+                            // dL/dsigma = -o*vis*dL/dalpha; dL/dq = o*vis*dL/dalpha*ln2 (ln2 at the write-out)
+                            const float v_e = FASTEXP ? a.z * vis * v_alpha : -a.z * vis * v_alpha;
+                            falloff_exponent_grads<FASTEXP>(a.w, b.x, b.y, dx, dy, v_e, g);
                             g[8] = vis * v_alpha;
                         } else {
                             g[0] = g[1] = g[2] = g[3] = g[4] = g[8] = 0.f;
@@ -373,9 +451,10 @@ __device__ __forceinline__ void backward_slots(
         // One global write per Gaussian and component for this tile.
         const int n = (chunk_hi - chunk_lo) * kStride;
         for (int i = threadIdx.x; i < n; i += kBlock) {
-            const float v = s_acc[i];
+            float v = s_acc[i];
             if (v != 0.f) {
                 const int slot = chunk_lo + i / kStride, c = i % kStride;
+                v *= falloff_grad_scale<FASTEXP>(c);
                 const int64_t gid = s.id[slot];
                 if (c < 2) atomicAdd(v_means2d + 2 * gid + c, v);
                 else if (c < 5) atomicAdd(v_conics + 3 * gid + (c - 2), v);

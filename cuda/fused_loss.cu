@@ -35,7 +35,7 @@ struct Params {
     float win[kWin];
 };
 
-template <bool ABS, bool BUTTERFLY, bool CONTRIB>
+template <bool ABS, bool BUTTERFLY, bool CONTRIB, bool FASTEXP>
 __global__ void __launch_bounds__(kBlock, 2) fused_loss_kernel(const Params P) {
     extern __shared__ float4 smem4[];
     SmemGaussians s;
@@ -82,11 +82,11 @@ __global__ void __launch_bounds__(kBlock, 2) fused_loss_kernel(const Params P) {
     for (int b = 0; b * P.cap < n; ++b) {
         if (__syncthreads_count(done) == kBlock) break;
         const int cnt = min(P.cap, n - b * P.cap);
-        load_gaussians<16>(s, P.flatten_ids, start + b * P.cap, cnt, P.means2d, P.conics, P.colors,
-                       P.opacities, tx * kTile, ty * kTile, P.warp_cull != 0);
+        load_gaussians<16, FASTEXP>(s, P.flatten_ids, start + b * P.cap, cnt, P.means2d, P.conics, P.colors,
+                                    P.opacities, tx * kTile, ty * kTile, P.warp_cull != 0);
         loaded = b;
         __syncthreads();
-        composite_slots(s, cnt, b * P.cap, px, py, T, acc, last, stop, done);
+        composite_slots<FASTEXP>(s, cnt, b * P.cap, px, py, T, acc, last, stop, done);
     }
     const float3 bgc = make_float3(P.bg[3 * cam], P.bg[3 * cam + 1], P.bg[3 * cam + 2]);
     const float raw[3] = {acc.x + T * bgc.x, acc.y + T * bgc.y, acc.z + T * bgc.z};
@@ -158,14 +158,15 @@ __global__ void __launch_bounds__(kBlock, 2) fused_loss_kernel(const Params P) {
         const int cnt = min(P.cap, n - b * P.cap);
         if (b != loaded) {  // only over-capacity tiles re-stream from global memory
             __syncthreads();
-            load_gaussians<16>(s, P.flatten_ids, start + b * P.cap, cnt, P.means2d, P.conics, P.colors,
-                           P.opacities, tx * kTile, ty * kTile, P.warp_cull != 0);
+            load_gaussians<16, FASTEXP>(s, P.flatten_ids, start + b * P.cap, cnt, P.means2d, P.conics,
+                                        P.colors, P.opacities, tx * kTile, ty * kTile, P.warp_cull != 0);
             loaded = b;
             __syncthreads();
         }
         const int hi = min(cnt, max_last - b * P.cap);
-        backward_slots<kChunk, ABS, BUTTERFLY, CONTRIB>(s, 0, hi, b * P.cap, p, s_acc, P.v_means2d, P.v_conics,
-                                                P.v_colors, P.v_opacities, P.v_abs, P.contrib);
+        backward_slots<kChunk, ABS, BUTTERFLY, CONTRIB, FASTEXP>(s, 0, hi, b * P.cap, p, s_acc, P.v_means2d,
+                                                                 P.v_conics, P.v_colors, P.v_opacities, P.v_abs,
+                                                                 P.contrib);
     }
 }
 
@@ -210,7 +211,7 @@ std::vector<at::Tensor> fused_loss(const at::Tensor &means2d, const at::Tensor &
                                    const at::Tensor &window, int64_t cap_override,
                                    int64_t blocks_per_sm, bool absgrad, bool force_two_phase,
                                    bool clamp_inclusive, bool butterfly, bool contribution,
-                                   bool warp_cull) {
+                                   bool warp_cull, bool fast_exp) {
     for (const at::Tensor *t : {&means2d, &conics, &colors, &opacities, &backgrounds, &gt}) {
         TORCH_CHECK(t->is_cuda() && t->scalar_type() == at::kFloat && t->is_contiguous(),
                     "bytesplat: fused_loss inputs must be contiguous float32 CUDA tensors");
@@ -271,11 +272,13 @@ std::vector<at::Tensor> fused_loss(const at::Tensor &means2d, const at::Tensor &
 
     // butterfly: the warp reduction of backward_slots (common.cuh); false = one warp_sum per
     // component, kept for A/B runs (--pipeline.model.fused.bwd-reduce shuffle). contribution: the pruning score,
-    // a separate instance so that it costs nothing when off.
+    // a separate instance so that it costs nothing when off. fast_exp: the falloff as 2^q from the
+    // prescaled conic (common.cuh staged_conic).
     void (*kernel)(const Params) = nullptr;
-    dispatch_bools([&](auto abs, auto bfly, auto ctb) {
-        kernel = fused_loss_kernel<decltype(abs)::value, decltype(bfly)::value, decltype(ctb)::value>;
-    }, absgrad, butterfly, contribution);
+    dispatch_bools([&](auto abs, auto bfly, auto ctb, auto fast) {
+        kernel = fused_loss_kernel<decltype(abs)::value, decltype(bfly)::value, decltype(ctb)::value,
+                                   decltype(fast)::value>;
+    }, absgrad, butterfly, contribution, fast_exp);
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     int per_sm = 0, sms = 0;
     C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kBlock, smem));

@@ -22,6 +22,7 @@ constexpr int kSmemGauss = kBatch * SmemGaussians::kBytes;
 constexpr int kSmemFwdBytes = kSmemGauss;
 constexpr int kSmemBwdBytes = kSmemGauss + kBatch * kAccComps * 4 + 64;
 
+template <bool FASTEXP>
 __global__ void __launch_bounds__(kBlock) render_fwd_kernel(
     int W, int H, int tw, int th, const float *__restrict__ means2d,
     const float *__restrict__ conics, const float *__restrict__ colors,
@@ -49,10 +50,10 @@ __global__ void __launch_bounds__(kBlock) render_fwd_kernel(
         // Also the barrier that frees the previous batch's shared memory.
         if (__syncthreads_count(done) == kBlock) break;
         const int cnt = min(kBatch, end - b0);
-        load_gaussians<kWarpWidth>(s, flatten_ids, b0, cnt, means2d, conics, colors, opacities,
-                       tx * kTile, ty * kTile, cull);
+        load_gaussians<kWarpWidth, FASTEXP>(s, flatten_ids, b0, cnt, means2d, conics, colors, opacities,
+                                            tx * kTile, ty * kTile, cull);
         __syncthreads();
-        composite_slots(s, cnt, b0 - start, px, py, T, acc, last, stop, done);
+        composite_slots<FASTEXP>(s, cnt, b0 - start, px, py, T, acc, last, stop, done);
     }
     if (!inside) return;
     const int64_t pix = ((int64_t)cam * H + y) * W + x;
@@ -70,7 +71,7 @@ __global__ void __launch_bounds__(kBlock) render_fwd_kernel(
 // 5 blocks per SM (at most 48 registers, was 61 and 4 blocks): Nsight Compute found this kernel
 // issue-bound with no eligible warp in 21% of cycles at 50% occupancy; 5 blocks measured 2.7% faster
 // at 4M Gaussians, 6 (40 registers, spilling) 2.1% (git tag lab-notebook-final:docs/benchmarks.md, "Per-warp culling").
-template <bool ABS, bool BUTTERFLY, bool CONTRIB>
+template <bool ABS, bool BUTTERFLY, bool CONTRIB, bool FASTEXP>
 __global__ void __launch_bounds__(kBlock, 5) render_bwd_kernel(
     int W, int H, int tw, int th, const float *__restrict__ means2d,
     const float *__restrict__ conics, const float *__restrict__ colors,
@@ -121,12 +122,13 @@ __global__ void __launch_bounds__(kBlock, 5) render_bwd_kernel(
     for (int b = (max_last - 1) / kBatch; b >= 0; --b) {
         const int cnt = min(kBatch, end - start - b * kBatch);
         __syncthreads();
-        load_gaussians<kWarpWidth>(s, flatten_ids, start + b * kBatch, cnt, means2d, conics, colors, opacities,
-                       tx * kTile, ty * kTile, cull);
+        load_gaussians<kWarpWidth, FASTEXP>(s, flatten_ids, start + b * kBatch, cnt, means2d, conics, colors,
+                                            opacities, tx * kTile, ty * kTile, cull);
         __syncthreads();
         const int hi = min(cnt, max_last - b * kBatch);
-        backward_slots<kBatch, ABS, BUTTERFLY, CONTRIB>(s, 0, hi, b * kBatch, p, s_acc, v_means2d, v_conics,
-                                                v_colors, v_opacities, v_means2d_abs, contrib);
+        backward_slots<kBatch, ABS, BUTTERFLY, CONTRIB, FASTEXP>(s, 0, hi, b * kBatch, p, s_acc, v_means2d,
+                                                                 v_conics, v_colors, v_opacities, v_means2d_abs,
+                                                                 contrib);
     }
 }
 
@@ -150,7 +152,8 @@ std::vector<at::Tensor> render_fwd(const at::Tensor &means2d, const at::Tensor &
                                    const at::Tensor &colors, const at::Tensor &opacities,
                                    const c10::optional<at::Tensor> &backgrounds,
                                    const at::Tensor &offsets, const at::Tensor &flatten_ids,
-                                   int64_t C, int64_t W, int64_t H, bool with_stop, bool warp_cull) {
+                                   int64_t C, int64_t W, int64_t H, bool with_stop, bool warp_cull,
+                                   bool fast_exp) {
     check_inputs(means2d, conics, colors, opacities, offsets, flatten_ids);
     const at::cuda::CUDAGuard guard(means2d.device());
     const int tw = (W + kTile - 1) / kTile, th = (H + kTile - 1) / kTile;
@@ -166,12 +169,15 @@ std::vector<at::Tensor> render_fwd(const at::Tensor &means2d, const at::Tensor &
     const float *bg = backgrounds.has_value() ? bg_keep.data_ptr<float>() : nullptr;
     auto stream = at::cuda::getCurrentCUDAStream();
     dim3 grid(tw, th, C);
-    render_fwd_kernel<<<grid, kBlock, kSmemFwdBytes, stream>>>(
-        W, H, tw, th, means2d.data_ptr<float>(), conics.data_ptr<float>(), colors.data_ptr<float>(),
-        opacities.data_ptr<float>(), bg, offsets.data_ptr<int32_t>(),
-        flatten_ids.data_ptr<int32_t>(), rgb.data_ptr<float>(), alpha.data_ptr<float>(),
-        T.data_ptr<float>(), last.data_ptr<int32_t>(), with_stop ? stop.data_ptr<int32_t>() : nullptr,
-        warp_cull);
+    // fast_exp: the falloff as 2^q from the prescaled conic (common.cuh staged_conic)
+    dispatch_bools([&](auto fast) {
+        render_fwd_kernel<decltype(fast)::value><<<grid, kBlock, kSmemFwdBytes, stream>>>(
+            W, H, tw, th, means2d.data_ptr<float>(), conics.data_ptr<float>(), colors.data_ptr<float>(),
+            opacities.data_ptr<float>(), bg, offsets.data_ptr<int32_t>(),
+            flatten_ids.data_ptr<int32_t>(), rgb.data_ptr<float>(), alpha.data_ptr<float>(),
+            T.data_ptr<float>(), last.data_ptr<int32_t>(), with_stop ? stop.data_ptr<int32_t>() : nullptr,
+            warp_cull);
+    }, fast_exp);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return {rgb, alpha, T, last, stop};
 }
@@ -184,7 +190,8 @@ std::vector<at::Tensor> render_bwd(const at::Tensor &means2d, const at::Tensor &
                                    const at::Tensor &last, const at::Tensor &v_render,
                                    const c10::optional<at::Tensor> &v_alpha, bool absgrad,
                                    bool butterfly, bool contribution,
-                                   const c10::optional<at::Tensor> &stop, bool warp_cull) {
+                                   const c10::optional<at::Tensor> &stop, bool warp_cull,
+                                   bool fast_exp) {
     check_inputs(means2d, conics, colors, opacities, offsets, flatten_ids);
     TORCH_CHECK(!contribution || (stop.has_value() && stop->scalar_type() == at::kInt &&
                                   stop->numel() == T_final.numel()),
@@ -219,10 +226,11 @@ std::vector<at::Tensor> render_bwd(const at::Tensor &means2d, const at::Tensor &
     };
     // butterfly: the warp reduction of backward_slots (common.cuh); false = one warp_sum per
     // component, kept for A/B runs (--pipeline.model.fused.bwd-reduce shuffle). contribution: the pruning score
-    // (its own kernel instance, so it costs nothing when off).
-    dispatch_bools([&](auto abs, auto bfly, auto ctb) {
-        launch(render_bwd_kernel<decltype(abs)::value, decltype(bfly)::value, decltype(ctb)::value>);
-    }, absgrad, butterfly, contribution);
+    // (its own kernel instance, so it costs nothing when off). fast_exp: as render_fwd's.
+    dispatch_bools([&](auto abs, auto bfly, auto ctb, auto fast) {
+        launch(render_bwd_kernel<decltype(abs)::value, decltype(bfly)::value, decltype(ctb)::value,
+                                 decltype(fast)::value>);
+    }, absgrad, butterfly, contribution, fast_exp);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return {v_means2d, v_conics, v_colors, v_opacities, v_abs, contrib};
 }

@@ -23,6 +23,9 @@ r"""``bytesplat-bench``: the project's benchmarks, each writing one JSON file.
     bytesplat-bench dram --num-gaussians 1000000 4000000 --stages split gsplat-fussim --out dram.json
         (device-memory bytes of one raster + loss pass, counted by Nsight Compute: ``bytesplat_ns.bench.dram``)
 
+    bytesplat-bench sass --arch 90 --out sass.json
+        (the compositing loops' instruction counts in the machine code, no GPU needed: ``bytesplat_ns.bench.sass``)
+
     bytesplat-bench suite NAME [--data PATH] [--results-dir docs/results]
         (a declared suite of the runs above, one JSON document plus plots: ``bytesplat_ns.bench.suites``;
         ``--list`` names them, ``--dry-run`` prints their commands)
@@ -98,6 +101,7 @@ def _raster(argv: List[str]) -> int:
 SUBCOMMANDS = {
     "step": "bytesplat_ns.bench.step",
     "dram": "bytesplat_ns.bench.dram",
+    "sass": "bytesplat_ns.bench.sass",
     "train": "bytesplat_ns.bench.train",
     "profile": "bytesplat_ns.bench.profile_train",
     "distributed": "bytesplat_ns.bench.distributed",

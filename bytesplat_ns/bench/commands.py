@@ -22,6 +22,7 @@ STEP_COMMANDS: Dict[str, Tuple[str, str]] = {
     "wallclock": ("bytesplat_ns.bench.wallclock", "parser"),
     "step": ("bytesplat_ns.bench.step", "parser"),
     "dram": ("bytesplat_ns.bench.dram", "parser"),
+    "sass": ("bytesplat_ns.bench.sass", "parser"),
 }
 
 # the option each subcommand writes its JSON to: the suite runner sets it per step

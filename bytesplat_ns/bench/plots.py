@@ -230,13 +230,15 @@ RASTER_PANELS = (
                                                   ("fused, two launches", "raster_loss_fused_two_phase"),
                                                   ("fused, split", "raster_loss_fused_split"),
                                                   ("fused, split, no warp culling", "raster_loss_fused_split_no_warp_cull"),
-                                                  ("fused, split, opacity-aware tiles", "raster_loss_fused_split_opacity_tiles"))),
+                                                  ("fused, split, opacity-aware tiles", "raster_loss_fused_split_opacity_tiles"),
+                                                  ("fused, split, falloff as 2^q", "raster_loss_fused_split_fast_exp"))),
     ("full step (projection included)", (("gsplat", "full_gsplat"), ("fused, the run's default schedule", "full_fused"),
                                          ("fused, split", "full_fused_split"),
                                          ("fused, split, opacity-aware tiles", "full_fused_split_opacity_tiles"),
                                          ("fused raster, torch loss", "full_fused_raster_torch_loss"))),
     ("rasterization forward only", (("gsplat", "raster_fwd_gsplat"), ("fused", "raster_fwd_fused"),
-                                    ("fused, no warp culling", "raster_fwd_fused_no_warp_cull"))),
+                                    ("fused, no warp culling", "raster_fwd_fused_no_warp_cull"),
+                                    ("fused, falloff as 2^q", "raster_fwd_fused_fast_exp"))),
 )
 
 

@@ -9,7 +9,9 @@ Measured per Gaussian count (median ms over ``repeats`` after ``warmup``, CUDA e
   ``raster_loss_fused_split`` (render_fwd -> loss_grad -> render_bwd), and the same two with the
   pruning score gathered in the backward (``..._contribution``: its cost, docs/pruning.md), and
   the split schedule and the forward without the kernels' per-warp culling
-  (``..._no_warp_cull``: ``FusedOptions(warp_cull=False)``, the A/B of cuda/common.cuh ``warp_mask``).
+  (``..._no_warp_cull``: ``FusedOptions(warp_cull=False)``, the A/B of cuda/common.cuh ``warp_mask``),
+  and the split schedule and the forward with the falloff as 2^q (``..._fast_exp``:
+  ``FusedOptions(fast_exp=True)``, cuda/common.cuh ``staged_conic``) with its loss value.
   The split schedule, the from-3D path and the binning are also timed on opacity-aware tile lists
   (``..._opacity_tiles``: ``FusedOptions(opacity_aware_tiles=True)``, raster/tile_reach.py), with their
   ``intersections_opacity_aware`` and their loss value (the same as the default's).
@@ -107,16 +109,18 @@ class StageInputs:
         return [t.detach().clone().requires_grad_(True) for t in (self.m2, self.con, self.col, self.op)]
 
     def fused_raster_loss(self, blocks_per_sm: int = 2, schedule: str = "one_launch", contribution: bool = False,
-                          butterfly: bool = True, warp_cull: bool = True, opacity_aware_tiles: bool = False):
+                          butterfly: bool = True, warp_cull: bool = True, opacity_aware_tiles: bool = False,
+                          fast_exp: bool = False):
         """The fused loss (``schedule``: one_launch | two_launch | split): render + splatfacto loss +
         2D gradients (and the pruning score with ``contribution``), then autograd's hand-over.
-        ``butterfly`` / ``warp_cull``: the backward reduction and the per-warp culling (A/B runs);
+        ``butterfly`` / ``warp_cull`` / ``fast_exp``: the backward reduction, the per-warp culling and the
+        falloff's form (A/B runs);
         ``opacity_aware_tiles``: on :meth:`opacity_aware_bins`."""
         s = self.scene
         offsets, fids = self.opacity_aware_bins() if opacity_aware_tiles else (self.offsets, self.fids)
         loss, _, _, _, _ = _FusedLoss.apply(*self.leaves(), s["backgrounds"], s["gt"], offsets, fids,
                                             self.W, self.H, 0.2, False, None, blocks_per_sm, schedule, butterfly,
-                                            warp_cull, contribution)
+                                            warp_cull, contribution, fast_exp)
         loss.backward()
         return loss
 
@@ -176,6 +180,10 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
     # A/B of the per-warp culling (cuda/common.cuh warp_mask)
     _safe(out, "raster_loss_fused_split_no_warp_cull", lambda: time_ms(
         lambda: inp.fused_raster_loss(schedule="split", warp_cull=False), warmup, repeats))
+    # A/B of the falloff as 2^q from the prescaled conic (cuda/common.cuh staged_conic): the same loss up to rounding
+    _safe(out, "fused_split_fast_exp_loss_value", lambda: inp.fused_raster_loss(schedule="split", fast_exp=True).item())
+    _safe(out, "raster_loss_fused_split_fast_exp", lambda: time_ms(
+        lambda: inp.fused_raster_loss(schedule="split", fast_exp=True), warmup, repeats))
     # A/B of the opacity-aware tile reach (raster/tile_reach.py): shorter lists, the same loss
     _safe(out, "intersections_opacity_aware", lambda: int(inp.opacity_aware_bins()[1].numel()))
     _safe(out, "fused_split_opacity_tiles_loss_value", lambda: inp.fused_raster_loss(
@@ -228,9 +236,10 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
                                            options=FusedOptions(projection=projection))
         splatfacto_loss_torch(render, alpha, s["gt"], s["backgrounds"]).backward()
 
-    def fused_raster_fwd(warp_cull=True):
+    def fused_raster_fwd(warp_cull=True, fast_exp=False):
         with torch.no_grad():
-            _RasterizeFused.apply(m2, con, col, op, s["backgrounds"], offsets, fids, W, H, False, warp_cull)
+            _RasterizeFused.apply(m2, con, col, op, s["backgrounds"], offsets, fids, W, H, False, warp_cull, True,
+                                  fast_exp)
 
     if not raster_only:
         _safe(out, "full_fused", lambda: time_ms(fused_full, warmup, repeats))
@@ -239,6 +248,7 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
         _safe(out, "full_fused_raster_torch_loss", lambda: time_ms(fused_raster_torch_loss_full, warmup, repeats))
     _safe(out, "raster_fwd_fused", lambda: time_ms(fused_raster_fwd, warmup, repeats))
     _safe(out, "raster_fwd_fused_no_warp_cull", lambda: time_ms(lambda: fused_raster_fwd(False), warmup, repeats))
+    _safe(out, "raster_fwd_fused_fast_exp", lambda: time_ms(lambda: fused_raster_fwd(fast_exp=True), warmup, repeats))
     _safe(out, "binning_cuda", lambda: time_ms(lambda: bin_tiles(m2, radii, depths, W, H), warmup, repeats))
     _safe(out, "binning_cuda_opacity_tiles", lambda: time_ms(
         lambda: bin_tiles(m2, opacity_aware_radii(radii, con, op), depths, W, H), warmup, repeats))

@@ -97,30 +97,51 @@ def raster_table(steps: List[Dict]) -> List[str]:
                     "from 3D: render+loss+bwd fused ms", "gsplat ms", "speed-up"], rows)
     baselines = baseline_table(steps)
     tiles = opacity_tiles_table(steps)
-    return lines + ([""] + baselines if baselines else []) + ([""] + tiles if tiles else [])
+    fast_exp = fast_exp_table(steps)
+    return (lines + ([""] + baselines if baselines else []) + ([""] + tiles if tiles else [])
+            + ([""] + fast_exp if fast_exp else []))
+
+
+def _ab_rows(steps: List[Dict], marker: str, suffix: str, keys: Sequence[str], first_cells) -> List[List[str]]:
+    """One row per run that measured the A/B variant ``suffix`` (``marker`` in the run): ``first_cells(run)``,
+    then for each of ``keys`` the default's and the variant's median ms and the ratio, then the relative
+    difference of the split schedule's loss values (``fused_split<suffix>_loss_value`` against the default's)."""
+    rows = []
+    for step in steps:
+        for run in step["result"]["runs"]:
+            if marker not in run:
+                continue
+            variant_loss = run.get(f"fused_split{suffix}_loss_value")
+            cells = first_cells(run)
+            for key in keys:
+                default, variant = _ms(run.get(key)), _ms(run.get(key + suffix))
+                cells += [_f(default), _f(variant), _times(default, variant)]
+            a = run.get("fused_split_loss_value")
+            cells.append(_f(abs(variant_loss - a) / abs(a) if isinstance(a, float) and isinstance(variant_loss, float)
+                            and a else None, "{:.1e}"))
+            rows.append(cells)
+    return rows
+
+
+def fast_exp_table(steps: List[Dict]) -> List[str]:
+    """The split schedule and the forward with expf and with the falloff as 2^q (``FusedOptions.fast_exp``),
+    and the two loss values' relative difference (float rounding only)."""
+    rows = _ab_rows(steps, "raster_loss_fused_split_fast_exp", "_fast_exp", ("raster_loss_fused_split", "raster_fwd_fused"),
+                    lambda run: [_count(run["num_gaussians"])])
+    return _table(["Gaussians", "raster+loss ms", "falloff as 2^q", "faster by", "forward ms", "falloff as 2^q",
+                   "faster by", "loss diff (rel.)"], rows) if rows else []
 
 
 def opacity_tiles_table(steps: List[Dict]) -> List[str]:
     """The split schedule on the projection's square tile boxes and on the opacity-aware reach
     (``FusedOptions.opacity_aware_tiles``): tile-list entries, binning, raster + loss and from-3D times,
     and the two loss values' relative difference (the same render: rounding only)."""
-    rows = []
-    for step in steps:
-        for run in step["result"]["runs"]:
-            if "intersections_opacity_aware" not in run:
-                continue
-            cells = [_count(run["num_gaussians"]), str(run.get("intersections")), str(run["intersections_opacity_aware"])]
-            for key in ("binning_cuda", "raster_loss_fused_split", "full_fused_split"):
-                square, tight = _ms(run.get(key)), _ms(run.get(key + "_opacity_tiles"))
-                cells += [_f(square), _f(tight), _times(square, tight)]
-            a, b = run.get("fused_split_loss_value"), run.get("fused_split_opacity_tiles_loss_value")
-            cells.append(_f(abs(b - a) / abs(a) if isinstance(a, float) and isinstance(b, float) and a else None, "{:.1e}"))
-            rows.append(cells)
-    if not rows:
-        return []
+    rows = _ab_rows(steps, "intersections_opacity_aware", "_opacity_tiles", ("binning_cuda", "raster_loss_fused_split", "full_fused_split"),
+                    lambda run: [_count(run["num_gaussians"]), str(run.get("intersections")),
+                                 str(run["intersections_opacity_aware"])])
     return _table(["Gaussians", "tile entries", "opacity-aware", "binning ms", "opacity-aware", "faster by",
                    "raster+loss ms", "opacity-aware", "faster by", "from 3D ms", "opacity-aware", "faster by",
-                   "loss diff (rel.)"], rows)
+                   "loss diff (rel.)"], rows) if rows else []
 
 
 def baseline_table(steps: List[Dict]) -> List[str]:
@@ -386,8 +407,36 @@ def kernel_profile_table(steps: List[Dict], min_share: float = 0.02) -> List[str
          "registers", "spill requests", "DRAM MB"], rows)
 
 
+def sass_table(steps: List[Dict]) -> List[str]:
+    """Per kernel instance (``bytesplat-bench sass``): registers, spills, instructions and its compositing
+    loops, and for a ``fast_exp`` instance how many instructions each loop has fewer than the same instance
+    with expf. The shuffle-reduction instances (``bwd_reduce shuffle``, an A/B path) stay in the JSON."""
+    rows = []
+    for step in steps:
+        found = step["result"]["rows"]
+        for r in found:
+            sw = r["switches"]
+            if sw.get("butterfly") is False:
+                continue
+            twin = next((t for t in found if t["kernel"] == r["kernel"] and t["source"] == r["source"]
+                         and t["switches"] == {**sw, "fast_exp": False}), None) if sw.get("fast_exp") else None
+            fewer = ", ".join(str(a - b) for a, b in zip(twin["loop_instructions"], r["loop_instructions"])) \
+                if twin else "-"
+            rows.append([r["source"], r["kernel"], ", ".join(k for k, v in sw.items() if v) or "-",
+                         str(r.get("registers", "-")), f"{r.get('spill_stores', '-')} / {r.get('spill_loads', '-')}",
+                         str(r["instructions"]), ", ".join(map(str, r["loop_instructions"])) or "-", fewer])
+    if not rows:
+        return []
+    arch = steps[0]["result"].get("arch", "-")
+    return [f"Machine code for {arch}, nvcc {steps[0]['result'].get('nvcc', '-')} (static counts: every path of a "
+            "loop body once):", ""] + _table(
+        ["source", "kernel", "switches on", "registers", "spill bytes stored / loaded", "instructions",
+         "compositing loop(s)", "fewer than with expf"], rows)
+
+
 TABLES = {"raster": raster_table, "train": train_table, "distributed": distributed_table,
-          "wallclock": wallclock_table, "quality": quality_table, "step": step_table, "dram": dram_table}
+          "wallclock": wallclock_table, "quality": quality_table, "step": step_table, "dram": dram_table,
+          "sass": sass_table}
 
 
 def _kind(result) -> Optional[str]:
@@ -397,6 +446,8 @@ def _kind(result) -> Optional[str]:
         return "step"
     if isinstance(result, dict) and result.get("benchmark") == "bytesplat-bench dram":
         return "dram"
+    if isinstance(result, dict) and result.get("benchmark") == "bytesplat-bench sass":
+        return "sass"
     if isinstance(result, dict) and {"baseline", "runs", "summary"} <= set(result) \
             and all("psnr_diff_mean" in row for row in result["summary"].values()):
         return "quality"

@@ -26,6 +26,8 @@ the gsplat of a ``--gsplat-site`` gets the same scene through a file, ``bench.sc
 - ``bytesplat-reach-torch``: ``bytesplat`` computing the opacity-aware reach with its PyTorch
   definition (``--pipeline.model.fused.tile-reach torch``, raster/tile_reach.py, about 15 elementwise
   launches) instead of our one-launch kernel (cuda/tile_reach.cu): the same radii, hence the same lists.
+- ``bytesplat-fast-exp``: ``bytesplat`` with the falloff as 2^q from the prescaled conic
+  (``--pipeline.model.fused.fast-exp True``, cuda/common.cuh ``staged_conic``).
 
 Reported per implementation: ``wall_ms`` (host clock over ``--repeats`` back-to-back steps, the
 GPU drained at both ends: what a training loop gets), the stages' spans (CUDA events at the stage
@@ -56,7 +58,7 @@ LEARNING_RATES = {"means": 1.6e-4, "scales": 5e-3, "quats": 1e-3, "features_dc":
                   "features_rest": 2.5e-3 / 20, "opacities": 5e-2}
 ADAM_EPS = 1e-15
 IMPLEMENTATIONS = ("splatfacto", "gsplat", "bytesplat", "bytesplat-visible", "bytesplat-square-tiles",
-                   "bytesplat-reach-torch")
+                   "bytesplat-reach-torch", "bytesplat-fast-exp")
 
 # kernel name -> category; the first pattern that matches wins, "bwd"/"backward" in a name marks it backward
 KERNEL_CATEGORIES: Tuple[Tuple[str, str], ...] = (
@@ -229,13 +231,16 @@ class GsplatStep(TrainingStep):
 class BytesplatStep(TrainingStep):
     """``raster.fused.fused_render_loss`` (default options) + sync-free statistics + DeviceAdam (our Adam kernel)."""
 
-    def __init__(self, scene: Dict, visible_only: bool = False, square_tiles: bool = False, reach_torch: bool = False):
+    def __init__(self, scene: Dict, visible_only: bool = False, square_tiles: bool = False, reach_torch: bool = False,
+                 fast_exp: bool = False):
         super().__init__(scene)
         from bytesplat_ns.raster.options import FusedOptions
 
         self.visible_only = visible_only
-        self.options = FusedOptions(opacity_aware_tiles=not square_tiles, tile_reach="torch" if reach_torch else "cuda")
+        self.options = FusedOptions(opacity_aware_tiles=not square_tiles, tile_reach="torch" if reach_torch else "cuda",
+                                    fast_exp=fast_exp)
         tiles = "square tile boxes" if square_tiles else "opacity-aware tiles" + (", reach in torch" if reach_torch else "")
+        tiles += ", falloff as 2^q" if fast_exp else ""
         adam = "bytesplat Adam, visible Gaussians only" if visible_only else "bytesplat Adam"
         self.label = f"bytesplat (fused split, {tiles}) + {adam}"
         from bytesplat_ns.optim import DeviceAdam
@@ -280,6 +285,8 @@ def build_step(implementation: str, scene: Dict) -> TrainingStep:
         return BytesplatStep(scene, square_tiles=True)
     if implementation == "bytesplat-reach-torch":
         return BytesplatStep(scene, reach_torch=True)
+    if implementation == "bytesplat-fast-exp":
+        return BytesplatStep(scene, fast_exp=True)
     raise ValueError(f"unknown implementation {implementation!r} (choose from {IMPLEMENTATIONS})")
 
 

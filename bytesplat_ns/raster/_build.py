@@ -84,6 +84,20 @@ def nvcc_flags(arch: str, fast_math: bool = False) -> List[str]:
     return flags
 
 
+def include_paths() -> List[str]:
+    """torch's C++/CUDA headers and Python's: what a bundled source includes besides cuda/ (for compiling
+    one outside torch's JIT build: the CPU compile test, ``bytesplat-bench sass``)."""
+    import sysconfig
+
+    from torch.utils import cpp_extension
+
+    try:
+        paths = cpp_extension.include_paths(device_type="cuda")
+    except TypeError:  # torch < 2.6
+        paths = cpp_extension.include_paths(cuda=True)
+    return list(paths) + [sysconfig.get_paths()["include"]]
+
+
 def _check_device():
     import torch
 

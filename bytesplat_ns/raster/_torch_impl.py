@@ -228,18 +228,19 @@ class TorchOps:
     """The compiled extension's rasterizer entry points (cuda/bindings.cpp: ``render_fwd``,
     ``render_bwd``, ``fused_loss``, ``loss_grad``) in PyTorch: same signatures and outputs, built on
     the same tile lists and compositing rules. The kernels' Python front end runs on it on the CPU
-    (tests), so its glue is checked without a GPU. The warp culling and the backward reduction
-    change nothing here (both are exact in the kernels)."""
+    (tests), so its glue is checked without a GPU. The warp culling, the backward reduction and the
+    falloff's form (``fast_exp``) change nothing here (in the kernels: exact, exact, float rounding)."""
 
-    def render_fwd(self, m, c, col, o, bg, offsets, fids, C, W, H, with_stop, warp_cull):
-        assert isinstance(with_stop, bool) and isinstance(warp_cull, bool)
+    def render_fwd(self, m, c, col, o, bg, offsets, fids, C, W, H, with_stop, warp_cull, fast_exp):
+        assert isinstance(with_stop, bool) and isinstance(warp_cull, bool) and isinstance(fast_exp, bool)
         rgb, alpha, T = twin_composite(m, c, col, o, bg, offsets, fids, C, W, H)
         stop = torch.full((C if with_stop else 0, H, W), -1, dtype=torch.int32)
         return rgb, alpha, T, torch.zeros(C, H, W, dtype=torch.int32), stop
 
     def render_bwd(self, m, c, col, o, bg, offsets, fids, C, W, H, T, last, v_rgb, v_alpha, absgrad,
-                   butterfly, contribution, stop, warp_cull):
+                   butterfly, contribution, stop, warp_cull, fast_exp):
         assert isinstance(butterfly, bool) and isinstance(contribution, bool) and isinstance(warp_cull, bool)
+        assert isinstance(fast_exp, bool)
         assert (stop is not None) == contribution and (stop is None or stop.shape == (C, H, W))
         ins = [t.detach().clone().requires_grad_(True) for t in (m, c, col, o)]
         absbuf = torch.zeros_like(m) if absgrad else None
@@ -271,8 +272,10 @@ class TorchOps:
         return v_render, rgb.detach(), partials
 
     def fused_loss(self, m, c, col, o, bg, gt, offsets, fids, C, W, H, ssim_lambda, window, cap,
-                   blocks_per_sm, absgrad, force_two_phase, clamp_inclusive, butterfly, contribution, warp_cull):
+                   blocks_per_sm, absgrad, force_two_phase, clamp_inclusive, butterfly, contribution, warp_cull,
+                   fast_exp):
         assert isinstance(butterfly, bool) and isinstance(contribution, bool) and isinstance(warp_cull, bool)
+        assert isinstance(fast_exp, bool)
         assert window.device.type == "cpu" and window.numel() == SSIM_WIN_SIZE
         ins = [t.detach().clone().requires_grad_(True) for t in (m, c, col, o)]
         absbuf = torch.zeros_like(m) if absgrad else None

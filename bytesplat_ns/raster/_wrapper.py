@@ -76,19 +76,19 @@ def _flat(t: Tensor, d: int) -> Tensor:
 
 class _RasterizeFused(torch.autograd.Function):
     """2D Gaussians -> (render [C,H,W,3] incl. T*bg, alpha [C,H,W,1]); backward by our kernel.
-    ``warp_cull`` and ``butterfly``: the launches' switches (``FusedOptions``)."""
+    ``warp_cull``, ``butterfly`` and ``fast_exp``: the launches' switches (``FusedOptions``)."""
 
     @staticmethod
     def forward(ctx, means2d, conics, colors, opacities, backgrounds, offsets, flatten_ids, W, H, absgrad,
-                warp_cull=True, butterfly=True):
+                warp_cull=True, butterfly=True, fast_exp=False):
         C = means2d.shape[0]
         m, c, col, o = _flat(means2d, 2), _flat(conics, 3), _flat(colors, 3), _flat(opacities, 1)
         bg = backgrounds.contiguous().float() if backgrounds is not None else None
         rgb, alpha, T, last, _ = _ops().render_fwd(m, c, col, o, bg, offsets, flatten_ids, C, W, H, False,
-                                                   bool(warp_cull))
+                                                   bool(warp_cull), bool(fast_exp))
         ctx.save_for_backward(means2d, m, c, col, o, bg, offsets, flatten_ids, T, last)
         ctx.dims = (C, W, H, absgrad, backgrounds is not None and backgrounds.requires_grad)
-        ctx.butterfly, ctx.warp_cull = bool(butterfly), bool(warp_cull)
+        ctx.butterfly, ctx.warp_cull, ctx.fast_exp = bool(butterfly), bool(warp_cull), bool(fast_exp)
         return rgb, alpha
 
     @staticmethod
@@ -100,18 +100,18 @@ class _RasterizeFused(torch.autograd.Function):
         va = v_alpha.contiguous().float() if v_alpha is not None else None
         vm, vc, vcol, vo, vabs, _ = _ops().render_bwd(
             m, c, col, o, bg, offsets, flatten_ids, C, W, H, T, last, v_rgb.contiguous().float(), va, absgrad,
-            ctx.butterfly, False, None, ctx.warp_cull,
+            ctx.butterfly, False, None, ctx.warp_cull, ctx.fast_exp,
         )
         N = means2d.shape[1]
         if absgrad:
             means2d.absgrad = vabs.view(C, N, 2)  # read by gsplat's DefaultStrategy(absgrad=True)
         v_bg = (v_rgb * T[..., None]).sum((1, 2)) if bg_grad else None
         return (vm.view(C, N, 2), vc.view(C, N, 3), vcol.view(C, N, 3), vo.view(C, N), v_bg,
-                None, None, None, None, None, None, None)
+                None, None, None, None, None, None, None, None)
 
 
 def _split_loss(m, c, col, o, bg, gt, offsets, flatten_ids, C, W, H, ssim_lambda, absgrad, butterfly,
-                contribution, cull):
+                contribution, cull, fast_exp):
     """The split schedule: three plain launches, nothing but images crossing between them.
 
     render_fwd (with the backgrounds: render + T*bg, alpha, T, last, and with ``contribution`` each
@@ -122,19 +122,19 @@ def _split_loss(m, c, col, o, bg, gt, offsets, flatten_ids, C, W, H, ssim_lambda
     (0, RENDER_BATCH, 0, 0)."""
     ops = _ops()
     render, alpha, T, last, stop = ops.render_fwd(m, c, col, o, bg, offsets, flatten_ids, C, W, H, bool(contribution),
-                                                  cull)
+                                                  cull, fast_exp)
     v_render, rgb, partials = ops.loss_grad(render, gt, float(ssim_lambda), ssim_window(), _torch_clamp_inclusive())
     del render
     vm, vc, vcol, vo, vabs, contrib = ops.render_bwd(
         m, c, col, o, bg, offsets, flatten_ids, C, W, H, T, last, v_render, None, bool(absgrad), bool(butterfly),
-        bool(contribution), stop if contribution else None, cull)
+        bool(contribution), stop if contribution else None, cull, fast_exp)
     info = torch.tensor([0, RENDER_BATCH, 0, 0], dtype=torch.long)
     return rgb, alpha, partials, vm, vc, vcol, vo, vabs, info, contrib
 
 
 class _FusedLoss(torch.autograd.Function):
-    """Render + loss + its 2D gradients (``schedule``: one_launch, two_launch, split; ``butterfly``
-    and ``warp_cull``: the launches' switches). Forward returns (loss, rgb, alpha, stats,
+    """Render + loss + its 2D gradients (``schedule``: one_launch, two_launch, split; ``butterfly``,
+    ``warp_cull`` and ``fast_exp``: the launches' switches). Forward returns (loss, rgb, alpha, stats,
     contribution); only the loss is differentiable; backward scales the stashed gradients.
     ``contribution=True``: the backward walk, which runs inside this forward, also gathers the
     pruning score (largest alpha*T per view and Gaussian, ``pruning.contribution_scores_2d``'s
@@ -142,23 +142,24 @@ class _FusedLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, means2d, conics, colors, opacities, backgrounds, gt, offsets, flatten_ids, W, H,
-                ssim_lambda, absgrad, capacity, blocks_per_sm, schedule, butterfly, warp_cull, contribution=False):
+                ssim_lambda, absgrad, capacity, blocks_per_sm, schedule, butterfly, warp_cull, contribution=False,
+                fast_exp=False):
         global _two_phase_logged
         C, N = means2d.shape[0], means2d.shape[1]
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
         two_launch = schedule == "two_launch"
-        butterfly, cull = bool(butterfly), bool(warp_cull)
+        butterfly, cull, fast_exp = bool(butterfly), bool(warp_cull), bool(fast_exp)
         m, c, col, o = _flat(means2d, 2), _flat(conics, 3), _flat(colors, 3), _flat(opacities, 1)
         bg, gtc = backgrounds.contiguous().float(), gt.contiguous().float()
         if schedule == "split":
             out = _split_loss(m, c, col, o, bg, gtc, offsets, flatten_ids, C, W, H, ssim_lambda, absgrad,
-                              butterfly, contribution, cull)
+                              butterfly, contribution, cull, fast_exp)
         else:
             out = _ops().fused_loss(
                 m, c, col, o, bg, gtc, offsets, flatten_ids,
                 C, W, H, float(ssim_lambda), ssim_window(), int(capacity or 0), int(blocks_per_sm),
-                bool(absgrad), two_launch, _torch_clamp_inclusive(), butterfly, bool(contribution), cull,
+                bool(absgrad), two_launch, _torch_clamp_inclusive(), butterfly, bool(contribution), cull, fast_exp,
             )
         rgb, alpha, partials, vm, vc, vcol, vo, vabs, kinfo, contrib = out
         contrib = contrib.view(C, N) if contribution else contrib
@@ -182,7 +183,7 @@ class _FusedLoss(torch.autograd.Function):
         ctx.mark_non_differentiable(rgb, alpha, stats, contrib)
         ctx.kinfo = dict(schedule=schedule, two_phase=bool(two_phase), capacity=cap, resident_blocks=resident,
                          smem_bytes=smem, bwd_reduce="butterfly" if butterfly else "shuffle",
-                         contribution=bool(contribution), warp_cull=cull)
+                         contribution=bool(contribution), warp_cull=cull, fast_exp=fast_exp)
         _FusedLoss.last_kernel_info = ctx.kinfo
         return loss, rgb, alpha, stats, contrib
 
@@ -194,7 +195,7 @@ class _FusedLoss(torch.autograd.Function):
             means2d.absgrad = (vabs * g.abs()).view(C, N, 2)
         return (
             (vm * g).view(C, N, 2), (vc * g).view(C, N, 3), (vcol * g).view(C, N, 3), (vo * g).view(C, N),
-            None, None, None, None, None, None, None, None, None, None, None, None, None, None,
+            None, None, None, None, None, None, None, None, None, None, None, None, None, None, None,
         )
 
 

@@ -156,6 +156,19 @@ def test_opacity_aware_tiles_get_their_own_table_against_the_square_boxes():
     assert not any("opacity-aware" in line for line in raster_table([{"name": "s", "result": {"runs": [plain]}}]))
 
 
+def test_the_falloff_as_2_to_the_q_gets_its_own_table_against_expf():
+    from bytesplat_ns.bench.report import raster_table
+
+    run = {"num_gaussians": 1_000_000, "raster_loss_fused_split": {"median_ms": 3.0},
+           "raster_loss_fused_split_fast_exp": {"median_ms": 2.5}, "raster_fwd_fused": {"median_ms": 0.8},
+           "raster_fwd_fused_fast_exp": {"median_ms": 0.64}, "fused_split_loss_value": 0.25,
+           "fused_split_fast_exp_loss_value": 0.25 * (1 - 2e-6)}
+    lines = raster_table([{"name": "s", "result": {"width": 1920, "height": 1080, "runs": [run]}}])
+    assert "| 1M | 3.00 | 2.50 | 1.20x | 0.80 | 0.64 | 1.25x | 2.0e-06 |" in lines
+    plain = {k: v for k, v in run.items() if "fast_exp" not in k}  # measured before the switch existed: no table
+    assert not any("2^q" in line for line in raster_table([{"name": "s", "result": {"runs": [plain]}}]))
+
+
 def test_dram_rows_get_a_table_against_the_split_schedule():
     result = {"benchmark": "bytesplat-bench dram", "rows": [
         {"stage": "split", "scene": "synthetic", "num_gaussians": 1_000_000, "kernels": 3, "dram_read_bytes": 300e6,

@@ -14,31 +14,36 @@ class RecordingOps(TorchOps):
         self.butterfly = []  # (entry point, butterfly flag) per backward launch
         self.contribution = []  # (entry point, contribution flag) per backward launch
         self.warp_cull = []  # (entry point, warp_cull flag) per launch
+        self.fast_exp = []  # (entry point, fast_exp flag) per launch
 
-    def render_fwd(self, m, c, col, o, bg, offsets, fids, C, W, H, with_stop, warp_cull):
+    def render_fwd(self, m, c, col, o, bg, offsets, fids, C, W, H, with_stop, warp_cull, fast_exp):
         self.calls["render_fwd"] += 1
         self.warp_cull.append(("render_fwd", warp_cull))
-        return super().render_fwd(m, c, col, o, bg, offsets, fids, C, W, H, with_stop, warp_cull)
+        self.fast_exp.append(("render_fwd", fast_exp))
+        return super().render_fwd(m, c, col, o, bg, offsets, fids, C, W, H, with_stop, warp_cull, fast_exp)
 
     def render_bwd(self, m, c, col, o, bg, offsets, fids, C, W, H, T, last, v_rgb, v_alpha, absgrad,
-                   butterfly, contribution, stop, warp_cull):
+                   butterfly, contribution, stop, warp_cull, fast_exp):
         self.calls["render_bwd"] += 1
         self.warp_cull.append(("render_bwd", warp_cull))
+        self.fast_exp.append(("render_bwd", fast_exp))
         self.butterfly.append(("render_bwd", butterfly))
         self.contribution.append(("render_bwd", contribution))
         return super().render_bwd(m, c, col, o, bg, offsets, fids, C, W, H, T, last, v_rgb, v_alpha, absgrad,
-                                  butterfly, contribution, stop, warp_cull)
+                                  butterfly, contribution, stop, warp_cull, fast_exp)
 
     def loss_grad(self, render, gt, ssim_lambda, window, clamp_inclusive):
         self.calls["loss_grad"] += 1
         return super().loss_grad(render, gt, ssim_lambda, window, clamp_inclusive)
 
     def fused_loss(self, m, c, col, o, bg, gt, offsets, fids, C, W, H, ssim_lambda, window, cap,
-                   blocks_per_sm, absgrad, force_two_phase, clamp_inclusive, butterfly, contribution, warp_cull):
+                   blocks_per_sm, absgrad, force_two_phase, clamp_inclusive, butterfly, contribution, warp_cull,
+                   fast_exp):
         self.calls["fused_loss"] += 1
         self.warp_cull.append(("fused_loss", warp_cull))
+        self.fast_exp.append(("fused_loss", fast_exp))
         self.butterfly.append(("fused_loss", butterfly))
         self.contribution.append(("fused_loss", contribution))
         return super().fused_loss(m, c, col, o, bg, gt, offsets, fids, C, W, H, ssim_lambda, window, cap,
                                   blocks_per_sm, absgrad, force_two_phase, clamp_inclusive, butterfly, contribution,
-                                  warp_cull)
+                                  warp_cull, fast_exp)

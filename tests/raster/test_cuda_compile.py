@@ -8,40 +8,15 @@ per CPU), and each file's test reads its own result.
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
-import sysconfig
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.concurrent_jobs import run_jobs, selected_params
+from tests.helpers.nvcc import CUDA_DIR, find_nvcc
 
-CUDA_DIR = Path(__file__).resolve().parents[2] / "cuda"
 SOURCES = sorted(p.name for p in CUDA_DIR.iterdir() if p.suffix in (".cu", ".cpp"))
-
-
-def _nvcc():
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    if home and (Path(home) / "bin" / "nvcc").exists():
-        return str(Path(home) / "bin" / "nvcc")
-    if shutil.which("nvcc"):
-        return shutil.which("nvcc")
-    for cand in ("/usr/local/cuda/bin/nvcc", "/usr/local/bin/nvcc"):
-        if Path(cand).exists():
-            return cand
-    return None
-
-
-def _include_paths():
-    from torch.utils import cpp_extension
-
-    try:
-        paths = cpp_extension.include_paths(device_type="cuda")
-    except TypeError:  # torch < 2.6
-        paths = cpp_extension.include_paths(cuda=True)
-    return list(paths) + [sysconfig.get_paths()["include"], str(CUDA_DIR)]
 
 
 def test_sources_found():
@@ -52,7 +27,7 @@ def _nvcc_command(nvcc: str) -> list:
     """nvcc and the flags every file is compiled with (the JIT build's: torch's headers and ABI)."""
     import torch
 
-    from bytesplat_ns.raster._build import cxx_std
+    from bytesplat_ns.raster._build import cxx_std, include_paths
 
     cmd = [
         nvcc, "-c",
@@ -61,7 +36,7 @@ def _nvcc_command(nvcc: str) -> list:
         "-DTORCH_EXTENSION_NAME=bytesplat_cuda", "-DTORCH_API_INCLUDE_EXTENSION_H",
         "-Xcompiler", "-fPIC",
     ]
-    return cmd + [f"-I{p}" for p in _include_paths()]
+    return cmd + [f"-I{p}" for p in (*include_paths(), str(CUDA_DIR))]
 
 
 def _compile(command: list, name: str, out_dir: Path):
@@ -75,7 +50,7 @@ def _compile(command: list, name: str, out_dir: Path):
 def compiled(request, tmp_path_factory):
     """Every selected source compiled, side by side (one nvcc per CPU): name -> (process, object file).
     Each file gets its own nvcc run with the flags above; only the waiting is shared."""
-    nvcc = _nvcc()
+    nvcc = find_nvcc()
     if nvcc is None:
         pytest.skip("nvcc not found")
     command, out_dir = _nvcc_command(nvcc), tmp_path_factory.mktemp("nvcc")

@@ -184,9 +184,19 @@ def test_warp_cull_flag_reaches_every_kernel(torch_ops, value, expect):
                                                          "render_bwd")]
 
 
+@pytest.mark.parametrize("value,expect", [(None, False), (True, True), (False, False)])
+def test_fast_exp_flag_reaches_every_kernel(torch_ops, value, expect):
+    """FusedOptions.fast_exp (default off) reaches every launch of every schedule, forward and backward
+    alike, and the kernel info reports it."""
+    infos = _through_every_entry_point(("one_launch", "split"), **({} if value is None else {"fast_exp": value}))
+    assert [k["fast_exp"] for k in infos] == [expect, expect]
+    assert torch_ops.fast_exp == [(k, expect) for k in ("render_fwd", "render_bwd", "fused_loss", "render_fwd",
+                                                        "render_bwd")]
+
+
 
 @pytest.mark.parametrize("field,value", [("warp_cull", "off"), ("bwd_reduce", "transpose"), ("schedule", "halo"),
-                                         ("projection", "cuda"), ("binning", "gsplat")])
+                                         ("projection", "cuda"), ("binning", "gsplat"), ("fast_exp", "yes")])
 def test_fused_options_reject_unknown_values(field, value):
     """A bad switch given in code is refused when the options are made, before any launch: a user
     error (one line from the command-line hook, bytesplat_ns/cli_errors.py) naming the field."""
