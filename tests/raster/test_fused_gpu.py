@@ -800,7 +800,8 @@ def near_camera_case(floaters=48, seed=41):
 @pytest.mark.parametrize("fast_exp", [False, True], ids=["expf", "fast_exp"])
 def test_fused_training_step_near_the_camera_matches_gsplat_row_by_row(fast_exp):
     """The training step's defaults (FusedRasterConfig: split schedule, opacity-aware tiles, warp
-    culling, gsplat's projection) against gsplat's rasterization + splatfacto's loss, judged per
+    culling, gsplat's projection), and the same with the falloff as 2^q, against gsplat's
+    rasterization + splatfacto's loss, judged per
     Gaussian for those near the camera: each such row's gradients within 2% of gsplat's (the
     aggregate checks above would hide a few wrong rows among 100k)."""
     from gsplat.rendering import rasterization
