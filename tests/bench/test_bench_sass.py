@@ -112,3 +112,14 @@ def test_the_real_render_kernels_have_a_shorter_forward_loop_with_2_to_the_q():
     train = {f: by[("render_bwd_kernel", (("absgrad", True), ("butterfly", True), ("contribution", False),
                                           ("fast_exp", f)))] for f in (False, True)}
     assert train[True]["loop_instructions"][0] < train[False]["loop_instructions"][0]
+
+
+def test_without_the_cuda_tools_it_is_one_clear_error(monkeypatch, tmp_path):
+    from bytesplat_ns.errors import BytesplatError
+    from bytesplat_ns.raster import _build
+
+    monkeypatch.setattr(_build, "_nvcc_path", lambda: None)
+    monkeypatch.setattr(sass, "find_tool", lambda name, nvcc: None)
+    with pytest.raises(BytesplatError, match="needs nvcc and cuobjdump"):
+        sass.main(["--out", str(tmp_path / "s.json")])
+    assert not (tmp_path / "s.json").exists()
