@@ -92,7 +92,8 @@ class FusedRasterConfig:
     fast_exp: bool = False
     """Evaluate each Gaussian's falloff exp(-sigma) as 2^q, q = -log2(e)*sigma from a conic prescaled once per staged
     Gaussian, with the GPU's approximate exp2 (cuda/common.cuh staged_conic): 11 fewer instructions per Gaussian and
-    pixel in the forward loop, 10 in the backward's, the same image up to float rounding (about 2e-6 relative).
+    pixel in the forward loop, 9-11 in the backward's (suite sass-loops), the same image up to float rounding (about
+    2e-6 relative).
     Off until it is timed and tested on a GPU."""
     check_every: int = 0
     """Every this many training steps, compare the fused loss and gradients with the unfused (splatfacto) path
