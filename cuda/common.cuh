@@ -185,15 +185,15 @@ __device__ __forceinline__ uint32_t warp_mask(float mx, float my, float o, float
 
 // Load list entries [first, first+count) of the tile whose top-left pixel is (x0, y0)
 // (flatten_ids are indices into the [C*N] 2D arrays) into shared slots [0, count), with the mask
-// of the warps (layout WW, thread_pixel) that can see each. Called by the whole block; caller syncs
+// of the warps (layout WW, thread_pixel) that can see each. Called by the whole block (NT threads); caller syncs
 // afterwards. cull = false keeps every warp for every Gaussian (A/B runs and the tests that hold
 // culling against its absence: --pipeline.model.fused.warp-cull False).
-template <int WW, bool FASTEXP>
+template <int WW, bool FASTEXP, int NT = kBlock>
 __device__ __forceinline__ void load_gaussians(
     SmemGaussians s, const int32_t *__restrict__ flatten_ids, int64_t first, int count,
     const float *__restrict__ means2d, const float *__restrict__ conics,
     const float *__restrict__ colors, const float *__restrict__ opacities, int x0, int y0, bool cull) {
-    for (int i = threadIdx.x; i < count; i += kBlock) {
+    for (int i = threadIdx.x; i < count; i += NT) {
         const int32_t g = flatten_ids[first + i];
         const float2 xy = reinterpret_cast<const float2 *>(means2d)[g];
         const float ca = conics[3 * g], cb = conics[3 * g + 1], cc = conics[3 * g + 2];
@@ -344,6 +344,79 @@ __device__ __forceinline__ float warp_reduce_scatter16(const float (&v)[kGradPad
     return (lane & 15) == KMAX ? fmaxf(a1[0], recv) : a1[0] + recv;
 }
 
+// One pixel's step of the back-to-front walk over shared slot k (list index idx). kPixelComposited: the
+// Gaussian was composited at the pixel; its gradients there are in g[0..10] (and the score in
+// g[kContribComp] with CONTRIB) and the pixel's state has moved past it. kPixelStopped (CONTRIB): it
+// stopped the pixel; the score only. kPixelSkipped: nothing written.
+enum PixelStep { kPixelSkipped = 0, kPixelComposited = 1, kPixelStopped = 2 };
+template <bool CONTRIB, bool FASTEXP>
+__device__ __forceinline__ int pixel_grads(const SmemGaussians &s, int k, int idx, PixelBwd &p, float (&g)[kGradPad]) {
+    if (!(idx < p.last || (CONTRIB && idx == p.stop))) return kPixelSkipped;
+    const float4 a = s.g0[k];
+    const float4 b = s.g1[k];
+    const float cb = s.g2[k];
+    const float dx = a.x - p.px, dy = a.y - p.py;
+    const float e = falloff_exponent<FASTEXP>(a.w, b.x, b.y, dx, dy);
+    const float vis = falloff<FASTEXP>(e);
+    const float alpha = fminf(kAlphaMax, a.z * vis);
+    if (!(sigma_nonnegative<FASTEXP>(e) && alpha >= kAlphaMin)) return kPixelSkipped;
+    if (CONTRIB && idx >= p.last) {
+        g[kContribComp] = alpha * p.T_final;  // nothing behind it was composited: T in front is T_final
+        return kPixelStopped;
+    }
+    const float ra = rcp_unit(1.f - alpha);
+    p.T *= ra;
+    const float fac = alpha * p.T;
+    if (CONTRIB) g[kContribComp] = fac;
+    g[5] = fac * p.v_rgb.x;
+    g[6] = fac * p.v_rgb.y;
+    g[7] = fac * p.v_rgb.z;
+    float v_alpha = (b.z * p.T - p.buf.x * ra) * p.v_rgb.x +
+                    (b.w * p.T - p.buf.y * ra) * p.v_rgb.y +
+                    (cb * p.T - p.buf.z * ra) * p.v_rgb.z;
+    v_alpha += p.T_final * ra * p.v_a;
+    if (a.z * vis <= kAlphaMax) {
+        // dL/dsigma = -o*vis*dL/dalpha; dL/dq = o*vis*dL/dalpha*ln2 (ln2 at the write-out)
+        const float v_e = FASTEXP ? a.z * vis * v_alpha : -a.z * vis * v_alpha;
+        falloff_exponent_grads<FASTEXP>(a.w, b.x, b.y, dx, dy, v_e, g);
+        g[8] = vis * v_alpha;
+    } else {
+        g[0] = g[1] = g[2] = g[3] = g[4] = g[8] = 0.f;
+    }
+    g[9] = fabsf(g[0]);
+    g[10] = fabsf(g[1]);
+    p.buf.x += b.z * fac;
+    p.buf.y += b.w * fac;
+    p.buf.z += cb * fac;
+    return kPixelComposited;
+}
+
+// One global write per Gaussian and component of shared slots [chunk_lo, chunk_hi) from the block's
+// sums in s_acc (zeroed again here), by NT threads.
+template <bool ABS, bool CONTRIB, bool FASTEXP, int NT>
+__device__ __forceinline__ void write_chunk_grads(
+    const SmemGaussians &s, int chunk_lo, int chunk_hi, float *s_acc, float *__restrict__ v_means2d,
+    float *__restrict__ v_conics, float *__restrict__ v_colors, float *__restrict__ v_opacities,
+    float *__restrict__ v_means2d_abs, float *__restrict__ contrib) {
+    constexpr int kStride = CONTRIB ? kAccComps : kGradComps;
+    const int n = (chunk_hi - chunk_lo) * kStride;
+    for (int i = threadIdx.x; i < n; i += NT) {
+        float v = s_acc[i];
+        if (v != 0.f) {
+            const int slot = chunk_lo + i / kStride, c = i % kStride;
+            v *= falloff_grad_scale<FASTEXP>(c);
+            const int64_t gid = s.id[slot];
+            if (c < 2) atomicAdd(v_means2d + 2 * gid + c, v);
+            else if (c < 5) atomicAdd(v_conics + 3 * gid + (c - 2), v);
+            else if (c < 8) atomicAdd(v_colors + 3 * gid + (c - 5), v);
+            else if (c == 8) atomicAdd(v_opacities + gid, v);
+            else if (c < kGradComps) { if (ABS) atomicAdd(v_means2d_abs + 2 * gid + (c - 9), v); }
+            else if (CONTRIB) atomic_max_nonneg(contrib + gid, v);
+            s_acc[i] = 0.f;
+        }
+    }
+}
+
 // Back-to-front over the shared slots [lo, hi) (slot + base = index in the tile list), in chunks of
 // CHUNK Gaussians: per-pixel gradients are summed over the warp by shuffles, over the block in
 // shared memory (s_acc, CHUNK*kAccComps floats, zero on entry and on exit), and written to global
@@ -377,50 +450,9 @@ __device__ __forceinline__ void backward_slots(
             float g[kGradPad];
 #pragma unroll
             for (int c = kGradComps; c < kGradPad; ++c) g[c] = 0.f;  // butterfly padding (and the score)
-            bool valid = false;    // composited here: gradients (and score)
-            bool stopped = false;  // CONTRIB: stopped the pixel: score only
-            const int idx = base + k;
-            if (idx < p.last || (CONTRIB && idx == p.stop)) {
-                const float4 a = s.g0[k];
-                const float4 b = s.g1[k];
-                const float cb = s.g2[k];
-                const float dx = a.x - p.px, dy = a.y - p.py;
-                const float e = falloff_exponent<FASTEXP>(a.w, b.x, b.y, dx, dy);
-                const float vis = falloff<FASTEXP>(e);
-                const float alpha = fminf(kAlphaMax, a.z * vis);
-                if (sigma_nonnegative<FASTEXP>(e) && alpha >= kAlphaMin) {
-                    if (CONTRIB && idx >= p.last) {
-                        stopped = true;  // nothing behind it was composited: T in front is T_final
-                        g[kContribComp] = alpha * p.T_final;
-                    } else {
-                        valid = true;
-                        const float ra = rcp_unit(1.f - alpha);
-                        p.T *= ra;
-                        const float fac = alpha * p.T;
-                        if (CONTRIB) g[kContribComp] = fac;
-                        g[5] = fac * p.v_rgb.x;
-                        g[6] = fac * p.v_rgb.y;
-                        g[7] = fac * p.v_rgb.z;
-                        float v_alpha = (b.z * p.T - p.buf.x * ra) * p.v_rgb.x +
-                                        (b.w * p.T - p.buf.y * ra) * p.v_rgb.y +
-                                        (cb * p.T - p.buf.z * ra) * p.v_rgb.z;
-                        v_alpha += p.T_final * ra * p.v_a;
-                        if (a.z * vis <= kAlphaMax) {
-                            // dL/dsigma = -o*vis*dL/dalpha; dL/dq = o*vis*dL/dalpha*ln2 (ln2 at the write-out)
-                            const float v_e = FASTEXP ? a.z * vis * v_alpha : -a.z * vis * v_alpha;
-                            falloff_exponent_grads<FASTEXP>(a.w, b.x, b.y, dx, dy, v_e, g);
-                            g[8] = vis * v_alpha;
-                        } else {
-                            g[0] = g[1] = g[2] = g[3] = g[4] = g[8] = 0.f;
-                        }
-                        g[9] = fabsf(g[0]);
-                        g[10] = fabsf(g[1]);
-                        p.buf.x += b.z * fac;
-                        p.buf.y += b.w * fac;
-                        p.buf.z += cb * fac;
-                    }
-                }
-            }
+            const int r = pixel_grads<CONTRIB, FASTEXP>(s, k, base + k, p, g);
+            const bool valid = r == kPixelComposited;  // composited here: gradients (and score)
+            const bool stopped = CONTRIB && r == kPixelStopped;  // CONTRIB: stopped the pixel: score only
             if (!__any_sync(0xffffffffu, valid || stopped)) continue;
             if (!valid) {
 #pragma unroll
@@ -448,23 +480,50 @@ __device__ __forceinline__ void backward_slots(
             }
         }
         __syncthreads();
-        // One global write per Gaussian and component for this tile.
-        const int n = (chunk_hi - chunk_lo) * kStride;
-        for (int i = threadIdx.x; i < n; i += kBlock) {
-            float v = s_acc[i];
-            if (v != 0.f) {
-                const int slot = chunk_lo + i / kStride, c = i % kStride;
-                v *= falloff_grad_scale<FASTEXP>(c);
-                const int64_t gid = s.id[slot];
-                if (c < 2) atomicAdd(v_means2d + 2 * gid + c, v);
-                else if (c < 5) atomicAdd(v_conics + 3 * gid + (c - 2), v);
-                else if (c < 8) atomicAdd(v_colors + 3 * gid + (c - 5), v);
-                else if (c == 8) atomicAdd(v_opacities + gid, v);
-                else if (c < kGradComps) { if (ABS) atomicAdd(v_means2d_abs + 2 * gid + (c - 9), v); }
-                else if (CONTRIB) atomic_max_nonneg(contrib + gid, v);
-                s_acc[i] = 0.f;
+        write_chunk_grads<ABS, CONTRIB, FASTEXP, kBlock>(s, chunk_lo, chunk_hi, s_acc, v_means2d, v_conics, v_colors,
+                                                         v_opacities, v_means2d_abs, contrib);
+        __syncthreads();
+    }
+}
+
+// backward_slots with two pixels per thread (NT = 128 threads per 16x16 tile): pixel j of a thread
+// lies in the 8x4 block whose warp_mask bit is bits[j], and a warp holds two vertically adjacent
+// blocks. Each Gaussian's per-pixel work is skipped per block (a warp-uniform test of its bit), but
+// its warp reduction and shared add serve 64 pixels instead of 32: that per-Gaussian part is about
+// half of backward_slots' loop (suite sass-loops). The butterfly reduction; no pruning score.
+template <int CHUNK, bool ABS, bool FASTEXP, int NT>
+__device__ __forceinline__ void backward_slots_2px(
+    const SmemGaussians &s, int lo, int hi, int base, PixelBwd (&p)[2], const uint32_t (&bits)[2], float *s_acc,
+    float *__restrict__ v_means2d, float *__restrict__ v_conics, float *__restrict__ v_colors,
+    float *__restrict__ v_opacities, float *__restrict__ v_means2d_abs) {
+    constexpr int K = ABS ? kGradComps : 9;  // components actually reduced
+    const int lane = threadIdx.x & 31;
+    for (int chunk_hi = hi; chunk_hi > lo; chunk_hi -= CHUNK) {
+        const int chunk_lo = max(lo, chunk_hi - CHUNK);
+        for (int k = chunk_hi - 1; k >= chunk_lo; --k) {
+            const uint32_t seen = s.warps[k];
+            if (!(seen & (bits[0] | bits[1]))) continue;  // warp-uniform
+            float g[kGradPad];
+#pragma unroll
+            for (int c = 0; c < kGradPad; ++c) g[c] = 0.f;  // what a pixel that adds nothing adds
+            bool valid = false;
+            if (seen & bits[0]) valid = pixel_grads<false, FASTEXP>(s, k, base + k, p[0], g) == kPixelComposited;
+            if (seen & bits[1]) {
+                float h[kGradPad];
+                if (pixel_grads<false, FASTEXP>(s, k, base + k, p[1], h) == kPixelComposited) {
+                    valid = true;
+#pragma unroll
+                    for (int c = 0; c < kGradComps; ++c) g[c] += h[c];
+                }
             }
+            if (!__any_sync(0xffffffffu, valid)) continue;
+            if (!ABS) g[9] = g[10] = 0.f;  // components >= K must be zero in every lane
+            const float total = warp_reduce_scatter16<K>(g, lane);
+            if (lane < K) atomicAdd(s_acc + (k - chunk_lo) * kGradComps + lane, total);
         }
+        __syncthreads();
+        write_chunk_grads<ABS, false, FASTEXP, NT>(s, chunk_lo, chunk_hi, s_acc, v_means2d, v_conics, v_colors,
+                                                   v_opacities, v_means2d_abs, nullptr);
         __syncthreads();
     }
 }
@@ -479,7 +538,8 @@ inline void dispatch_bools(F &&f, bool first, Rest... rest) {
     else dispatch_bools([&](auto... v) { f(std::false_type{}, v...); }, rest...);
 }
 
-// Block-wide max / sum helpers (s_scratch: at least kWarps floats/ints; all threads call).
+// Block-wide max / sum helpers (s_scratch: at least one float/int per warp; all NT threads call).
+template <int NT = kBlock>
 __device__ __forceinline__ int block_max_int(int v, int *s_scratch) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -488,7 +548,7 @@ __device__ __forceinline__ int block_max_int(int v, int *s_scratch) {
     __syncthreads();
     int r = s_scratch[0];
 #pragma unroll
-    for (int w = 1; w < kWarps; ++w) r = max(r, s_scratch[w]);
+    for (int w = 1; w < NT / 32; ++w) r = max(r, s_scratch[w]);
     __syncthreads();
     return r;
 }

@@ -68,6 +68,37 @@ __global__ void __launch_bounds__(kBlock) render_fwd_kernel(
     if (out_stop != nullptr) out_stop[pix] = stop;
 }
 
+// The backward's state of pixel (x, y) of view cam: T_final, last (and with CONTRIB stop) from the
+// forward, dL/d render, and the alpha term (v_alpha less the backgrounds' share); an empty pixel
+// outside the image.
+template <bool CONTRIB>
+__device__ __forceinline__ PixelBwd pixel_bwd_state(
+    int x, int y, int cam, int W, int H, const float *__restrict__ T_final, const int32_t *__restrict__ last_ids,
+    const int32_t *__restrict__ stop_ids, const float *__restrict__ v_render, const float *__restrict__ v_alpha,
+    const float *__restrict__ bg) {
+    PixelBwd p;
+    p.px = x + 0.5f;
+    p.py = y + 0.5f;
+    p.buf = make_float3(0.f, 0.f, 0.f);
+    p.v_rgb = make_float3(0.f, 0.f, 0.f);
+    p.v_a = 0.f;
+    p.T = p.T_final = 1.f;
+    p.last = 0;
+    p.stop = -1;
+    if (x < W && y < H) {
+        const int64_t pix = ((int64_t)cam * H + y) * W + x;
+        p.T = p.T_final = T_final[pix];
+        p.last = last_ids[pix];
+        if (CONTRIB) p.stop = stop_ids[pix];
+        p.v_rgb = make_float3(v_render[3 * pix], v_render[3 * pix + 1], v_render[3 * pix + 2]);
+        float va = v_alpha != nullptr ? v_alpha[pix] : 0.f;
+        if (bg != nullptr)
+            va -= bg[3 * cam] * p.v_rgb.x + bg[3 * cam + 1] * p.v_rgb.y + bg[3 * cam + 2] * p.v_rgb.z;
+        p.v_a = va;
+    }
+    return p;
+}
+
 // 5 blocks per SM (at most 48 registers, was 61 and 4 blocks): Nsight Compute found this kernel
 // issue-bound with no eligible warp in 21% of cycles at 50% occupancy; 5 blocks measured 2.7% faster
 // at 4M Gaussians, 6 (40 registers, spilling) 2.1% (git tag lab-notebook-final:docs/benchmarks.md, "Per-warp culling").
@@ -92,30 +123,8 @@ __global__ void __launch_bounds__(kBlock, 5) render_bwd_kernel(
     const int cam = blockIdx.z, tx = blockIdx.x, ty = blockIdx.y;
     const int t = (cam * th + ty) * tw + tx;
     const int2 xy = thread_pixel<kWarpWidth>(tx, ty);
-    const int x = xy.x, y = xy.y;
-    const bool inside = x < W && y < H;
     const int start = offsets[t], end = offsets[t + 1];
-
-    PixelBwd p;
-    p.px = x + 0.5f;
-    p.py = y + 0.5f;
-    p.buf = make_float3(0.f, 0.f, 0.f);
-    p.v_rgb = make_float3(0.f, 0.f, 0.f);
-    p.v_a = 0.f;
-    p.T = p.T_final = 1.f;
-    p.last = 0;
-    p.stop = -1;
-    if (inside) {
-        const int64_t pix = ((int64_t)cam * H + y) * W + x;
-        p.T = p.T_final = T_final[pix];
-        p.last = last_ids[pix];
-        if (CONTRIB) p.stop = stop_ids[pix];
-        p.v_rgb = make_float3(v_render[3 * pix], v_render[3 * pix + 1], v_render[3 * pix + 2]);
-        float va = v_alpha != nullptr ? v_alpha[pix] : 0.f;
-        if (bg != nullptr)
-            va -= bg[3 * cam] * p.v_rgb.x + bg[3 * cam + 1] * p.v_rgb.y + bg[3 * cam + 2] * p.v_rgb.z;
-        p.v_a = va;
-    }
+    PixelBwd p = pixel_bwd_state<CONTRIB>(xy.x, xy.y, cam, W, H, T_final, last_ids, stop_ids, v_render, v_alpha, bg);
     // also syncs s_acc's zeroing; the stopping Gaussians count for the score
     const int max_last = block_max_int(CONTRIB ? max(p.last, p.stop + 1) : p.last, s_red);
     if (max_last == 0 || end <= start) return;
@@ -129,6 +138,61 @@ __global__ void __launch_bounds__(kBlock, 5) render_bwd_kernel(
         backward_slots<kBatch, ABS, BUTTERFLY, CONTRIB, FASTEXP>(s, 0, hi, b * kBatch, p, s_acc, v_means2d,
                                                                  v_conics, v_colors, v_opacities, v_means2d_abs,
                                                                  contrib);
+    }
+}
+
+
+// render_bwd_kernel with two pixels per thread (backward_slots_2px): 128 threads per tile, warp w
+// holding the 8x4 blocks of rows 2(w/2) and 2(w/2)+1 in column w%2 (the blocks of warp_mask's bits),
+// so each Gaussian's warp reduction serves 64 pixels. No pruning score (that backward keeps one
+// pixel per thread). 7 blocks per SM allow 72 registers: no spills with absgrad (at 8 blocks, 64
+// registers, it spilled 20 bytes).
+constexpr int kThreads2px = kBlock / 2;
+template <bool ABS, bool FASTEXP>
+__global__ void __launch_bounds__(kThreads2px, 7) render_bwd_2px_kernel(
+    int W, int H, int tw, int th, const float *__restrict__ means2d,
+    const float *__restrict__ conics, const float *__restrict__ colors,
+    const float *__restrict__ opacities, const float *__restrict__ bg,
+    const int32_t *__restrict__ offsets, const int32_t *__restrict__ flatten_ids,
+    const float *__restrict__ T_final, const int32_t *__restrict__ last_ids,
+    const int32_t *__restrict__ /*stop_ids: no pruning score*/, const float *__restrict__ v_render,
+    const float *__restrict__ v_alpha, float *__restrict__ v_means2d, float *__restrict__ v_conics,
+    float *__restrict__ v_colors, float *__restrict__ v_opacities, float *__restrict__ v_means2d_abs,
+    float *__restrict__ /*contrib*/, bool cull) {
+    extern __shared__ float4 smem4[];
+    SmemGaussians s;
+    char *p_end = s.carve(reinterpret_cast<char *>(smem4), kBatch);
+    float *s_acc = reinterpret_cast<float *>(p_end);
+    int *s_red = reinterpret_cast<int *>(s_acc + kBatch * kAccComps);
+    for (int i = threadIdx.x; i < kBatch * kGradComps; i += kThreads2px) s_acc[i] = 0.f;
+
+    const int cam = blockIdx.z, tx = blockIdx.x, ty = blockIdx.y;
+    const int t = (cam * th + ty) * tw + tx;
+    const int start = offsets[t], end = offsets[t + 1];
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    PixelBwd p[2];
+    uint32_t bits[2];
+    int walk = 0;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        const int row = 2 * (w >> 1) + j, col = w & 1;  // this pixel's 8x4 block (thread_pixel<8>'s layout)
+        bits[j] = 1u << (row * (kTile / kWarpWidth) + col);
+        const int x = tx * kTile + col * kWarpWidth + lane % kWarpWidth;
+        const int y = ty * kTile + row * (32 / kWarpWidth) + lane / kWarpWidth;
+        p[j] = pixel_bwd_state<false>(x, y, cam, W, H, T_final, last_ids, nullptr, v_render, v_alpha, bg);
+        walk = max(walk, p[j].last);
+    }
+    const int max_last = block_max_int<kThreads2px>(walk, s_red);  // also syncs s_acc's zeroing
+    if (max_last == 0 || end <= start) return;
+    for (int b = (max_last - 1) / kBatch; b >= 0; --b) {
+        const int cnt = min(kBatch, end - start - b * kBatch);
+        __syncthreads();
+        load_gaussians<kWarpWidth, FASTEXP, kThreads2px>(s, flatten_ids, start + b * kBatch, cnt, means2d, conics,
+                                                         colors, opacities, tx * kTile, ty * kTile, cull);
+        __syncthreads();
+        const int hi = min(cnt, max_last - b * kBatch);
+        backward_slots_2px<kBatch, ABS, FASTEXP, kThreads2px>(s, 0, hi, b * kBatch, p, bits, s_acc, v_means2d,
+                                                              v_conics, v_colors, v_opacities, v_means2d_abs);
     }
 }
 
@@ -191,7 +255,9 @@ std::vector<at::Tensor> render_bwd(const at::Tensor &means2d, const at::Tensor &
                                    const c10::optional<at::Tensor> &v_alpha, bool absgrad,
                                    bool butterfly, bool contribution,
                                    const c10::optional<at::Tensor> &stop, bool warp_cull,
-                                   bool fast_exp) {
+                                   bool fast_exp, int64_t pixels_per_thread) {
+    TORCH_CHECK(pixels_per_thread == 1 || pixels_per_thread == 2,
+                "bytesplat: the backward takes 1 or 2 pixels per thread, got ", pixels_per_thread);
     check_inputs(means2d, conics, colors, opacities, offsets, flatten_ids);
     TORCH_CHECK(!contribution || (stop.has_value() && stop->scalar_type() == at::kInt &&
                                   stop->numel() == T_final.numel()),
@@ -214,8 +280,8 @@ std::vector<at::Tensor> render_bwd(const at::Tensor &means2d, const at::Tensor &
     const float *va = v_alpha.has_value() ? va_keep.data_ptr<float>() : nullptr;
     auto stream = at::cuda::getCurrentCUDAStream();
     dim3 grid(tw, th, C);
-    auto launch = [&](auto kernel) {
-        kernel<<<grid, kBlock, kSmemBwdBytes, stream>>>(
+    auto launch = [&](auto kernel, int threads) {
+        kernel<<<grid, threads, kSmemBwdBytes, stream>>>(
             W, H, tw, th, means2d.data_ptr<float>(), conics.data_ptr<float>(),
             colors.data_ptr<float>(), opacities.data_ptr<float>(), bg, offsets.data_ptr<int32_t>(),
             flatten_ids.data_ptr<int32_t>(), T_final.data_ptr<float>(), last.data_ptr<int32_t>(),
@@ -227,10 +293,18 @@ std::vector<at::Tensor> render_bwd(const at::Tensor &means2d, const at::Tensor &
     // butterfly: the warp reduction of backward_slots (common.cuh); false = one warp_sum per
     // component, kept for A/B runs (--pipeline.model.fused.bwd-reduce shuffle). contribution: the pruning score
     // (its own kernel instance, so it costs nothing when off). fast_exp: as render_fwd's.
-    dispatch_bools([&](auto abs, auto bfly, auto ctb, auto fast) {
-        launch(render_bwd_kernel<decltype(abs)::value, decltype(bfly)::value, decltype(ctb)::value,
-                                 decltype(fast)::value>);
-    }, absgrad, butterfly, contribution, fast_exp);
+    // pixels_per_thread 2: render_bwd_2px_kernel, for the butterfly reduction without the score (the
+    // others keep one pixel per thread).
+    if (pixels_per_thread == 2 && butterfly && !contribution) {
+        dispatch_bools([&](auto abs, auto fast) {
+            launch(render_bwd_2px_kernel<decltype(abs)::value, decltype(fast)::value>, kThreads2px);
+        }, absgrad, fast_exp);
+    } else {
+        dispatch_bools([&](auto abs, auto bfly, auto ctb, auto fast) {
+            launch(render_bwd_kernel<decltype(abs)::value, decltype(bfly)::value, decltype(ctb)::value,
+                                     decltype(fast)::value>, kBlock);
+        }, absgrad, butterfly, contribution, fast_exp);
+    }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return {v_means2d, v_conics, v_colors, v_opacities, v_abs, contrib};
 }

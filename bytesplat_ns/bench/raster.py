@@ -11,7 +11,9 @@ Measured per Gaussian count (median ms over ``repeats`` after ``warmup``, CUDA e
   the split schedule and the forward without the kernels' per-warp culling
   (``..._no_warp_cull``: ``FusedOptions(warp_cull=False)``, the A/B of cuda/common.cuh ``warp_mask``),
   and the split schedule and the forward with the falloff as 2^q (``..._fast_exp``:
-  ``FusedOptions(fast_exp=True)``, cuda/common.cuh ``staged_conic``) with its loss value.
+  ``FusedOptions(fast_exp=True)``, cuda/common.cuh ``staged_conic``) with its loss value, and the split
+  schedule with two pixels per thread in its backward (``..._bwd_2px``:
+  ``FusedOptions(bwd_pixels_per_thread=2)``, cuda/render.cu ``render_bwd_2px_kernel``) with its loss value.
   The split schedule, the from-3D path and the binning are also timed on opacity-aware tile lists
   (``..._opacity_tiles``: ``FusedOptions(opacity_aware_tiles=True)``, raster/tile_reach.py), with their
   ``intersections_opacity_aware`` and their loss value (the same as the default's).
@@ -110,17 +112,17 @@ class StageInputs:
 
     def fused_raster_loss(self, blocks_per_sm: int = 2, schedule: str = "one_launch", contribution: bool = False,
                           butterfly: bool = True, warp_cull: bool = True, opacity_aware_tiles: bool = False,
-                          fast_exp: bool = False):
+                          fast_exp: bool = False, bwd_pixels: int = 1):
         """The fused loss (``schedule``: one_launch | two_launch | split): render + splatfacto loss +
         2D gradients (and the pruning score with ``contribution``), then autograd's hand-over.
-        ``butterfly`` / ``warp_cull`` / ``fast_exp``: the backward reduction, the per-warp culling and the
-        falloff's form (A/B runs);
+        ``butterfly`` / ``warp_cull`` / ``fast_exp`` / ``bwd_pixels``: the backward reduction, the per-warp
+        culling, the falloff's form and the backward's pixels per thread (A/B runs);
         ``opacity_aware_tiles``: on :meth:`opacity_aware_bins`."""
         s = self.scene
         offsets, fids = self.opacity_aware_bins() if opacity_aware_tiles else (self.offsets, self.fids)
         loss, _, _, _, _ = _FusedLoss.apply(*self.leaves(), s["backgrounds"], s["gt"], offsets, fids,
                                             self.W, self.H, 0.2, False, None, blocks_per_sm, schedule, butterfly,
-                                            warp_cull, contribution, fast_exp)
+                                            warp_cull, contribution, fast_exp, bwd_pixels)
         loss.backward()
         return loss
 
@@ -184,6 +186,10 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
     _safe(out, "fused_split_fast_exp_loss_value", lambda: inp.fused_raster_loss(schedule="split", fast_exp=True).item())
     _safe(out, "raster_loss_fused_split_fast_exp", lambda: time_ms(
         lambda: inp.fused_raster_loss(schedule="split", fast_exp=True), warmup, repeats))
+    # A/B of the backward with two pixels per thread (cuda/render.cu render_bwd_2px_kernel): the same loss
+    _safe(out, "fused_split_bwd_2px_loss_value", lambda: inp.fused_raster_loss(schedule="split", bwd_pixels=2).item())
+    _safe(out, "raster_loss_fused_split_bwd_2px", lambda: time_ms(
+        lambda: inp.fused_raster_loss(schedule="split", bwd_pixels=2), warmup, repeats))
     # A/B of the opacity-aware tile reach (raster/tile_reach.py): shorter lists, the same loss
     _safe(out, "intersections_opacity_aware", lambda: int(inp.opacity_aware_bins()[1].numel()))
     _safe(out, "fused_split_opacity_tiles_loss_value", lambda: inp.fused_raster_loss(

@@ -95,11 +95,9 @@ def raster_table(steps: List[Dict]) -> List[str]:
             rows.append(cells)
     lines = _table(["step", "size", "Gaussians", "raster+loss fused ms", "gsplat ms", "speed-up",
                     "from 3D: render+loss+bwd fused ms", "gsplat ms", "speed-up"], rows)
-    baselines = baseline_table(steps)
-    tiles = opacity_tiles_table(steps)
-    fast_exp = fast_exp_table(steps)
-    return (lines + ([""] + baselines if baselines else []) + ([""] + tiles if tiles else [])
-            + ([""] + fast_exp if fast_exp else []))
+    for table in (baseline_table(steps), opacity_tiles_table(steps), fast_exp_table(steps), bwd_2px_table(steps)):
+        lines += [""] + table if table else []
+    return lines
 
 
 def _ab_rows(steps: List[Dict], marker: str, suffix: str, keys: Sequence[str], first_cells) -> List[List[str]]:
@@ -130,6 +128,15 @@ def fast_exp_table(steps: List[Dict]) -> List[str]:
                     lambda run: [_count(run["num_gaussians"])])
     return _table(["Gaussians", "raster+loss ms", "falloff as 2^q", "faster by", "forward ms", "falloff as 2^q",
                    "faster by", "loss diff (rel.)"], rows) if rows else []
+
+
+def bwd_2px_table(steps: List[Dict]) -> List[str]:
+    """The split schedule with one and with two pixels per thread in its backward
+    (``FusedOptions.bwd_pixels_per_thread``), and the two loss values' relative difference."""
+    rows = _ab_rows(steps, "raster_loss_fused_split_bwd_2px", "_bwd_2px", ("raster_loss_fused_split",),
+                    lambda run: [_count(run["num_gaussians"])])
+    return _table(["Gaussians", "raster+loss ms", "2 pixels per thread in the backward", "faster by",
+                   "loss diff (rel.)"], rows) if rows else []
 
 
 def opacity_tiles_table(steps: List[Dict]) -> List[str]:

@@ -30,6 +30,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 SWITCHES: Dict[str, Tuple[str, ...]] = {
     "render_fwd_kernel": ("fast_exp",),
     "render_bwd_kernel": ("absgrad", "butterfly", "contribution", "fast_exp"),
+    "render_bwd_2px_kernel": ("absgrad", "fast_exp"),
     "fused_loss_kernel": ("absgrad", "butterfly", "contribution", "fast_exp"),
 }
 DEFAULT_SOURCES = ("render.cu", "fused_loss.cu")

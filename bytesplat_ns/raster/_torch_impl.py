@@ -228,8 +228,9 @@ class TorchOps:
     """The compiled extension's rasterizer entry points (cuda/bindings.cpp: ``render_fwd``,
     ``render_bwd``, ``fused_loss``, ``loss_grad``) in PyTorch: same signatures and outputs, built on
     the same tile lists and compositing rules. The kernels' Python front end runs on it on the CPU
-    (tests), so its glue is checked without a GPU. The warp culling, the backward reduction and the
-    falloff's form (``fast_exp``) change nothing here (in the kernels: exact, exact, float rounding)."""
+    (tests), so its glue is checked without a GPU. The warp culling, the backward reduction and its
+    pixels per thread, and the falloff's form (``fast_exp``) change nothing here (in the kernels: exact,
+    summation order, summation order, float rounding)."""
 
     def render_fwd(self, m, c, col, o, bg, offsets, fids, C, W, H, with_stop, warp_cull, fast_exp):
         assert isinstance(with_stop, bool) and isinstance(warp_cull, bool) and isinstance(fast_exp, bool)
@@ -238,9 +239,9 @@ class TorchOps:
         return rgb, alpha, T, torch.zeros(C, H, W, dtype=torch.int32), stop
 
     def render_bwd(self, m, c, col, o, bg, offsets, fids, C, W, H, T, last, v_rgb, v_alpha, absgrad,
-                   butterfly, contribution, stop, warp_cull, fast_exp):
+                   butterfly, contribution, stop, warp_cull, fast_exp, pixels_per_thread):
         assert isinstance(butterfly, bool) and isinstance(contribution, bool) and isinstance(warp_cull, bool)
-        assert isinstance(fast_exp, bool)
+        assert isinstance(fast_exp, bool) and pixels_per_thread in (1, 2)
         assert (stop is not None) == contribution and (stop is None or stop.shape == (C, H, W))
         ins = [t.detach().clone().requires_grad_(True) for t in (m, c, col, o)]
         absbuf = torch.zeros_like(m) if absgrad else None

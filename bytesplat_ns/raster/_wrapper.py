@@ -76,11 +76,12 @@ def _flat(t: Tensor, d: int) -> Tensor:
 
 class _RasterizeFused(torch.autograd.Function):
     """2D Gaussians -> (render [C,H,W,3] incl. T*bg, alpha [C,H,W,1]); backward by our kernel.
-    ``warp_cull``, ``butterfly`` and ``fast_exp``: the launches' switches (``FusedOptions``)."""
+    ``warp_cull``, ``butterfly``, ``fast_exp`` and ``bwd_pixels`` (the backward's pixels per thread): the
+    launches' switches (``FusedOptions``)."""
 
     @staticmethod
     def forward(ctx, means2d, conics, colors, opacities, backgrounds, offsets, flatten_ids, W, H, absgrad,
-                warp_cull=True, butterfly=True, fast_exp=False):
+                warp_cull=True, butterfly=True, fast_exp=False, bwd_pixels=1):
         C = means2d.shape[0]
         m, c, col, o = _flat(means2d, 2), _flat(conics, 3), _flat(colors, 3), _flat(opacities, 1)
         bg = backgrounds.contiguous().float() if backgrounds is not None else None
@@ -89,6 +90,7 @@ class _RasterizeFused(torch.autograd.Function):
         ctx.save_for_backward(means2d, m, c, col, o, bg, offsets, flatten_ids, T, last)
         ctx.dims = (C, W, H, absgrad, backgrounds is not None and backgrounds.requires_grad)
         ctx.butterfly, ctx.warp_cull, ctx.fast_exp = bool(butterfly), bool(warp_cull), bool(fast_exp)
+        ctx.bwd_pixels = int(bwd_pixels)
         return rgb, alpha
 
     @staticmethod
@@ -100,18 +102,18 @@ class _RasterizeFused(torch.autograd.Function):
         va = v_alpha.contiguous().float() if v_alpha is not None else None
         vm, vc, vcol, vo, vabs, _ = _ops().render_bwd(
             m, c, col, o, bg, offsets, flatten_ids, C, W, H, T, last, v_rgb.contiguous().float(), va, absgrad,
-            ctx.butterfly, False, None, ctx.warp_cull, ctx.fast_exp,
+            ctx.butterfly, False, None, ctx.warp_cull, ctx.fast_exp, ctx.bwd_pixels,
         )
         N = means2d.shape[1]
         if absgrad:
             means2d.absgrad = vabs.view(C, N, 2)  # read by gsplat's DefaultStrategy(absgrad=True)
         v_bg = (v_rgb * T[..., None]).sum((1, 2)) if bg_grad else None
         return (vm.view(C, N, 2), vc.view(C, N, 3), vcol.view(C, N, 3), vo.view(C, N), v_bg,
-                None, None, None, None, None, None, None, None)
+                None, None, None, None, None, None, None, None, None)
 
 
 def _split_loss(m, c, col, o, bg, gt, offsets, flatten_ids, C, W, H, ssim_lambda, absgrad, butterfly,
-                contribution, cull, fast_exp):
+                contribution, cull, fast_exp, bwd_pixels):
     """The split schedule: three plain launches, nothing but images crossing between them.
 
     render_fwd (with the backgrounds: render + T*bg, alpha, T, last, and with ``contribution`` each
@@ -127,14 +129,14 @@ def _split_loss(m, c, col, o, bg, gt, offsets, flatten_ids, C, W, H, ssim_lambda
     del render
     vm, vc, vcol, vo, vabs, contrib = ops.render_bwd(
         m, c, col, o, bg, offsets, flatten_ids, C, W, H, T, last, v_render, None, bool(absgrad), bool(butterfly),
-        bool(contribution), stop if contribution else None, cull, fast_exp)
+        bool(contribution), stop if contribution else None, cull, fast_exp, bwd_pixels)
     info = torch.tensor([0, RENDER_BATCH, 0, 0], dtype=torch.long)
     return rgb, alpha, partials, vm, vc, vcol, vo, vabs, info, contrib
 
 
 class _FusedLoss(torch.autograd.Function):
     """Render + loss + its 2D gradients (``schedule``: one_launch, two_launch, split; ``butterfly``,
-    ``warp_cull`` and ``fast_exp``: the launches' switches). Forward returns (loss, rgb, alpha, stats,
+    ``warp_cull``, ``fast_exp`` and ``bwd_pixels``: the launches' switches). Forward returns (loss, rgb, alpha, stats,
     contribution); only the loss is differentiable; backward scales the stashed gradients.
     ``contribution=True``: the backward walk, which runs inside this forward, also gathers the
     pruning score (largest alpha*T per view and Gaussian, ``pruning.contribution_scores_2d``'s
@@ -143,7 +145,7 @@ class _FusedLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, means2d, conics, colors, opacities, backgrounds, gt, offsets, flatten_ids, W, H,
                 ssim_lambda, absgrad, capacity, blocks_per_sm, schedule, butterfly, warp_cull, contribution=False,
-                fast_exp=False):
+                fast_exp=False, bwd_pixels=1):
         global _two_phase_logged
         C, N = means2d.shape[0], means2d.shape[1]
         if schedule not in SCHEDULES:
@@ -154,7 +156,7 @@ class _FusedLoss(torch.autograd.Function):
         bg, gtc = backgrounds.contiguous().float(), gt.contiguous().float()
         if schedule == "split":
             out = _split_loss(m, c, col, o, bg, gtc, offsets, flatten_ids, C, W, H, ssim_lambda, absgrad,
-                              butterfly, contribution, cull, fast_exp)
+                              butterfly, contribution, cull, fast_exp, int(bwd_pixels))
         else:
             out = _ops().fused_loss(
                 m, c, col, o, bg, gtc, offsets, flatten_ids,
@@ -183,7 +185,8 @@ class _FusedLoss(torch.autograd.Function):
         ctx.mark_non_differentiable(rgb, alpha, stats, contrib)
         ctx.kinfo = dict(schedule=schedule, two_phase=bool(two_phase), capacity=cap, resident_blocks=resident,
                          smem_bytes=smem, bwd_reduce="butterfly" if butterfly else "shuffle",
-                         contribution=bool(contribution), warp_cull=cull, fast_exp=fast_exp)
+                         contribution=bool(contribution), warp_cull=cull, fast_exp=fast_exp,
+                         bwd_pixels_per_thread=_backward_pixels(schedule, butterfly, contribution, bwd_pixels))
         _FusedLoss.last_kernel_info = ctx.kinfo
         return loss, rgb, alpha, stats, contrib
 
@@ -197,11 +200,17 @@ class _FusedLoss(torch.autograd.Function):
         vm, vc, vcol, vo = torch._foreach_mul([vm, vc, vcol, vo], g)
         return (
             vm.view(C, N, 2), vc.view(C, N, 3), vcol.view(C, N, 3), vo.view(C, N),
-            None, None, None, None, None, None, None, None, None, None, None, None, None, None, None,
+            None, None, None, None, None, None, None, None, None, None, None, None, None, None, None, None,
         )
 
 
 _FusedLoss.last_kernel_info = {}
+
+
+def _backward_pixels(schedule: str, butterfly: bool, contribution: bool, bwd_pixels: int) -> int:
+    """Pixels per thread the loss's backward ran with: ``bwd_pixels`` in render_bwd's two-pixel kernel (the
+    split schedule, butterfly reduction, no pruning score), else 1."""
+    return int(bwd_pixels) if schedule == "split" and butterfly and not contribution else 1
 
 
 class _MultiViewSH(torch.autograd.Function):

@@ -20,6 +20,9 @@ SCHEDULES = ("one_launch", "two_launch", "split")
 # reduce-scatter over the warp, 13 shuffles per Gaussian with absgrad) or "shuffle" (one 5-shuffle
 # warp sum per gradient component, 55 shuffles). Same gradients up to fp32 summation order.
 BWD_REDUCTIONS = ("butterfly", "shuffle")
+# Pixels per thread of the plain backward kernel (cuda/render.cu): 2 shares each Gaussian's warp
+# reduction between 64 pixels instead of 32 (render_bwd_2px_kernel, butterfly reduction only).
+BWD_PIXELS_PER_THREAD = (1, 2)
 PROJECTIONS = ("auto", "gsplat", "torch")
 BINNINGS = ("cuda", "torch")
 TILE_REACHES = ("torch", "cuda")
@@ -48,6 +51,7 @@ class FusedOptions:
     opacity_aware_tiles: bool = True
     tile_reach: TileReach = "cuda"
     fast_exp: bool = False
+    bwd_pixels_per_thread: int = 1
 
     def __post_init__(self):
         _check_choice("schedule", self.schedule, SCHEDULES)
@@ -58,6 +62,11 @@ class FusedOptions:
         for field in ("warp_cull", "opacity_aware_tiles", "fast_exp"):
             if not isinstance(getattr(self, field), bool):
                 raise SettingError(f"fused.{field} must be true or false, got {getattr(self, field)!r}")
+        if self.bwd_pixels_per_thread not in BWD_PIXELS_PER_THREAD or isinstance(self.bwd_pixels_per_thread, bool):
+            raise SettingError(f"fused.bwd_pixels_per_thread must be 1 or 2, got {self.bwd_pixels_per_thread!r}")
+        if self.bwd_pixels_per_thread == 2 and self.bwd_reduce != "butterfly":
+            raise SettingError("fused.bwd_pixels_per_thread 2 needs fused.bwd_reduce butterfly "
+                               f"(got {self.bwd_reduce!r}): the two-pixel backward has only that reduction")
 
     @property
     def butterfly(self) -> bool:
@@ -95,6 +104,12 @@ class FusedRasterConfig:
     pixel in the forward loop, 9-11 in the backward's (suite sass-loops), the same image up to float rounding (about
     2e-6 relative).
     Off until it is timed and tested on a GPU."""
+    bwd_pixels_per_thread: Literal[1, 2] = 1
+    """Pixels per thread of the plain backward kernel (the split schedule's and rasterize_fused's): 2 runs 128
+    threads per tile and shares each Gaussian's warp reduction between 64 pixels instead of 32, with the per-pixel
+    work still skipped per 8x4-pixel block (cuda/render.cu render_bwd_2px_kernel; butterfly reduction only; the
+    backward that gathers the pruning score keeps 1). The same gradients up to summation order. Off until it is
+    timed and tested on a GPU."""
     check_every: int = 0
     """Every this many training steps, compare the fused loss and gradients with the unfused (splatfacto) path
     and log the errors (model.fused_check_log; 0: off). Costs two extra steps each time."""
@@ -103,4 +118,4 @@ class FusedRasterConfig:
         return FusedOptions(schedule=self.schedule, warp_cull=self.warp_cull, bwd_reduce=self.bwd_reduce,
                             projection=self.projection, binning=self.binning,
                             opacity_aware_tiles=self.opacity_aware_tiles, tile_reach=self.tile_reach,
-                            fast_exp=self.fast_exp)
+                            fast_exp=self.fast_exp, bwd_pixels_per_thread=self.bwd_pixels_per_thread)

@@ -167,6 +167,10 @@ def test_the_falloff_as_2_to_the_q_gets_its_own_table_against_expf():
     assert "| 1M | 3.00 | 2.50 | 1.20x | 0.80 | 0.64 | 1.25x | 2.0e-06 |" in lines
     plain = {k: v for k, v in run.items() if "fast_exp" not in k}  # measured before the switch existed: no table
     assert not any("2^q" in line for line in raster_table([{"name": "s", "result": {"runs": [plain]}}]))
+    # the two-pixel backward's own table
+    run.update({"raster_loss_fused_split_bwd_2px": {"median_ms": 2.4}, "fused_split_bwd_2px_loss_value": 0.25})
+    lines = raster_table([{"name": "s", "result": {"width": 1920, "height": 1080, "runs": [run]}}])
+    assert "| 1M | 3.00 | 2.40 | 1.25x | 0.0e+00 |" in lines
 
 
 def test_dram_rows_get_a_table_against_the_split_schedule():

@@ -51,6 +51,9 @@ def test_switches_land_in_config_yml(tmp_path):
     assert loaded.pipeline.datamanager.dataparser.scene_workers == 3
     _, defaults = _written_config(_parse(["bytesplat"]), tmp_path / "b")
     assert defaults.pipeline.model.fused.options() == FusedOptions() and defaults.pipeline.model.fused.check_every == 0
+    # the two-pixel backward needs the butterfly reduction, so it is set apart from FUSED_FLAGS' shuffle
+    _, two = _written_config(_parse(["bytesplat", "--pipeline.model.fused.bwd-pixels-per-thread", "2"]), tmp_path / "d")
+    assert two.pipeline.model.fused.options() == FusedOptions(bwd_pixels_per_thread=2)
 
     _, sharded = _written_config(_parse(["bytesplat-distributed", *SHARDED_FLAGS]), tmp_path / "c")
     assert sharded.pipeline.rank_timeout == 123.0 and sharded.pipeline.sparse_kernels is False

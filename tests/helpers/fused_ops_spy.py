@@ -15,6 +15,7 @@ class RecordingOps(TorchOps):
         self.contribution = []  # (entry point, contribution flag) per backward launch
         self.warp_cull = []  # (entry point, warp_cull flag) per launch
         self.fast_exp = []  # (entry point, fast_exp flag) per launch
+        self.bwd_pixels = []  # render_bwd's pixels per thread, per launch
 
     def render_fwd(self, m, c, col, o, bg, offsets, fids, C, W, H, with_stop, warp_cull, fast_exp):
         self.calls["render_fwd"] += 1
@@ -23,14 +24,15 @@ class RecordingOps(TorchOps):
         return super().render_fwd(m, c, col, o, bg, offsets, fids, C, W, H, with_stop, warp_cull, fast_exp)
 
     def render_bwd(self, m, c, col, o, bg, offsets, fids, C, W, H, T, last, v_rgb, v_alpha, absgrad,
-                   butterfly, contribution, stop, warp_cull, fast_exp):
+                   butterfly, contribution, stop, warp_cull, fast_exp, pixels_per_thread):
         self.calls["render_bwd"] += 1
+        self.bwd_pixels.append(pixels_per_thread)
         self.warp_cull.append(("render_bwd", warp_cull))
         self.fast_exp.append(("render_bwd", fast_exp))
         self.butterfly.append(("render_bwd", butterfly))
         self.contribution.append(("render_bwd", contribution))
         return super().render_bwd(m, c, col, o, bg, offsets, fids, C, W, H, T, last, v_rgb, v_alpha, absgrad,
-                                  butterfly, contribution, stop, warp_cull, fast_exp)
+                                  butterfly, contribution, stop, warp_cull, fast_exp, pixels_per_thread)
 
     def loss_grad(self, render, gt, ssim_lambda, window, clamp_inclusive):
         self.calls["loss_grad"] += 1

@@ -194,15 +194,32 @@ def test_fast_exp_flag_reaches_every_kernel(torch_ops, value, expect):
                                                         "render_bwd")]
 
 
+@pytest.mark.parametrize("value,expect", [(None, 1), (1, 1), (2, 2)])
+def test_bwd_pixels_per_thread_reaches_the_plain_backward(torch_ops, value, expect):
+    """FusedOptions.bwd_pixels_per_thread (default 1) reaches render_bwd from rasterize_fused and from the
+    split schedule; the kernel info reports what the loss's backward ran with (the fused kernel: 1)."""
+    infos = _through_every_entry_point(("one_launch", "split"),
+                                       **({} if value is None else {"bwd_pixels_per_thread": value}))
+    assert torch_ops.bwd_pixels == [expect, expect]
+    assert [k["bwd_pixels_per_thread"] for k in infos] == [1, expect]
+
+
 
 @pytest.mark.parametrize("field,value", [("warp_cull", "off"), ("bwd_reduce", "transpose"), ("schedule", "halo"),
-                                         ("projection", "cuda"), ("binning", "gsplat"), ("fast_exp", "yes")])
+                                         ("projection", "cuda"), ("binning", "gsplat"), ("fast_exp", "yes"),
+                                         ("bwd_pixels_per_thread", 3), ("bwd_pixels_per_thread", True)])
 def test_fused_options_reject_unknown_values(field, value):
     """A bad switch given in code is refused when the options are made, before any launch: a user
     error (one line from the command-line hook, bytesplat_ns/cli_errors.py) naming the field."""
     with pytest.raises(ValueError, match=f"fused.{field}") as err:
         FusedOptions(**{field: value})
     assert isinstance(err.value, BytesplatError)
+
+
+def test_two_pixels_per_thread_needs_the_butterfly_reduction():
+    with pytest.raises(BytesplatError, match="bwd_pixels_per_thread 2 needs fused.bwd_reduce butterfly"):
+        FusedOptions(bwd_pixels_per_thread=2, bwd_reduce="shuffle")
+    assert FusedOptions(bwd_pixels_per_thread=2).bwd_pixels_per_thread == 2
 
 
 EXPECTED_CALLS = {  # entry points each schedule launches (per fused_render_loss)

@@ -3,7 +3,8 @@
 Tolerances (fp32 both sides): images max|a-b|/max|b| <= 1e-5, every gradient <= 1e-4.
 Covers: rasterize_fused (forward + our backward kernel) and fused_render_loss (render + loss +
 backward in one launch), each with expf and with the falloff as 2^q (``fast_exp``: the same
-tolerances, its error is of the size of sigma's own rounding), with empty tiles, over-capacity tiles (streaming path), sizes not
+tolerances, its error is of the size of sigma's own rounding) and the plain backward with one and
+with two pixels per thread (``bwd_pixels_per_thread``), with empty tiles, over-capacity tiles (streaming path), sizes not
 divisible by 16, backgrounds, several views per launch, absgrad and the two-launch fallback;
 every loss case also under the split schedule (render_fwd -> loss_grad -> render_bwd); the
 pruning score gathered by the backward kernels (``contribution=True``) against
@@ -127,10 +128,11 @@ RASTER_CASES = [
 ]
 
 
+@pytest.mark.parametrize("bwd_pixels", [1, 2], ids=["bwd1px", "bwd2px"])
 @pytest.mark.parametrize("fast_exp", [False, True], ids=["expf", "fast_exp"])
 @pytest.mark.parametrize("projection", PROJECTIONS)
 @pytest.mark.parametrize("case", RASTER_CASES, ids=[c[0] for c in RASTER_CASES])
-def test_rasterize_fused_matches_reference(case, projection, fast_exp):
+def test_rasterize_fused_matches_reference(case, projection, fast_exp, bwd_pixels):
     from bytesplat_ns.raster.fused import rasterize_fused
     from bytesplat_ns.raster.reference import rasterize_reference
 
@@ -147,8 +149,8 @@ def test_rasterize_fused_matches_reference(case, projection, fast_exp):
         p = _params(scene)
         kw = dict(sh_degree=sh, backgrounds=bg, absgrad=absgrad)
         if backend == "fused":
-            render, alpha, info = rasterize_fused(*_args(p, scene), options=FusedOptions(projection=projection,
-                                                                                       fast_exp=fast_exp), **kw)
+            options = FusedOptions(projection=projection, fast_exp=fast_exp, bwd_pixels_per_thread=bwd_pixels)
+            render, alpha, info = rasterize_fused(*_args(p, scene), options=options, **kw)
         else:
             render, alpha, info = rasterize_reference(*_args(p, scene), **kw)
         info["means2d"].retain_grad()
@@ -306,10 +308,11 @@ LOSS_CASES = [
 
 
 @pytest.mark.parametrize("fast_exp", [False, True], ids=["expf", "fast_exp"])
-@pytest.mark.parametrize("schedule", ["case", "split"])
+@pytest.mark.parametrize("schedule,bwd_pixels", [("case", 1), ("split", 1), ("split", 2)],
+                         ids=["case", "split", "split_bwd2px"])
 @pytest.mark.parametrize("projection", PROJECTIONS)
 @pytest.mark.parametrize("case", LOSS_CASES, ids=[c[0] for c in LOSS_CASES])
-def test_fused_render_loss_matches_reference(case, projection, schedule, fast_exp):
+def test_fused_render_loss_matches_reference(case, projection, schedule, bwd_pixels, fast_exp):
     """``schedule="case"``: the case's own mode (one launch unless it says otherwise);
     ``"split"``: the same scene through render_fwd -> loss_grad -> render_bwd (the case's capacity /
     two-phase knobs do not apply to it)."""
@@ -332,7 +335,8 @@ def test_fused_render_loss_matches_reference(case, projection, schedule, fast_ex
     pf = _params(scene)
     loss_f, rgb_f, alpha_f, inf = fused_render_loss(
         *_args(pf, scene), gt, bg, sh_degree=sh, absgrad=absgrad,
-        options=FusedOptions(schedule=kw.pop("schedule"), projection=projection, fast_exp=fast_exp), **kw)
+        options=FusedOptions(schedule=kw.pop("schedule"), projection=projection, fast_exp=fast_exp,
+                             bwd_pixels_per_thread=bwd_pixels), **kw)
     inf["means2d"].retain_grad()
     (scale * loss_f).backward()
 
@@ -352,7 +356,7 @@ def test_fused_render_loss_matches_reference(case, projection, schedule, fast_ex
     _compare_grads(pf, pr, extra)
 
     k = inf["kernel"]
-    assert k["fast_exp"] is fast_exp
+    assert k["fast_exp"] is fast_exp and k["bwd_pixels_per_thread"] == bwd_pixels
     if schedule == "split":
         assert k["schedule"] == "split" and not k["two_phase"] and k["capacity"] == RENDER_BATCH, k
         if name == "over_capacity_auto":
@@ -720,8 +724,9 @@ def trained_regime_case():
 
 @needs_gsplat
 @pytest.mark.parametrize("fast_exp", [False, True], ids=["expf", "fast_exp"])
-@pytest.mark.parametrize("mode", ["two_launch", "one_launch", "split"])
-def test_fused_loss_trained_regime_matches_gsplat(mode, fast_exp):
+@pytest.mark.parametrize("mode,bwd_pixels", [("two_launch", 1), ("one_launch", 1), ("split", 1), ("split", 2)],
+                         ids=["two_launch", "one_launch", "split", "split_bwd2px"])
+def test_fused_loss_trained_regime_matches_gsplat(mode, bwd_pixels, fast_exp):
     """fused_render_loss (gsplat projection, as training uses it) against the unfused training
     path: gsplat's rasterization + clamp(render + (1-alpha) bg) + L1 + pytorch_msssim, in the regime
     of a trained scene. Loss, 2D gradients (grad and absgrad: DefaultStrategy's input), radii and
@@ -736,7 +741,8 @@ def test_fused_loss_trained_regime_matches_gsplat(mode, fast_exp):
     pf = _params(scene)
     loss_f, rgb_f, alpha_f, inf = fused_render_loss(*_args(pf, scene), gt, bg, sh_degree=3, absgrad=True,
                                                     options=FusedOptions(schedule=mode, projection="gsplat",
-                                                                         fast_exp=fast_exp))
+                                                                         fast_exp=fast_exp,
+                                                                         bwd_pixels_per_thread=bwd_pixels))
     inf["means2d"].retain_grad()
     loss_f.backward()
 
@@ -797,11 +803,12 @@ def near_camera_case(floaters=48, seed=41):
 
 
 @needs_gsplat
+@pytest.mark.parametrize("bwd_pixels", [1, 2], ids=["bwd1px", "bwd2px"])
 @pytest.mark.parametrize("fast_exp", [False, True], ids=["expf", "fast_exp"])
-def test_fused_training_step_near_the_camera_matches_gsplat_row_by_row(fast_exp):
+def test_fused_training_step_near_the_camera_matches_gsplat_row_by_row(fast_exp, bwd_pixels):
     """The training step's defaults (FusedRasterConfig: split schedule, opacity-aware tiles, warp
-    culling, gsplat's projection), and the same with the falloff as 2^q, against gsplat's
-    rasterization + splatfacto's loss, judged per
+    culling, gsplat's projection), and the same with the falloff as 2^q and with two pixels per thread
+    in the backward, against gsplat's rasterization + splatfacto's loss, judged per
     Gaussian for those near the camera: each such row's gradients within 2% of gsplat's (the
     aggregate checks above would hide a few wrong rows among 100k)."""
     from gsplat.rendering import rasterization
@@ -812,7 +819,8 @@ def test_fused_training_step_near_the_camera_matches_gsplat_row_by_row(fast_exp)
     scene, gt, bg, rows = near_camera_case()
     pf = _params(scene)
     loss_f, rgb_f, _, inf = fused_render_loss(*_args(pf, scene), gt, bg, sh_degree=3, absgrad=True,
-                                              options=FusedRasterConfig(fast_exp=fast_exp).options())
+                                              options=FusedRasterConfig(fast_exp=fast_exp,
+                                                                        bwd_pixels_per_thread=bwd_pixels).options())
     loss_f.backward()
     pg = _params(scene)
     render, alpha, ing = rasterization(*_args(pg, scene), sh_degree=3, packed=False, absgrad=True)
