@@ -68,14 +68,51 @@ __global__ void __launch_bounds__(kBlock) render_fwd_kernel(
     if (out_stop != nullptr) out_stop[pix] = stop;
 }
 
+// The plain backward's arguments (render_bwd_kernel, render_bwd_2px_kernel: one launcher for both).
+// stop_ids and contrib only with the pruning score (CONTRIB), v_means2d_abs only with absgrad.
+struct BwdArgs {
+    int W, H, tw, th;
+    const float *means2d, *conics, *colors, *opacities, *bg;
+    const int32_t *offsets, *flatten_ids;
+    const float *T_final;
+    const int32_t *last_ids, *stop_ids;
+    const float *v_render, *v_alpha;
+    float *v_means2d, *v_conics, *v_colors, *v_opacities, *v_means2d_abs, *contrib;
+    bool cull;
+};
+
+// A backward block's tile and shared memory: the staged Gaussians, the gradient sums (the first
+// `acc_floats` zeroed by the NT threads; block_max_int's barrier orders that before their use) and
+// the reduction scratch.
+struct BwdBlock {
+    SmemGaussians s;
+    float *acc;
+    int *red;
+    int cam, tx, ty, start, end;
+};
+
+template <int NT>
+__device__ __forceinline__ BwdBlock bwd_block(const BwdArgs &a, int acc_floats) {
+    extern __shared__ float4 smem4[];
+    BwdBlock blk;
+    char *p_end = blk.s.carve(reinterpret_cast<char *>(smem4), kBatch);
+    blk.acc = reinterpret_cast<float *>(p_end);
+    blk.red = reinterpret_cast<int *>(blk.acc + kBatch * kAccComps);
+    for (int i = threadIdx.x; i < acc_floats; i += NT) blk.acc[i] = 0.f;
+    blk.cam = blockIdx.z;
+    blk.tx = blockIdx.x;
+    blk.ty = blockIdx.y;
+    const int t = (blk.cam * a.th + blk.ty) * a.tw + blk.tx;
+    blk.start = a.offsets[t];
+    blk.end = a.offsets[t + 1];
+    return blk;
+}
+
 // The backward's state of pixel (x, y) of view cam: T_final, last (and with CONTRIB stop) from the
 // forward, dL/d render, and the alpha term (v_alpha less the backgrounds' share); an empty pixel
 // outside the image.
 template <bool CONTRIB>
-__device__ __forceinline__ PixelBwd pixel_bwd_state(
-    int x, int y, int cam, int W, int H, const float *__restrict__ T_final, const int32_t *__restrict__ last_ids,
-    const int32_t *__restrict__ stop_ids, const float *__restrict__ v_render, const float *__restrict__ v_alpha,
-    const float *__restrict__ bg) {
+__device__ __forceinline__ PixelBwd pixel_bwd_state(const BwdArgs &a, int x, int y, int cam) {
     PixelBwd p;
     p.px = x + 0.5f;
     p.py = y + 0.5f;
@@ -85,15 +122,15 @@ __device__ __forceinline__ PixelBwd pixel_bwd_state(
     p.T = p.T_final = 1.f;
     p.last = 0;
     p.stop = -1;
-    if (x < W && y < H) {
-        const int64_t pix = ((int64_t)cam * H + y) * W + x;
-        p.T = p.T_final = T_final[pix];
-        p.last = last_ids[pix];
-        if (CONTRIB) p.stop = stop_ids[pix];
-        p.v_rgb = make_float3(v_render[3 * pix], v_render[3 * pix + 1], v_render[3 * pix + 2]);
-        float va = v_alpha != nullptr ? v_alpha[pix] : 0.f;
-        if (bg != nullptr)
-            va -= bg[3 * cam] * p.v_rgb.x + bg[3 * cam + 1] * p.v_rgb.y + bg[3 * cam + 2] * p.v_rgb.z;
+    if (x < a.W && y < a.H) {
+        const int64_t pix = ((int64_t)cam * a.H + y) * a.W + x;
+        p.T = p.T_final = a.T_final[pix];
+        p.last = a.last_ids[pix];
+        if (CONTRIB) p.stop = a.stop_ids[pix];
+        p.v_rgb = make_float3(a.v_render[3 * pix], a.v_render[3 * pix + 1], a.v_render[3 * pix + 2]);
+        float va = a.v_alpha != nullptr ? a.v_alpha[pix] : 0.f;
+        if (a.bg != nullptr)
+            va -= a.bg[3 * cam] * p.v_rgb.x + a.bg[3 * cam + 1] * p.v_rgb.y + a.bg[3 * cam + 2] * p.v_rgb.z;
         p.v_a = va;
     }
     return p;
@@ -103,44 +140,25 @@ __device__ __forceinline__ PixelBwd pixel_bwd_state(
 // issue-bound with no eligible warp in 21% of cycles at 50% occupancy; 5 blocks measured 2.7% faster
 // at 4M Gaussians, 6 (40 registers, spilling) 2.1% (git tag lab-notebook-final:docs/benchmarks.md, "Per-warp culling").
 template <bool ABS, bool BUTTERFLY, bool CONTRIB, bool FASTEXP>
-__global__ void __launch_bounds__(kBlock, 5) render_bwd_kernel(
-    int W, int H, int tw, int th, const float *__restrict__ means2d,
-    const float *__restrict__ conics, const float *__restrict__ colors,
-    const float *__restrict__ opacities, const float *__restrict__ bg,
-    const int32_t *__restrict__ offsets, const int32_t *__restrict__ flatten_ids,
-    const float *__restrict__ T_final, const int32_t *__restrict__ last_ids,
-    const int32_t *__restrict__ stop_ids, const float *__restrict__ v_render,
-    const float *__restrict__ v_alpha, float *__restrict__ v_means2d, float *__restrict__ v_conics,
-    float *__restrict__ v_colors, float *__restrict__ v_opacities, float *__restrict__ v_means2d_abs,
-    float *__restrict__ contrib, bool cull) {
-    extern __shared__ float4 smem4[];
-    SmemGaussians s;
-    char *p_end = s.carve(reinterpret_cast<char *>(smem4), kBatch);
-    float *s_acc = reinterpret_cast<float *>(p_end);
-    int *s_red = reinterpret_cast<int *>(s_acc + kBatch * kAccComps);
-    for (int i = threadIdx.x; i < kBatch * kAccComps; i += kBlock) s_acc[i] = 0.f;
-
-    const int cam = blockIdx.z, tx = blockIdx.x, ty = blockIdx.y;
-    const int t = (cam * th + ty) * tw + tx;
-    const int2 xy = thread_pixel<kWarpWidth>(tx, ty);
-    const int start = offsets[t], end = offsets[t + 1];
-    PixelBwd p = pixel_bwd_state<CONTRIB>(xy.x, xy.y, cam, W, H, T_final, last_ids, stop_ids, v_render, v_alpha, bg);
+__global__ void __launch_bounds__(kBlock, 5) render_bwd_kernel(const BwdArgs a) {
+    const BwdBlock blk = bwd_block<kBlock>(a, kBatch * kAccComps);
+    const int2 xy = thread_pixel<kWarpWidth>(blk.tx, blk.ty);
+    PixelBwd p = pixel_bwd_state<CONTRIB>(a, xy.x, xy.y, blk.cam);
     // also syncs s_acc's zeroing; the stopping Gaussians count for the score
-    const int max_last = block_max_int(CONTRIB ? max(p.last, p.stop + 1) : p.last, s_red);
-    if (max_last == 0 || end <= start) return;
+    const int max_last = block_max_int(CONTRIB ? max(p.last, p.stop + 1) : p.last, blk.red);
+    if (max_last == 0 || blk.end <= blk.start) return;
     for (int b = (max_last - 1) / kBatch; b >= 0; --b) {
-        const int cnt = min(kBatch, end - start - b * kBatch);
+        const int cnt = min(kBatch, blk.end - blk.start - b * kBatch);
         __syncthreads();
-        load_gaussians<kWarpWidth, FASTEXP>(s, flatten_ids, start + b * kBatch, cnt, means2d, conics, colors,
-                                            opacities, tx * kTile, ty * kTile, cull);
+        load_gaussians<kWarpWidth, FASTEXP>(blk.s, a.flatten_ids, blk.start + b * kBatch, cnt, a.means2d, a.conics,
+                                            a.colors, a.opacities, blk.tx * kTile, blk.ty * kTile, a.cull);
         __syncthreads();
         const int hi = min(cnt, max_last - b * kBatch);
-        backward_slots<kBatch, ABS, BUTTERFLY, CONTRIB, FASTEXP>(s, 0, hi, b * kBatch, p, s_acc, v_means2d,
-                                                                 v_conics, v_colors, v_opacities, v_means2d_abs,
-                                                                 contrib);
+        backward_slots<kBatch, ABS, BUTTERFLY, CONTRIB, FASTEXP>(blk.s, 0, hi, b * kBatch, p, blk.acc, a.v_means2d,
+                                                                 a.v_conics, a.v_colors, a.v_opacities,
+                                                                 a.v_means2d_abs, a.contrib);
     }
 }
-
 
 // render_bwd_kernel with two pixels per thread (backward_slots_2px): 128 threads per tile, warp w
 // holding the 8x4 blocks of rows 2(w/2) and 2(w/2)+1 in column w%2 (the blocks of warp_mask's bits),
@@ -149,26 +167,8 @@ __global__ void __launch_bounds__(kBlock, 5) render_bwd_kernel(
 // registers, it spilled 20 bytes).
 constexpr int kThreads2px = kBlock / 2;
 template <bool ABS, bool FASTEXP>
-__global__ void __launch_bounds__(kThreads2px, 7) render_bwd_2px_kernel(
-    int W, int H, int tw, int th, const float *__restrict__ means2d,
-    const float *__restrict__ conics, const float *__restrict__ colors,
-    const float *__restrict__ opacities, const float *__restrict__ bg,
-    const int32_t *__restrict__ offsets, const int32_t *__restrict__ flatten_ids,
-    const float *__restrict__ T_final, const int32_t *__restrict__ last_ids,
-    const int32_t *__restrict__ /*stop_ids: no pruning score*/, const float *__restrict__ v_render,
-    const float *__restrict__ v_alpha, float *__restrict__ v_means2d, float *__restrict__ v_conics,
-    float *__restrict__ v_colors, float *__restrict__ v_opacities, float *__restrict__ v_means2d_abs,
-    float *__restrict__ /*contrib*/, bool cull) {
-    extern __shared__ float4 smem4[];
-    SmemGaussians s;
-    char *p_end = s.carve(reinterpret_cast<char *>(smem4), kBatch);
-    float *s_acc = reinterpret_cast<float *>(p_end);
-    int *s_red = reinterpret_cast<int *>(s_acc + kBatch * kAccComps);
-    for (int i = threadIdx.x; i < kBatch * kGradComps; i += kThreads2px) s_acc[i] = 0.f;
-
-    const int cam = blockIdx.z, tx = blockIdx.x, ty = blockIdx.y;
-    const int t = (cam * th + ty) * tw + tx;
-    const int start = offsets[t], end = offsets[t + 1];
+__global__ void __launch_bounds__(kThreads2px, 7) render_bwd_2px_kernel(const BwdArgs a) {
+    const BwdBlock blk = bwd_block<kThreads2px>(a, kBatch * kGradComps);
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     PixelBwd p[2];
     uint32_t bits[2];
@@ -177,22 +177,24 @@ __global__ void __launch_bounds__(kThreads2px, 7) render_bwd_2px_kernel(
     for (int j = 0; j < 2; ++j) {
         const int row = 2 * (w >> 1) + j, col = w & 1;  // this pixel's 8x4 block (thread_pixel<8>'s layout)
         bits[j] = 1u << (row * (kTile / kWarpWidth) + col);
-        const int x = tx * kTile + col * kWarpWidth + lane % kWarpWidth;
-        const int y = ty * kTile + row * (32 / kWarpWidth) + lane / kWarpWidth;
-        p[j] = pixel_bwd_state<false>(x, y, cam, W, H, T_final, last_ids, nullptr, v_render, v_alpha, bg);
+        const int x = blk.tx * kTile + col * kWarpWidth + lane % kWarpWidth;
+        const int y = blk.ty * kTile + row * (32 / kWarpWidth) + lane / kWarpWidth;
+        p[j] = pixel_bwd_state<false>(a, x, y, blk.cam);
         walk = max(walk, p[j].last);
     }
-    const int max_last = block_max_int<kThreads2px>(walk, s_red);  // also syncs s_acc's zeroing
-    if (max_last == 0 || end <= start) return;
+    const int max_last = block_max_int<kThreads2px>(walk, blk.red);  // also syncs s_acc's zeroing
+    if (max_last == 0 || blk.end <= blk.start) return;
     for (int b = (max_last - 1) / kBatch; b >= 0; --b) {
-        const int cnt = min(kBatch, end - start - b * kBatch);
+        const int cnt = min(kBatch, blk.end - blk.start - b * kBatch);
         __syncthreads();
-        load_gaussians<kWarpWidth, FASTEXP, kThreads2px>(s, flatten_ids, start + b * kBatch, cnt, means2d, conics,
-                                                         colors, opacities, tx * kTile, ty * kTile, cull);
+        load_gaussians<kWarpWidth, FASTEXP, kThreads2px>(blk.s, a.flatten_ids, blk.start + b * kBatch, cnt,
+                                                         a.means2d, a.conics, a.colors, a.opacities, blk.tx * kTile,
+                                                         blk.ty * kTile, a.cull);
         __syncthreads();
         const int hi = min(cnt, max_last - b * kBatch);
-        backward_slots_2px<kBatch, ABS, FASTEXP, kThreads2px>(s, 0, hi, b * kBatch, p, bits, s_acc, v_means2d,
-                                                              v_conics, v_colors, v_opacities, v_means2d_abs);
+        backward_slots_2px<kBatch, ABS, FASTEXP, kThreads2px>(blk.s, 0, hi, b * kBatch, p, bits, blk.acc,
+                                                              a.v_means2d, a.v_conics, a.v_colors, a.v_opacities,
+                                                              a.v_means2d_abs);
     }
 }
 
@@ -280,16 +282,14 @@ std::vector<at::Tensor> render_bwd(const at::Tensor &means2d, const at::Tensor &
     const float *va = v_alpha.has_value() ? va_keep.data_ptr<float>() : nullptr;
     auto stream = at::cuda::getCurrentCUDAStream();
     dim3 grid(tw, th, C);
-    auto launch = [&](auto kernel, int threads) {
-        kernel<<<grid, threads, kSmemBwdBytes, stream>>>(
-            W, H, tw, th, means2d.data_ptr<float>(), conics.data_ptr<float>(),
-            colors.data_ptr<float>(), opacities.data_ptr<float>(), bg, offsets.data_ptr<int32_t>(),
-            flatten_ids.data_ptr<int32_t>(), T_final.data_ptr<float>(), last.data_ptr<int32_t>(),
-            contribution ? stop_keep.data_ptr<int32_t>() : nullptr, vr.data_ptr<float>(), va,
-            v_means2d.data_ptr<float>(), v_conics.data_ptr<float>(), v_colors.data_ptr<float>(),
-            v_opacities.data_ptr<float>(), absgrad ? v_abs.data_ptr<float>() : nullptr,
-            contribution ? contrib.data_ptr<float>() : nullptr, warp_cull);
-    };
+    const BwdArgs args{(int)W, (int)H, tw, th, means2d.data_ptr<float>(), conics.data_ptr<float>(),
+                       colors.data_ptr<float>(), opacities.data_ptr<float>(), bg, offsets.data_ptr<int32_t>(),
+                       flatten_ids.data_ptr<int32_t>(), T_final.data_ptr<float>(), last.data_ptr<int32_t>(),
+                       contribution ? stop_keep.data_ptr<int32_t>() : nullptr, vr.data_ptr<float>(), va,
+                       v_means2d.data_ptr<float>(), v_conics.data_ptr<float>(), v_colors.data_ptr<float>(),
+                       v_opacities.data_ptr<float>(), absgrad ? v_abs.data_ptr<float>() : nullptr,
+                       contribution ? contrib.data_ptr<float>() : nullptr, warp_cull};
+    auto launch = [&](auto kernel, int threads) { kernel<<<grid, threads, kSmemBwdBytes, stream>>>(args); };
     // butterfly: the warp reduction of backward_slots (common.cuh); false = one warp_sum per
     // component, kept for A/B runs (--pipeline.model.fused.bwd-reduce shuffle). contribution: the pruning score
     // (its own kernel instance, so it costs nothing when off). fast_exp: as render_fwd's.
