@@ -2,7 +2,7 @@
 //
 // Conventions (gsplat 1.4.0 classic, see docs/design.md "Rasterization conventions"): pixel centers at (x+0.5, y+0.5);
 // sigma = 0.5*(a dx^2 + c dy^2) + b dx dy with (dx, dy) = mean - pixel and conic (a, b, c);
-// alpha = min(0.999, o*exp(-sigma)), skipped when sigma < 0 or alpha < 1/255; a pixel stops before
+// alpha = min(0.999, o*exp(-sigma)), skipped when sigma < 0, NaN, or alpha < 1/255; a pixel stops before
 // the Gaussian that would take T to 1e-4 or below; background enters as T*bg.
 #pragma once
 
@@ -50,12 +50,17 @@ __host__ __device__ __forceinline__ float falloff_exponent(float A, float B, flo
     return 0.5f * (A * dx * dx + C * dy * dy) + B * dx * dy;
 }
 
-// sigma < 0 (a conic that is not positive definite there): the pixel is skipped, as in gsplat. The
-// forward tests sigma < 0, the backward sigma >= 0; they differ only for a NaN exponent.
-template <bool FASTEXP>
-__host__ __device__ __forceinline__ bool sigma_negative(float e) { return FASTEXP ? e > 0.f : e < 0.f; }
+// sigma < 0 (a conic that is not positive definite there): the pixel is skipped, as in gsplat.
 template <bool FASTEXP>
 __host__ __device__ __forceinline__ bool sigma_nonnegative(float e) { return FASTEXP ? e <= 0.f : e >= 0.f; }
+
+// Whether a pixel takes the Gaussian: sigma >= 0 and alpha = min(kAlphaMax, o*falloff) >= kAlphaMin. A
+// NaN exponent (a non-finite conic or mean) fails it, in the forward and the backward alike and as in
+// the reference; fminf would otherwise make its alpha kAlphaMax.
+template <bool FASTEXP>
+__host__ __device__ __forceinline__ bool falloff_kept(float e, float alpha) {
+    return sigma_nonnegative<FASTEXP>(e) && alpha >= kAlphaMin;
+}
 
 __host__ __device__ __forceinline__ float exp2_approx(float q) {
 #ifdef __CUDA_ARCH__
@@ -207,31 +212,12 @@ __device__ __forceinline__ void load_gaussians(
     }
 }
 
-// Front-to-back step of one pixel over shared slot k: returns kComposited, kSkipped, or kSaturated
-// once the pixel is full (the Gaussian at k is then NOT composited, as in gsplat).
-enum StepResult { kSkipped = 0, kComposited = 1, kSaturated = 2 };
-template <bool FASTEXP>
-__device__ __forceinline__ StepResult composite_step(
-    const SmemGaussians &s, int k, float px, float py, float &T, float3 &acc) {
-    const float4 a = s.g0[k];
-    const float dx = a.x - px, dy = a.y - py;
-    const float4 b = s.g1[k];
-    const float e = falloff_exponent<FASTEXP>(a.w, b.x, b.y, dx, dy);
-    const float alpha = fminf(kAlphaMax, a.z * falloff<FASTEXP>(e));
-    if (sigma_negative<FASTEXP>(e) || alpha < kAlphaMin) return kSkipped;
-    const float nextT = T * (1.f - alpha);
-    if (nextT <= kTMin) return kSaturated;
-    const float w = alpha * T;
-    acc.x += b.z * w;
-    acc.y += b.w * w;
-    acc.z += s.g2[k] * w;
-    T = nextT;
-    return kComposited;
-}
-
-// Composite shared slots [0, count) (list indices base + slot) into one pixel's state. `stop`
-// gets the list index of the Gaussian that saturated the pixel (untouched if none): the pruning
-// score counts it (docs/pruning.md); callers that do not need it leave it dead.
+// Composite shared slots [0, count) (list indices base + slot) into one pixel's state, front to
+// back; a pixel stops before the Gaussian that would take T to kTMin or below (that one is NOT
+// composited, as in gsplat). `stop` gets its list index (untouched if none): the pruning score
+// counts it (docs/pruning.md); callers that do not need it leave it dead. One loop with the steps
+// written out: a step function returning skipped / composited / saturated cost the forward's loop
+// 7 instructions of state passing (suite sass-loops).
 template <bool FASTEXP>
 __device__ __forceinline__ void composite_slots(
     const SmemGaussians &s, int count, int base, float px, float py, float &T, float3 &acc,
@@ -240,9 +226,24 @@ __device__ __forceinline__ void composite_slots(
     const uint32_t wbit = 1u << (threadIdx.x >> 5);
     for (int k = 0; k < count; ++k) {
         if (!(s.warps[k] & wbit)) continue;  // skipped at every pixel of this warp
-        const StepResult r = composite_step<FASTEXP>(s, k, px, py, T, acc);
-        if (r == kSaturated) { done = true; stop = base + k; return; }
-        if (r == kComposited) last = base + k + 1;
+        const float4 a = s.g0[k];
+        const float dx = a.x - px, dy = a.y - py;
+        const float4 b = s.g1[k];
+        const float e = falloff_exponent<FASTEXP>(a.w, b.x, b.y, dx, dy);
+        const float alpha = fminf(kAlphaMax, a.z * falloff<FASTEXP>(e));
+        if (!falloff_kept<FASTEXP>(e, alpha)) continue;
+        const float nextT = T * (1.f - alpha);
+        if (nextT <= kTMin) {
+            done = true;
+            stop = base + k;
+            return;
+        }
+        const float w = alpha * T;
+        acc.x += b.z * w;
+        acc.y += b.w * w;
+        acc.z += s.g2[k] * w;
+        T = nextT;
+        last = base + k + 1;
     }
 }
 
@@ -265,7 +266,8 @@ struct PixelBwd {
     float T_final;  // transmittance after the last composited Gaussian
     float3 buf;     // color composited behind the Gaussian being visited
     float3 v_rgb;   // dL/d(render color, before background)
-    float v_a;      // dL/d(render alpha) - dot(bg, v_rgb): the gradient wrt T_final, negated
+    float v_aT;     // T_final * (dL/d(render alpha) - dot(bg, v_rgb)): T_final times the gradient wrt
+                    // T_final, negated (one product per pixel instead of one per Gaussian and pixel)
     int last;       // number of list entries up to and including the last composited one
     int stop;       // list index of the Gaussian that saturated the pixel (>= last), -1: none
 };
@@ -274,6 +276,20 @@ __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
+}
+
+__device__ __forceinline__ int warp_max_int(int v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Where a warp's back-to-front walk starts: the largest list index any of its pixels needs (last,
+// and with the pruning score stop + 1). The backward skips the Gaussians behind it in the warp's
+// loop bounds: its pixels would each skip them, but only after the loads, the test and the vote.
+template <bool CONTRIB>
+__device__ __forceinline__ int warp_walk_end(const PixelBwd &p) {
+    return warp_max_int(CONTRIB ? max(p.last, p.stop + 1) : p.last);
 }
 
 __device__ __forceinline__ float warp_max(float v) {
@@ -347,10 +363,13 @@ __device__ __forceinline__ float warp_reduce_scatter16(const float (&v)[kGradPad
 // One pixel's step of the back-to-front walk over shared slot k (list index idx). kPixelComposited: the
 // Gaussian was composited at the pixel; its gradients there are in g[0..10] (and the score in
 // g[kContribComp] with CONTRIB) and the pixel's state has moved past it. kPixelStopped (CONTRIB): it
-// stopped the pixel; the score only. kPixelSkipped: nothing written.
+// stopped the pixel; the score only. kPixelSkipped: nothing. g[0..10] is written on every path (zero
+// where the pixel adds nothing), so the warp reduction needs no select of the pixels that add.
 enum PixelStep { kPixelSkipped = 0, kPixelComposited = 1, kPixelStopped = 2 };
 template <bool CONTRIB, bool FASTEXP>
 __device__ __forceinline__ int pixel_grads(const SmemGaussians &s, int k, int idx, PixelBwd &p, float (&g)[kGradPad]) {
+#pragma unroll
+    for (int c = 0; c < kGradComps; ++c) g[c] = 0.f;
     if (!(idx < p.last || (CONTRIB && idx == p.stop))) return kPixelSkipped;
     const float4 a = s.g0[k];
     const float4 b = s.g1[k];
@@ -359,7 +378,7 @@ __device__ __forceinline__ int pixel_grads(const SmemGaussians &s, int k, int id
     const float e = falloff_exponent<FASTEXP>(a.w, b.x, b.y, dx, dy);
     const float vis = falloff<FASTEXP>(e);
     const float alpha = fminf(kAlphaMax, a.z * vis);
-    if (!(sigma_nonnegative<FASTEXP>(e) && alpha >= kAlphaMin)) return kPixelSkipped;
+    if (!falloff_kept<FASTEXP>(e, alpha)) return kPixelSkipped;
     if (CONTRIB && idx >= p.last) {
         g[kContribComp] = alpha * p.T_final;  // nothing behind it was composited: T in front is T_final
         return kPixelStopped;
@@ -374,15 +393,13 @@ __device__ __forceinline__ int pixel_grads(const SmemGaussians &s, int k, int id
     float v_alpha = (b.z * p.T - p.buf.x * ra) * p.v_rgb.x +
                     (b.w * p.T - p.buf.y * ra) * p.v_rgb.y +
                     (cb * p.T - p.buf.z * ra) * p.v_rgb.z;
-    v_alpha += p.T_final * ra * p.v_a;
+    v_alpha += ra * p.v_aT;
     if (a.z * vis <= kAlphaMax) {
         // dL/dsigma = -o*vis*dL/dalpha; dL/dq = o*vis*dL/dalpha*ln2 (ln2 at the write-out)
         const float v_e = FASTEXP ? a.z * vis * v_alpha : -a.z * vis * v_alpha;
         falloff_exponent_grads<FASTEXP>(a.w, b.x, b.y, dx, dy, v_e, g);
         g[8] = vis * v_alpha;
-    } else {
-        g[0] = g[1] = g[2] = g[3] = g[4] = g[8] = 0.f;
-    }
+    }  // else alpha is clamped: no gradient to the opacity, the means or the conic
     g[9] = fabsf(g[0]);
     g[10] = fabsf(g[1]);
     p.buf.x += b.z * fac;
@@ -435,7 +452,7 @@ __device__ __forceinline__ void write_chunk_grads(
 // max(last, stop + 1) instead of last.
 template <int CHUNK, bool ABS, bool BUTTERFLY, bool CONTRIB, bool FASTEXP>
 __device__ __forceinline__ void backward_slots(
-    const SmemGaussians &s, int lo, int hi, int base, PixelBwd &p, float *s_acc,
+    const SmemGaussians &s, int lo, int hi, int base, int warp_end, PixelBwd &p, float *s_acc,
     float *__restrict__ v_means2d, float *__restrict__ v_conics, float *__restrict__ v_colors,
     float *__restrict__ v_opacities, float *__restrict__ v_means2d_abs, float *__restrict__ contrib) {
     constexpr int K = CONTRIB ? kContribComp + 1 : (ABS ? kGradComps : 9);  // components actually reduced
@@ -445,7 +462,7 @@ __device__ __forceinline__ void backward_slots(
     const uint32_t wbit = 1u << (threadIdx.x >> 5);
     for (int chunk_hi = hi; chunk_hi > lo; chunk_hi -= CHUNK) {
         const int chunk_lo = max(lo, chunk_hi - CHUNK);
-        for (int k = chunk_hi - 1; k >= chunk_lo; --k) {
+        for (int k = min(chunk_hi, warp_end - base) - 1; k >= chunk_lo; --k) {
             if (!(s.warps[k] & wbit)) continue;  // warp-uniform: no lane would be valid or stopped
             float g[kGradPad];
 #pragma unroll
@@ -454,10 +471,6 @@ __device__ __forceinline__ void backward_slots(
             const bool valid = r == kPixelComposited;  // composited here: gradients (and score)
             const bool stopped = CONTRIB && r == kPixelStopped;  // CONTRIB: stopped the pixel: score only
             if (!__any_sync(0xffffffffu, valid || stopped)) continue;
-            if (!valid) {
-#pragma unroll
-                for (int c = 0; c < kGradComps; ++c) g[c] = 0.f;
-            }
             float *dst = s_acc + (k - chunk_lo) * kStride;
             if (BUTTERFLY) {
                 if (!ABS) g[9] = g[10] = 0.f;  // components >= K must be zero in every lane
@@ -493,14 +506,15 @@ __device__ __forceinline__ void backward_slots(
 // half of backward_slots' loop (suite sass-loops). The butterfly reduction; no pruning score.
 template <int CHUNK, bool ABS, bool FASTEXP, int NT>
 __device__ __forceinline__ void backward_slots_2px(
-    const SmemGaussians &s, int lo, int hi, int base, PixelBwd (&p)[2], const uint32_t (&bits)[2], float *s_acc,
+    const SmemGaussians &s, int lo, int hi, int base, int warp_end, PixelBwd (&p)[2], const uint32_t (&bits)[2],
+    float *s_acc,
     float *__restrict__ v_means2d, float *__restrict__ v_conics, float *__restrict__ v_colors,
     float *__restrict__ v_opacities, float *__restrict__ v_means2d_abs) {
     constexpr int K = ABS ? kGradComps : 9;  // components actually reduced
     const int lane = threadIdx.x & 31;
     for (int chunk_hi = hi; chunk_hi > lo; chunk_hi -= CHUNK) {
         const int chunk_lo = max(lo, chunk_hi - CHUNK);
-        for (int k = chunk_hi - 1; k >= chunk_lo; --k) {
+        for (int k = min(chunk_hi, warp_end - base) - 1; k >= chunk_lo; --k) {
             const uint32_t seen = s.warps[k];
             if (!(seen & (bits[0] | bits[1]))) continue;  // warp-uniform
             float g[kGradPad];

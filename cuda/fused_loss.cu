@@ -150,9 +150,10 @@ __global__ void __launch_bounds__(kBlock, 2) fused_loss_kernel(const Params P) {
 #pragma unroll
     for (int c = 0; c < 3; ++c) m[c] = clamp_grad_mask(raw[c], P.clamp_inclusive != 0);
     p.v_rgb = inside ? make_float3(dl[0] * m[0], dl[1] * m[1], dl[2] * m[2]) : make_float3(0.f, 0.f, 0.f);
-    p.v_a = -(bgc.x * p.v_rgb.x + bgc.y * p.v_rgb.y + bgc.z * p.v_rgb.z);
+    p.v_aT = -T * (bgc.x * p.v_rgb.x + bgc.y * p.v_rgb.y + bgc.z * p.v_rgb.z);
     // the walk's end: the stopping Gaussians (all in batches the forward loaded) count for the score
-    const int max_last = block_max_int(CONTRIB ? max(p.last, p.stop + 1) : p.last, s_int + 1);
+    const int warp_end = warp_walk_end<CONTRIB>(p);
+    const int max_last = block_max_int(warp_end, s_int + 1);
     if (max_last == 0) return;
     for (int b = (max_last - 1) / P.cap; b >= 0; --b) {
         const int cnt = min(P.cap, n - b * P.cap);
@@ -164,7 +165,7 @@ __global__ void __launch_bounds__(kBlock, 2) fused_loss_kernel(const Params P) {
             __syncthreads();
         }
         const int hi = min(cnt, max_last - b * P.cap);
-        backward_slots<kChunk, ABS, BUTTERFLY, CONTRIB, FASTEXP>(s, 0, hi, b * P.cap, p, s_acc, P.v_means2d,
+        backward_slots<kChunk, ABS, BUTTERFLY, CONTRIB, FASTEXP>(s, 0, hi, b * P.cap, warp_end, p, s_acc, P.v_means2d,
                                                                  P.v_conics, P.v_colors, P.v_opacities, P.v_abs,
                                                                  P.contrib);
     }

@@ -118,7 +118,7 @@ __device__ __forceinline__ PixelBwd pixel_bwd_state(const BwdArgs &a, int x, int
     p.py = y + 0.5f;
     p.buf = make_float3(0.f, 0.f, 0.f);
     p.v_rgb = make_float3(0.f, 0.f, 0.f);
-    p.v_a = 0.f;
+    p.v_aT = 0.f;
     p.T = p.T_final = 1.f;
     p.last = 0;
     p.stop = -1;
@@ -131,7 +131,7 @@ __device__ __forceinline__ PixelBwd pixel_bwd_state(const BwdArgs &a, int x, int
         float va = a.v_alpha != nullptr ? a.v_alpha[pix] : 0.f;
         if (a.bg != nullptr)
             va -= a.bg[3 * cam] * p.v_rgb.x + a.bg[3 * cam + 1] * p.v_rgb.y + a.bg[3 * cam + 2] * p.v_rgb.z;
-        p.v_a = va;
+        p.v_aT = p.T_final * va;
     }
     return p;
 }
@@ -144,8 +144,8 @@ __global__ void __launch_bounds__(kBlock, 5) render_bwd_kernel(const BwdArgs a) 
     const BwdBlock blk = bwd_block<kBlock>(a, kBatch * kAccComps);
     const int2 xy = thread_pixel<kWarpWidth>(blk.tx, blk.ty);
     PixelBwd p = pixel_bwd_state<CONTRIB>(a, xy.x, xy.y, blk.cam);
-    // also syncs s_acc's zeroing; the stopping Gaussians count for the score
-    const int max_last = block_max_int(CONTRIB ? max(p.last, p.stop + 1) : p.last, blk.red);
+    const int warp_end = warp_walk_end<CONTRIB>(p);  // the stopping Gaussians count for the score
+    const int max_last = block_max_int(warp_end, blk.red);  // also syncs s_acc's zeroing
     if (max_last == 0 || blk.end <= blk.start) return;
     for (int b = (max_last - 1) / kBatch; b >= 0; --b) {
         const int cnt = min(kBatch, blk.end - blk.start - b * kBatch);
@@ -154,8 +154,8 @@ __global__ void __launch_bounds__(kBlock, 5) render_bwd_kernel(const BwdArgs a) 
                                             a.colors, a.opacities, blk.tx * kTile, blk.ty * kTile, a.cull);
         __syncthreads();
         const int hi = min(cnt, max_last - b * kBatch);
-        backward_slots<kBatch, ABS, BUTTERFLY, CONTRIB, FASTEXP>(blk.s, 0, hi, b * kBatch, p, blk.acc, a.v_means2d,
-                                                                 a.v_conics, a.v_colors, a.v_opacities,
+        backward_slots<kBatch, ABS, BUTTERFLY, CONTRIB, FASTEXP>(blk.s, 0, hi, b * kBatch, warp_end, p, blk.acc,
+                                                                 a.v_means2d, a.v_conics, a.v_colors, a.v_opacities,
                                                                  a.v_means2d_abs, a.contrib);
     }
 }
@@ -182,7 +182,8 @@ __global__ void __launch_bounds__(kThreads2px, 7) render_bwd_2px_kernel(const Bw
         p[j] = pixel_bwd_state<false>(a, x, y, blk.cam);
         walk = max(walk, p[j].last);
     }
-    const int max_last = block_max_int<kThreads2px>(walk, blk.red);  // also syncs s_acc's zeroing
+    const int warp_end = warp_max_int(walk);
+    const int max_last = block_max_int<kThreads2px>(warp_end, blk.red);  // also syncs s_acc's zeroing
     if (max_last == 0 || blk.end <= blk.start) return;
     for (int b = (max_last - 1) / kBatch; b >= 0; --b) {
         const int cnt = min(kBatch, blk.end - blk.start - b * kBatch);
@@ -192,7 +193,7 @@ __global__ void __launch_bounds__(kThreads2px, 7) render_bwd_2px_kernel(const Bw
                                                          blk.ty * kTile, a.cull);
         __syncthreads();
         const int hi = min(cnt, max_last - b * kBatch);
-        backward_slots_2px<kBatch, ABS, FASTEXP, kThreads2px>(blk.s, 0, hi, b * kBatch, p, bits, blk.acc,
+        backward_slots_2px<kBatch, ABS, FASTEXP, kThreads2px>(blk.s, 0, hi, b * kBatch, warp_end, p, bits, blk.acc,
                                                               a.v_means2d, a.v_conics, a.v_colors, a.v_opacities,
                                                               a.v_means2d_abs);
     }

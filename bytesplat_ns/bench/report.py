@@ -415,9 +415,9 @@ def kernel_profile_table(steps: List[Dict], min_share: float = 0.02) -> List[str
 
 
 def sass_table(steps: List[Dict]) -> List[str]:
-    """Per kernel instance (``bytesplat-bench sass``): registers, spills, instructions and its compositing
-    loops, and for a ``fast_exp`` instance how many instructions each loop has fewer than the same instance
-    with expf. The shuffle-reduction instances (``bwd_reduce shuffle``, an A/B path) stay in the JSON."""
+    """Per kernel instance (``bytesplat-bench sass``): registers, spills (and those inside the compositing
+    loops), instructions and its compositing loops, and for a ``fast_exp`` instance how many instructions
+    each loop has fewer than the same instance with expf. The shuffle-reduction instances (``bwd_reduce shuffle``, an A/B path) stay in the JSON."""
     rows = []
     for step in steps:
         found = step["result"]["rows"]
@@ -429,16 +429,17 @@ def sass_table(steps: List[Dict]) -> List[str]:
                          and t["switches"] == {**sw, "fast_exp": False}), None) if sw.get("fast_exp") else None
             fewer = ", ".join(str(a - b) for a, b in zip(twin["loop_instructions"], r["loop_instructions"])) \
                 if twin else "-"
+            in_loop = ", ".join(map(str, r["loop_local_accesses"])) if r.get("loop_local_accesses") else "-"
             rows.append([r["source"], r["kernel"], ", ".join(k for k, v in sw.items() if v) or "-",
                          str(r.get("registers", "-")), f"{r.get('spill_stores', '-')} / {r.get('spill_loads', '-')}",
-                         str(r["instructions"]), ", ".join(map(str, r["loop_instructions"])) or "-", fewer])
+                         in_loop, str(r["instructions"]), ", ".join(map(str, r["loop_instructions"])) or "-", fewer])
     if not rows:
         return []
     arch = steps[0]["result"].get("arch", "-")
     return [f"Machine code for {arch}, nvcc {steps[0]['result'].get('nvcc', '-')} (static counts: every path of a "
             "loop body once):", ""] + _table(
-        ["source", "kernel", "switches on", "registers", "spill bytes stored / loaded", "instructions",
-         "compositing loop(s)", "fewer than with expf"], rows)
+        ["source", "kernel", "switches on", "registers", "spill bytes stored / loaded",
+         "spill accesses in the loop(s)", "instructions", "compositing loop(s)", "fewer than with expf"], rows)
 
 
 TABLES = {"raster": raster_table, "train": train_table, "distributed": distributed_table,

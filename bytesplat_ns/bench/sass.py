@@ -8,7 +8,8 @@ torch's headers) to a cubin for ``sm_ARCH``, with ptxas' resource report; ``cuob
 disassembles it. Per kernel instance (its template switches by name): registers, spill stores and
 loads (bytes), instructions in all, and the instructions of each compositing loop, the innermost loop
 around a ``MUFU.EX2`` (the Gaussian's falloff), counted once over the loop body (every path, not a
-trace): the forward's, then the backward's in a kernel that has both. The render kernels are bound by the instructions they issue (Nsight
+trace): the forward's, then the backward's in a kernel that has both; and the local-memory accesses
+(spills) inside those loops. The render kernels are bound by the instructions they issue (Nsight
 Compute: ``bytesplat-bench dram --kernels``), so a change to the per-pixel work shows in the loop's
 size before it is timed on a GPU. ``cuobjdump`` is taken from next to nvcc, the PATH, or the copy
 triton ships.
@@ -105,6 +106,18 @@ def parse_sass(text: str) -> Dict[str, List[Tuple[int, str]]]:
 def compositing_loops(instructions: Sequence[Tuple[int, str]]) -> List[int]:
     """Instructions in each innermost loop (a backward branch and its target) around a MUFU.EX2, in
     address order: the forward's compositing loop, then the backward's where the kernel has both."""
+    return [sum(1 for a, _ in instructions if lo <= a <= hi) for lo, hi in compositing_loop_spans(instructions)]
+
+
+def loop_local_accesses(instructions: Sequence[Tuple[int, str]]) -> List[int]:
+    """Local-memory loads and stores (LDL / STL: register spills) inside each compositing loop. ptxas
+    reports a kernel's spill bytes wherever they are; in the loop they cost per Gaussian and pixel."""
+    return [sum(1 for a, t in instructions if lo <= a <= hi and re.search(r"\b(LDL|STL)\b", t))
+            for lo, hi in compositing_loop_spans(instructions)]
+
+
+def compositing_loop_spans(instructions: Sequence[Tuple[int, str]]) -> List[Tuple[int, int]]:
+    """(first, last) address of each innermost loop around a MUFU.EX2, in address order."""
     back_edges = []
     for address, text in instructions:
         m = _BRANCH.search(text)
@@ -115,7 +128,7 @@ def compositing_loops(instructions: Sequence[Tuple[int, str]]) -> List[int]:
         around = [(lo, hi) for lo, hi in back_edges if lo <= ex2 < hi]
         if around:
             loops.add(min(around, key=lambda e: e[1] - e[0]))
-    return [sum(1 for a, _ in instructions if lo <= a <= hi) for lo, hi in sorted(loops)]
+    return sorted(loops)
 
 
 def kernel_name(mangled: str) -> Tuple[str, Dict[str, bool]]:
@@ -149,6 +162,7 @@ def measure_source(nvcc: str, cuobjdump: str, source: Path, arch: str) -> List[D
         kernel, switches = kernel_name(mangled)
         rows.append({"source": source.name, "kernel": kernel, "switches": switches,
                      "instructions": len(instructions), "loop_instructions": compositing_loops(instructions),
+                     "loop_local_accesses": loop_local_accesses(instructions),
                      **resources.get(mangled, {})})
     return sorted(rows, key=lambda r: (r["kernel"], sorted(r["switches"].items())))
 

@@ -61,6 +61,26 @@ def test_the_innermost_loop_around_each_ex2_is_counted():
     # 0x150 is a loop without an EX2
     assert sass.compositing_loops(bwd) == [7, 4]
     assert sass.compositing_loops(kernels["_ZN9bytesplat17render_fwd_kernelILb0EEEviii"]) == []
+    assert sass.loop_local_accesses(bwd) == [0, 0]
+
+
+def test_spills_inside_a_compositing_loop_are_counted_apart_from_those_outside():
+    # a store before the loop, a load and a store inside it (the loop 0x20..0x60), a load after it
+    text = """
+                Function : _ZN9bytesplat17render_bwd_kernelILb1ELb1ELb0ELb0EEEvi
+        /*0000*/                   STL [R1+0x4], R2 ;                       /* 0x0000000000007387 */
+        /*0010*/                   MOV R3, RZ ;                             /* 0x0000000000007202 */
+        /*0020*/                   LDL R4, [R1+0x4] ;                       /* 0x0000000000007983 */
+        /*0030*/                   MUFU.EX2 R5, R4 ;                        /* 0x0000000000007308 */
+        /*0040*/                   STL [R1+0x8], R5 ;                       /* 0x0000000000007387 */
+        /*0050*/                   ISETP.NE.AND P0, PT, R5, RZ, PT ;       /* 0x000000000000720c */
+        /*0060*/               @P0 BRA 0x20 ;                               /* 0xfffffffc00e40947 */
+        /*0070*/                   LDL.LU R6, [R1+0x8] ;                    /* 0x0000000000007983 */
+        /*0080*/                   EXIT ;                                   /* 0x000000000000794d */
+"""
+    (ins,) = sass.parse_sass(text).values()
+    assert sass.compositing_loops(ins) == [5]
+    assert sass.loop_local_accesses(ins) == [2]
 
 
 def test_ptxas_resources_and_template_switches_are_read():
@@ -77,7 +97,7 @@ def test_ptxas_resources_and_template_switches_are_read():
 
 def _row(kernel, loops, **switches):
     return {"source": "render.cu", "kernel": kernel, "switches": switches, "instructions": 600, "registers": 40,
-            "spill_stores": 0, "spill_loads": 0, "loop_instructions": loops}
+            "spill_stores": 0, "spill_loads": 0, "loop_instructions": loops, "loop_local_accesses": [0] * len(loops)}
 
 
 def test_the_table_shows_what_the_falloff_as_2_to_the_q_saves():
@@ -88,9 +108,9 @@ def test_the_table_shows_what_the_falloff_as_2_to_the_q_saves():
     lines = sass_table([{"result": {"benchmark": "bytesplat-bench sass", "arch": "sm_90", "nvcc": "13.0.88",
                                     "rows": rows}}])
     assert "sm_90, nvcc 13.0.88" in lines[0]
-    assert "| render.cu | render_fwd_kernel | fast_exp | 40 | 0 / 0 | 600 | 45 | 11 |" in lines
-    assert "| render.cu | render_bwd_kernel | absgrad, butterfly | 40 | 0 / 0 | 600 | 182 | - |" in lines
-    assert "| render.cu | render_bwd_kernel | absgrad, butterfly, fast_exp | 40 | 0 / 0 | 600 | 171 | 11 |" in lines
+    assert "| render.cu | render_fwd_kernel | fast_exp | 40 | 0 / 0 | 0 | 600 | 45 | 11 |" in lines
+    assert "| render.cu | render_bwd_kernel | absgrad, butterfly | 40 | 0 / 0 | 0 | 600 | 182 | - |" in lines
+    assert "| render.cu | render_bwd_kernel | absgrad, butterfly, fast_exp | 40 | 0 / 0 | 0 | 600 | 171 | 11 |" in lines
     assert not any("297" in line for line in lines)  # the shuffle reduction's instances: JSON only
 
 
@@ -113,6 +133,8 @@ def test_the_real_render_kernels_have_a_shorter_forward_loop_with_2_to_the_q():
     train = {f: by[("render_bwd_kernel", (("absgrad", True), ("butterfly", True), ("contribution", False),
                                           ("fast_exp", f)))] for f in (False, True)}
     assert train[True]["loop_instructions"][0] < train[False]["loop_instructions"][0]
+    # the default training instances keep their compositing loops free of spills
+    assert all(r["loop_local_accesses"] == [0] for r in (*fwd.values(), *train.values()))
 
 
 def test_without_the_cuda_tools_it_is_one_clear_error(monkeypatch, tmp_path):

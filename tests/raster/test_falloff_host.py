@@ -23,7 +23,8 @@ PROGRAM = r"""
 using namespace bytesplat;
 
 // stdin: lines "a b c mx my px py o"; stdout per line and form (FASTEXP 0, then 1):
-// "counts alpha d/dmx d/dmy d/da d/db d/dc", the gradients of the unclamped alpha = o*falloff.
+// "sigma>=0 alpha d/dmx d/dmy d/da d/db d/dc kept", the gradients of the unclamped alpha = o*falloff,
+// kept: whether the kernels composite the pixel (falloff_kept).
 template <bool FASTEXP>
 void one(float a, float b, float c, float mx, float my, float px, float py, float o) {
     const float3 k = staged_conic<FASTEXP>(a, b, c);
@@ -36,7 +37,7 @@ void one(float a, float b, float c, float mx, float my, float px, float py, floa
     falloff_exponent_grads<FASTEXP>(k.x, k.y, k.z, dx, dy, v_e, g);
     std::printf("%d %.9g", int(sigma_nonnegative<FASTEXP>(e)), o * vis);
     for (int i = 0; i < 5; ++i) std::printf(" %.9g", g[i] * falloff_grad_scale<FASTEXP>(i));
-    std::printf(" %d\n", int(sigma_negative<FASTEXP>(e)));
+    std::printf(" %d\n", int(falloff_kept<FASTEXP>(e, fminf(kAlphaMax, o * vis))));
 }
 
 int main() {
@@ -80,8 +81,12 @@ def _cases(n: int = 400, seed: int = 0) -> torch.Tensor:
     px, py = mx + r[:, 0], my + r[:, 1]
     o = 0.01 + 0.99 * torch.rand(n, generator=g, dtype=torch.float64)
     rows = torch.stack([a, b, c, mx, my, px, py, o], -1)
+    # sigma NaN: a NaN conic entry, an infinite one at zero offset, a NaN mean
+    nan = torch.tensor([[float("nan"), 0.0, 1.0, 10.0, 10.0, 10.5, 10.5, 0.8],
+                        [float("inf"), 0.0, 1.0, 10.0, 10.0, 10.0, 10.5, 0.8],
+                        [1.0, 0.0, 1.0, float("nan"), 10.0, 10.5, 10.5, 0.8]], dtype=torch.float64)
     indefinite = torch.tensor([[0.5, 2.0, 0.5, 10.0, 10.0, 11.0, 9.0, 0.8]], dtype=torch.float64)
-    return torch.cat([rows, indefinite]).float().double()  # the values the program reads (float32)
+    return torch.cat([rows, nan, indefinite]).float().double()  # the values the program reads (float32)
 
 
 def _reference(cases: torch.Tensor):
@@ -104,9 +109,12 @@ def test_both_falloff_forms_match_the_reference(falloff_program):
     assert out.shape == (2 * len(cases), 8)
     alpha_ref, grad_ref, nonneg_ref = _reference(cases)
     for form, rows in (("expf", out[0::2]), ("2^q", out[1::2])):
-        nonneg, alpha, grad, negative = rows[:, 0].bool(), rows[:, 1], rows[:, 2:7], rows[:, 7].bool()
-        assert torch.equal(nonneg, nonneg_ref) and torch.equal(negative, ~nonneg_ref), form
+        nonneg, alpha, grad, kept = rows[:, 0].bool(), rows[:, 1], rows[:, 2:7], rows[:, 7].bool()
+        assert torch.equal(nonneg, nonneg_ref), form
+        assert torch.equal(kept, nonneg & (alpha.clamp_max(0.999) >= 1 / 255)), form
         assert not bool(nonneg_ref[-1]), "the indefinite conic has sigma < 0 at its pixel"
+        # a NaN exponent: not composited (fminf alone would give it alpha 0.999)
+        assert not bool(kept[-4:-1].any()) and bool(alpha[-4:-1].isnan().all()), form
         keep = nonneg_ref & (alpha_ref >= 1 / 255)  # the pixels the kernels composite
         assert int(keep.sum()) > 100
         rel = ((alpha - alpha_ref).abs() / alpha_ref)[keep]

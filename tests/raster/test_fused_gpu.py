@@ -214,6 +214,41 @@ def test_render_kernel_matches_torch_twin():
         assert rel_err(x.grad, y.grad) <= GRAD_TOL, n
 
 
+@pytest.mark.parametrize("fast_exp", [False, True], ids=["expf", "fast_exp"])
+def test_nan_exponent_is_skipped_as_in_the_twin(fast_exp):
+    """A Gaussian whose exponent is NaN (a NaN conic entry) is composited at no pixel, by the forward
+    and the backward alike, as in the twin: fminf alone would give it alpha 0.999 in the forward while
+    the backward skipped it, so every Gaussian in front of it got wrong gradients."""
+    from bytesplat_ns.raster.fused import _RasterizeFused, bin_tiles, project, render_2d_torch
+
+    scene = make_scene(40, 2, 40, 36, seed=12, sh_degree=None)
+    with torch.no_grad():
+        radii, m2, depths, con, col, op = project(
+            scene["means"], scene["quats"], scene["scales"], scene["opacities"], scene["colors"],
+            scene["viewmats"], scene["Ks"], 40, 36, sh_degree=None, near_plane=0.01, far_plane=1e10,
+            eps2d=0.3, projection="torch")
+    offsets, fids = bin_tiles(m2, radii, depths, 40, 36)
+    bad = int(fids[fids.numel() // 2])  # a Gaussian in some tile's list (index into the flattened views)
+    con = con.clone()
+    con.view(-1, 3)[bad, 0] = float("nan")
+    bg = torch.rand(2, 3, device="cuda")
+    ins = [t.detach().clone().contiguous().requires_grad_(True) for t in (m2, con, col, op)]
+    ins2 = [t.detach().clone().requires_grad_(True) for t in ins]
+    r1, a1 = _RasterizeFused.apply(*ins, bg, offsets, fids, 40, 36, False, True, True, fast_exp)
+    r2, a2 = render_2d_torch(*ins2, bg, offsets, fids, 40, 36)
+    assert bool(torch.isfinite(r2).all())
+    assert rel_err(r1, r2) <= IMG_TOL and rel_err(a1, a2) <= IMG_TOL
+    w = torch.randn_like(r1)
+    ((r1 * w).sum() + a1.sum()).backward()
+    ((r2 * w).sum() + a2.sum()).backward()
+    rows = torch.arange(m2.shape[0] * m2.shape[1], device="cuda") != bad  # the twin's own row is NaN
+    for x, y, n in zip(ins, ins2, ("means2d", "conics", "colors", "opacities")):
+        gx, gy = x.grad.reshape(rows.numel(), -1), y.grad.reshape(rows.numel(), -1)
+        assert bool(torch.isfinite(gx).all()), n
+        assert float(gx[~rows].abs().max()) == 0.0, n
+        assert rel_err(gx[rows], gy[rows]) <= GRAD_TOL, n
+
+
 _EDGE_INPUTS = ("means2d", "conics", "colors", "opacities")
 
 
