@@ -190,17 +190,25 @@ def test_rasterize_fused_nothing_visible():
     assert float(p["means"].grad.abs().max()) == 0.0
 
 
-def test_render_kernel_matches_torch_twin():
-    """The kernel pair against its pure-PyTorch twin on identical 2D inputs and tile lists."""
-    from bytesplat_ns.raster.fused import _RasterizeFused, bin_tiles, project, render_2d_torch
+def _twin_inputs(seed):
+    """2D inputs (means2d, conics, colors, opacities) of a small 2-view scene, 40x36, and its tile lists."""
+    from bytesplat_ns.raster.fused import bin_tiles, project
 
-    scene = make_scene(40, 2, 40, 36, seed=11, sh_degree=None)
+    scene = make_scene(40, 2, 40, 36, seed=seed, sh_degree=None)
     with torch.no_grad():
         radii, m2, depths, con, col, op = project(
             scene["means"], scene["quats"], scene["scales"], scene["opacities"], scene["colors"],
             scene["viewmats"], scene["Ks"], 40, 36, sh_degree=None, near_plane=0.01, far_plane=1e10,
             eps2d=0.3, projection="torch")
     offsets, fids = bin_tiles(m2, radii, depths, 40, 36)
+    return [m2, con.clone(memory_format=torch.contiguous_format), col, op], offsets, fids
+
+
+def test_render_kernel_matches_torch_twin():
+    """The kernel pair against its pure-PyTorch twin on identical 2D inputs and tile lists."""
+    from bytesplat_ns.raster.fused import _RasterizeFused, render_2d_torch
+
+    (m2, con, col, op), offsets, fids = _twin_inputs(11)
     bg = torch.rand(2, 3, device="cuda")
     ins = [t.detach().clone().contiguous().requires_grad_(True) for t in (m2, con, col, op)]
     ins2 = [t.detach().clone().requires_grad_(True) for t in ins]
@@ -219,17 +227,10 @@ def test_nan_exponent_is_skipped_as_in_the_twin(fast_exp):
     """A Gaussian whose exponent is NaN (a NaN conic entry) is composited at no pixel, by the forward
     and the backward alike, as in the twin: fminf alone would give it alpha 0.999 in the forward while
     the backward skipped it, so every Gaussian in front of it got wrong gradients."""
-    from bytesplat_ns.raster.fused import _RasterizeFused, bin_tiles, project, render_2d_torch
+    from bytesplat_ns.raster.fused import _RasterizeFused, render_2d_torch
 
-    scene = make_scene(40, 2, 40, 36, seed=12, sh_degree=None)
-    with torch.no_grad():
-        radii, m2, depths, con, col, op = project(
-            scene["means"], scene["quats"], scene["scales"], scene["opacities"], scene["colors"],
-            scene["viewmats"], scene["Ks"], 40, 36, sh_degree=None, near_plane=0.01, far_plane=1e10,
-            eps2d=0.3, projection="torch")
-    offsets, fids = bin_tiles(m2, radii, depths, 40, 36)
+    (m2, con, col, op), offsets, fids = _twin_inputs(12)
     bad = int(fids[fids.numel() // 2])  # a Gaussian in some tile's list (index into the flattened views)
-    con = con.clone()
     con.view(-1, 3)[bad, 0] = float("nan")
     bg = torch.rand(2, 3, device="cuda")
     ins = [t.detach().clone().contiguous().requires_grad_(True) for t in (m2, con, col, op)]
