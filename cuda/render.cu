@@ -267,12 +267,21 @@ std::vector<at::Tensor> render_bwd(const at::Tensor &means2d, const at::Tensor &
                 "bytesplat: the contribution needs render_fwd's stop indices (with_stop=True)");
     const at::cuda::CUDAGuard guard(means2d.device());
     const int tw = (W + kTile - 1) / kTile, th = (H + kTile - 1) / kTile;
-    at::Tensor v_means2d = at::zeros_like(means2d);
-    at::Tensor v_conics = at::zeros_like(conics);
-    at::Tensor v_colors = at::zeros_like(colors);
-    at::Tensor v_opacities = at::zeros_like(opacities);
-    at::Tensor v_abs = absgrad ? at::zeros_like(means2d) : at::empty({0}, means2d.options());
-    at::Tensor contrib = at::zeros({contribution ? means2d.size(0) : 0}, means2d.options());
+    // Every output is summed into by atomics: one zeroed buffer and one fill for all of them, each a
+    // contiguous slice of it shaped like its input, starting 256-byte aligned as its own allocation
+    // would (vectorized consumers such as torch's elementwise kernels check the alignment).
+    const int64_t n_contrib = contribution ? means2d.size(0) : 0;
+    auto padded = [](int64_t n) { return (n + 63) / 64 * 64; };
+    at::Tensor sums = at::zeros({padded(means2d.numel()) * (absgrad ? 2 : 1) + padded(conics.numel()) +
+                                 padded(colors.numel()) + padded(opacities.numel()) + n_contrib}, means2d.options());
+    int64_t used = 0;
+    auto slice = [&](int64_t n) { at::Tensor t = sums.narrow(0, used, n); used += padded(n); return t; };
+    at::Tensor v_means2d = slice(means2d.numel()).view_as(means2d);
+    at::Tensor v_conics = slice(conics.numel()).view_as(conics);
+    at::Tensor v_colors = slice(colors.numel()).view_as(colors);
+    at::Tensor v_opacities = slice(opacities.numel()).view_as(opacities);
+    at::Tensor v_abs = absgrad ? slice(means2d.numel()).view_as(means2d) : at::empty({0}, means2d.options());
+    at::Tensor contrib = slice(n_contrib);
     if (C == 0 || W == 0 || H == 0 || flatten_ids.numel() == 0)
         return {v_means2d, v_conics, v_colors, v_opacities, v_abs, contrib};
     at::Tensor stop_keep = contribution ? stop->contiguous() : at::Tensor();
