@@ -103,13 +103,13 @@ class FusedRasterConfig:
     Gaussian, with the GPU's approximate exp2 (cuda/common.cuh staged_conic): 11-12 fewer instructions per Gaussian
     and pixel in the forward loop, 7-14 in the backward's (suite sass-loops), the same image up to float rounding
     (about 2e-6 relative).
-    Off until it is timed and tested on a GPU."""
+    Off: raster + loss 1.05-1.06x (suite kernel-levers), the 3-seed quality A/B not yet within 0.1 dB."""
     bwd_pixels_per_thread: Literal[1, 2] = 1
     """Pixels per thread of the plain backward kernel (the split schedule's and rasterize_fused's): 2 runs 128
     threads per tile and shares each Gaussian's warp reduction between 64 pixels instead of 32, with the per-pixel
     work still skipped per 8x4-pixel block (cuda/render.cu render_bwd_2px_kernel; butterfly reduction only; the
-    backward that gathers the pruning score keeps 1). The same gradients up to summation order. Off until it is
-    timed and tested on a GPU."""
+    backward that gathers the pruning score keeps 1). The same gradients up to summation order. Off: raster + loss
+    1.01-1.03x (suite kernel-levers)."""
     check_every: int = 0
     """Every this many training steps, compare the fused loss and gradients with the unfused (splatfacto) path
     and log the errors (model.fused_check_log; 0: off). Costs two extra steps each time."""
