@@ -467,10 +467,10 @@ __device__ __forceinline__ void backward_slots(
             float g[kGradPad];
 #pragma unroll
             for (int c = kGradComps; c < kGradPad; ++c) g[c] = 0.f;  // butterfly padding (and the score)
+            // a lane that composited here (or, with CONTRIB, stopped its pixel here) adds to the sums;
+            // the others hold zeros
             const int r = pixel_grads<CONTRIB, FASTEXP>(s, k, base + k, p, g);
-            const bool valid = r == kPixelComposited;  // composited here: gradients (and score)
-            const bool stopped = CONTRIB && r == kPixelStopped;  // CONTRIB: stopped the pixel: score only
-            if (!__any_sync(0xffffffffu, valid || stopped)) continue;
+            if (!__any_sync(0xffffffffu, r != kPixelSkipped)) continue;
             float *dst = s_acc + (k - chunk_lo) * kStride;
             if (BUTTERFLY) {
                 if (!ABS) g[9] = g[10] = 0.f;  // components >= K must be zero in every lane

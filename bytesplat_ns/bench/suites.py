@@ -80,6 +80,7 @@ _SEEDS = "--scene large --iterations 3000 --num-downscales 0 --seeds 1 2 3 4 5"
 _GSPLAT_153 = "/tmp/gsplat-1.5.3"  # where scripts/gpu_setup.sh installs the carried gsplat 1.5.3 wheel
 _TRAINED_CAPTURE = "{work}/train/bytesplat-seed0/bytesplat/bytesplat/seed0"  # the train_30k step's run
 _VISIBLE_ONLY = "visible=bytesplat --pipeline.model.optimize-visible-only True"
+_FAST_EXP = "fast_exp=bytesplat --pipeline.model.fused.fast-exp True"
 _LEVERS = "levers=bytesplat --pipeline.model.fused.fast-exp True --pipeline.model.fused.bwd-pixels-per-thread 2"
 _RASTER_1080P = "--num-gaussians 1000000 4000000 --width 1920 --height 1080"
 _BUDGET_40 = "budget40=bytesplat --pipeline.model.budget-prune-fraction 0.4"
@@ -336,11 +337,16 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           "(--pipeline.model.fused.fast-exp True) and two pixels per thread in the backward "
           "(--pipeline.model.fused.bwd-pixels-per-thread 2): raster + loss and the forward at 1080p with 1M and 4M "
           "random Gaussians, the whole step with each and with both, and ns-train + ns-eval with both on a real "
-          "capture (--data), 5000 iterations, 3 seeds, each pair back to back",
+          "capture (--data), 5000 iterations, 3 seeds, each pair back to back; then fast_exp alone against the "
+          "defaults for quality, seeds 3-6, the eight runs at once",
           1,
           (Step("raster", _args(f"{_RASTER_1080P} --warmup 3 --repeats 10 --raster-only"), name="raster_1080p"),
            Step("step", _args(f"{_RASTER_1080P} --warmup 10 --repeats 50 --implementations bytesplat "
                               "bytesplat-fast-exp bytesplat-bwd-2px bytesplat-levers"), name="step_1080p"))
-          + _per_seed_on_capture(f"bytesplat '{_LEVERS}'", 5000, "wallclock", "seed{seed}"),
+          + _per_seed_on_capture(f"bytesplat '{_LEVERS}'", 5000, "wallclock", "seed{seed}")
+          # quality only (the eight runs share the GPU): fast_exp alone against the default, seeds 3-6
+          + (Step("wallclock", _args(f"--data {{data}} --methods bytesplat '{_FAST_EXP}' --iterations 5000 "
+                                     "--seeds 3 4 5 6 --parallel 8 --offline-lpips --work-dir {work}/fast-exp"),
+                  name="fast_exp_seeds"),),
           needs_data=True),
 )}
