@@ -134,6 +134,19 @@ def _split_loss(m, c, col, o, bg, gt, offsets, flatten_ids, C, W, H, ssim_lambda
     return rgb, alpha, partials, vm, vc, vcol, vo, vabs, info, contrib
 
 
+@functools.lru_cache(maxsize=64)
+def _loss_map(device: torch.device, C: int, W: int, H: int, ssim_lambda: float):
+    """(bias, matrix) of the affine map from the summed (L1, SSIM) partials to (l1, ssim, loss), in double:
+    l1 and ssim are means over their pixels (SSIM's valid windows only), loss = (1-lambda) l1 + lambda (1-ssim).
+    Cached per device, image size and lambda: its one host-to-device copy happens once."""
+    n_l1 = C * H * W * 3
+    n_ssim = C * 3 * (H - SSIM_WIN_SIZE + 1) * (W - SSIM_WIN_SIZE + 1)
+    bias = torch.tensor([0.0, 0.0, ssim_lambda], dtype=torch.float64, device=device)
+    matrix = torch.tensor([[1.0 / n_l1, 0.0], [0.0, 1.0 / n_ssim], [(1.0 - ssim_lambda) / n_l1, -ssim_lambda / n_ssim]],
+                          dtype=torch.float64, device=device)
+    return bias, matrix
+
+
 class _FusedLoss(torch.autograd.Function):
     """Render + loss + its 2D gradients (``schedule``: one_launch, two_launch, split; ``butterfly``,
     ``warp_cull``, ``fast_exp`` and ``bwd_pixels``: the launches' switches). Forward returns (loss, rgb, alpha, stats,
@@ -173,15 +186,12 @@ class _FusedLoss(torch.autograd.Function):
                 f"{min(math.ceil(W / TILE_SIZE), math.ceil(H / TILE_SIZE)) + 2} the one-launch neighbour "
                 f"wait needs at {W}x{H}; using the two-launch path (same result)."
             )
-        p = partials.double().sum(0)
-        n_l1 = C * H * W * 3
-        n_ssim = C * 3 * (H - SSIM_WIN_SIZE + 1) * (W - SSIM_WIN_SIZE + 1)
-        l1 = p[0] / n_l1
-        ssim = p[1] / n_ssim
-        loss = ((1 - ssim_lambda) * l1 + ssim_lambda * (1 - ssim)).float()
+        # (l1, ssim, loss) from the region sums in three launches: sum, one affine map, the cast
+        l1_ssim_loss = torch.addmv(*_loss_map(partials.device, C, W, H, float(ssim_lambda)),
+                                   partials.sum(0, dtype=torch.float64)).float()
+        stats, loss = l1_ssim_loss[:2], l1_ssim_loss[2]
         ctx.save_for_backward(means2d, vm, vc, vcol, vo, vabs)
         ctx.meta = (C, N, absgrad)
-        stats = torch.stack([l1, ssim]).float()
         ctx.mark_non_differentiable(rgb, alpha, stats, contrib)
         ctx.kinfo = dict(schedule=schedule, two_phase=bool(two_phase), capacity=cap, resident_blocks=resident,
                          smem_bytes=smem, bwd_reduce="butterfly" if butterfly else "shuffle",
