@@ -9,7 +9,7 @@ std::vector<at::Tensor> render_fwd(const at::Tensor &means2d, const at::Tensor &
                                    const c10::optional<at::Tensor> &backgrounds,
                                    const at::Tensor &offsets, const at::Tensor &flatten_ids,
                                    int64_t C, int64_t W, int64_t H, bool with_stop, bool warp_cull,
-                                   bool fast_exp);
+                                   bool fast_exp, const c10::optional<at::Tensor> &tile_order);
 std::vector<at::Tensor> render_bwd(const at::Tensor &means2d, const at::Tensor &conics,
                                    const at::Tensor &colors, const at::Tensor &opacities,
                                    const c10::optional<at::Tensor> &backgrounds,
@@ -19,7 +19,8 @@ std::vector<at::Tensor> render_bwd(const at::Tensor &means2d, const at::Tensor &
                                    const c10::optional<at::Tensor> &v_alpha, bool absgrad,
                                    bool butterfly, bool contribution,
                                    const c10::optional<at::Tensor> &stop, bool warp_cull,
-                                   bool fast_exp, int64_t pixels_per_thread);
+                                   bool fast_exp, int64_t pixels_per_thread,
+                                   const c10::optional<at::Tensor> &tile_order);
 int64_t fused_capacity(int64_t blocks_per_sm);
 std::vector<int64_t> fused_smem_layout();
 std::vector<at::Tensor> fused_loss(const at::Tensor &means2d, const at::Tensor &conics,

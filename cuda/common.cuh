@@ -145,6 +145,17 @@ __device__ __forceinline__ int2 thread_pixel(int tx, int ty) {
     return make_int2(tx * kTile + (w % kCols) * WW + lane % WW, ty * kTile + (w / kCols) * (32 / WW) + lane / WW);
 }
 
+// The tile a plain-rasterizer block (grid tw x th x C) renders, as (tx, ty, cam): its own blockIdx, or
+// with a tile order the order's entry for its linear index. The hardware starts blocks in linear
+// order, so an order with the longest tile lists first keeps the long tiles out of the last wave
+// (FusedOptions.tile_order; the same image and gradients).
+__device__ __forceinline__ int3 block_tile(const int32_t *__restrict__ tile_order, int tw, int th) {
+    if (tile_order == nullptr) return make_int3(blockIdx.x, blockIdx.y, blockIdx.z);
+    const int t = tile_order[(blockIdx.z * th + blockIdx.y) * tw + blockIdx.x];
+    const int per_cam = tw * th, cam = t / per_cam, r = t - cam * per_cam;
+    return make_int3(r % tw, r / tw, cam);
+}
+
 // A Gaussian is composited only where o*exp(-sigma) >= kAlphaMin, i.e. sigma <= t = ln(o/kAlphaMin):
 // an ellipse with half-extents sqrt(2 t c / det) along x and sqrt(2 t a / det) along y (conic
 // [a b; b c], det = ac - b^2). Bit w of the mask is set when a pixel centre of warp w's block can

@@ -29,12 +29,14 @@ __global__ void __launch_bounds__(kBlock) render_fwd_kernel(
     const float *__restrict__ opacities, const float *__restrict__ bg,
     const int32_t *__restrict__ offsets, const int32_t *__restrict__ flatten_ids,
     float *__restrict__ out_rgb, float *__restrict__ out_alpha, float *__restrict__ out_T,
-    int32_t *__restrict__ out_last, int32_t *__restrict__ out_stop, bool cull) {
+    int32_t *__restrict__ out_last, int32_t *__restrict__ out_stop, bool cull,
+    const int32_t *__restrict__ tile_order) {
     extern __shared__ float4 smem4[];
     SmemGaussians s;
     s.carve(reinterpret_cast<char *>(smem4), kBatch);
 
-    const int cam = blockIdx.z, tx = blockIdx.x, ty = blockIdx.y;
+    const int3 tile = block_tile(tile_order, tw, th);
+    const int tx = tile.x, ty = tile.y, cam = tile.z;
     const int t = (cam * th + ty) * tw + tx;
     const int2 xy = thread_pixel<kWarpWidth>(tx, ty);
     const int x = xy.x, y = xy.y;
@@ -79,6 +81,7 @@ struct BwdArgs {
     const float *v_render, *v_alpha;
     float *v_means2d, *v_conics, *v_colors, *v_opacities, *v_means2d_abs, *contrib;
     bool cull;
+    const int32_t *tile_order;  // nullptr: blockIdx order (block_tile)
 };
 
 // A backward block's tile and shared memory: the staged Gaussians, the gradient sums (the first
@@ -99,9 +102,10 @@ __device__ __forceinline__ BwdBlock bwd_block(const BwdArgs &a, int acc_floats) 
     blk.acc = reinterpret_cast<float *>(p_end);
     blk.red = reinterpret_cast<int *>(blk.acc + kBatch * kAccComps);
     for (int i = threadIdx.x; i < acc_floats; i += NT) blk.acc[i] = 0.f;
-    blk.cam = blockIdx.z;
-    blk.tx = blockIdx.x;
-    blk.ty = blockIdx.y;
+    const int3 tile = block_tile(a.tile_order, a.tw, a.th);
+    blk.tx = tile.x;
+    blk.ty = tile.y;
+    blk.cam = tile.z;
     const int t = (blk.cam * a.th + blk.ty) * a.tw + blk.tx;
     blk.start = a.offsets[t];
     blk.end = a.offsets[t + 1];
@@ -211,6 +215,14 @@ void check_inputs(const at::Tensor &means2d, const at::Tensor &conics, const at:
     TORCH_CHECK(colors.size(-1) == 3, "bytesplat: the fused rasterizer renders 3 channels");
 }
 
+// A tile order is a permutation of the C*tiles tile indices (int32, on the device; not checked to be one).
+void check_tile_order(const c10::optional<at::Tensor> &tile_order, const at::Tensor &offsets) {
+    if (!tile_order.has_value()) return;
+    TORCH_CHECK(tile_order->is_cuda() && tile_order->scalar_type() == at::kInt && tile_order->is_contiguous() &&
+                    tile_order->numel() == offsets.numel() - 1,
+                "bytesplat: a tile order must be a contiguous int32 CUDA tensor of C*tiles entries");
+}
+
 }  // namespace
 
 // Returns {rgb [C,H,W,3] (+ T*bg), alpha [C,H,W,1], T [C,H,W], last [C,H,W] int32, stop [C,H,W]
@@ -220,8 +232,9 @@ std::vector<at::Tensor> render_fwd(const at::Tensor &means2d, const at::Tensor &
                                    const c10::optional<at::Tensor> &backgrounds,
                                    const at::Tensor &offsets, const at::Tensor &flatten_ids,
                                    int64_t C, int64_t W, int64_t H, bool with_stop, bool warp_cull,
-                                   bool fast_exp) {
+                                   bool fast_exp, const c10::optional<at::Tensor> &tile_order) {
     check_inputs(means2d, conics, colors, opacities, offsets, flatten_ids);
+    check_tile_order(tile_order, offsets);
     const at::cuda::CUDAGuard guard(means2d.device());
     const int tw = (W + kTile - 1) / kTile, th = (H + kTile - 1) / kTile;
     TORCH_CHECK(offsets.numel() == C * tw * th + 1, "bytesplat: offsets must have C*tiles+1 entries");
@@ -243,7 +256,7 @@ std::vector<at::Tensor> render_fwd(const at::Tensor &means2d, const at::Tensor &
             opacities.data_ptr<float>(), bg, offsets.data_ptr<int32_t>(),
             flatten_ids.data_ptr<int32_t>(), rgb.data_ptr<float>(), alpha.data_ptr<float>(),
             T.data_ptr<float>(), last.data_ptr<int32_t>(), with_stop ? stop.data_ptr<int32_t>() : nullptr,
-            warp_cull);
+            warp_cull, tile_order.has_value() ? tile_order->data_ptr<int32_t>() : nullptr);
     }, fast_exp);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return {rgb, alpha, T, last, stop};
@@ -258,10 +271,12 @@ std::vector<at::Tensor> render_bwd(const at::Tensor &means2d, const at::Tensor &
                                    const c10::optional<at::Tensor> &v_alpha, bool absgrad,
                                    bool butterfly, bool contribution,
                                    const c10::optional<at::Tensor> &stop, bool warp_cull,
-                                   bool fast_exp, int64_t pixels_per_thread) {
+                                   bool fast_exp, int64_t pixels_per_thread,
+                                   const c10::optional<at::Tensor> &tile_order) {
     TORCH_CHECK(pixels_per_thread == 1 || pixels_per_thread == 2,
                 "bytesplat: the backward takes 1 or 2 pixels per thread, got ", pixels_per_thread);
     check_inputs(means2d, conics, colors, opacities, offsets, flatten_ids);
+    check_tile_order(tile_order, offsets);
     TORCH_CHECK(!contribution || (stop.has_value() && stop->scalar_type() == at::kInt &&
                                   stop->numel() == T_final.numel()),
                 "bytesplat: the contribution needs render_fwd's stop indices (with_stop=True)");
@@ -298,7 +313,8 @@ std::vector<at::Tensor> render_bwd(const at::Tensor &means2d, const at::Tensor &
                        contribution ? stop_keep.data_ptr<int32_t>() : nullptr, vr.data_ptr<float>(), va,
                        v_means2d.data_ptr<float>(), v_conics.data_ptr<float>(), v_colors.data_ptr<float>(),
                        v_opacities.data_ptr<float>(), absgrad ? v_abs.data_ptr<float>() : nullptr,
-                       contribution ? contrib.data_ptr<float>() : nullptr, warp_cull};
+                       contribution ? contrib.data_ptr<float>() : nullptr, warp_cull,
+                       tile_order.has_value() ? tile_order->data_ptr<int32_t>() : nullptr};
     auto launch = [&](auto kernel, int threads) { kernel<<<grid, threads, kSmemBwdBytes, stream>>>(args); };
     // butterfly: the warp reduction of backward_slots (common.cuh); false = one warp_sum per
     // component, kept for A/B runs (--pipeline.model.fused.bwd-reduce shuffle). contribution: the pruning score

@@ -16,7 +16,10 @@ Measured per Gaussian count (median ms over ``repeats`` after ``warmup``, CUDA e
   ``FusedOptions(bwd_pixels_per_thread=2)``, cuda/render.cu ``render_bwd_2px_kernel``) with its loss value.
   The split schedule, the from-3D path and the binning are also timed on opacity-aware tile lists
   (``..._opacity_tiles``: ``FusedOptions(opacity_aware_tiles=True)``, raster/tile_reach.py), with their
-  ``intersections_opacity_aware`` and their loss value (the same as the default's).
+  ``intersections_opacity_aware`` and their loss value (the same as the default's). The split schedule on
+  both kinds of list and the forward with the blocks taking the longest tile lists first
+  (``..._longest_first``: ``FusedOptions(tile_order="longest_first")``, raster/tiles.py ``tile_order``, the
+  sort timed with the pass).
 - ``full``: from the 3D Gaussians (projection, SH, binning, raster, loss, backward to the 3D
   parameters): gsplat ``rasterization`` + the same loss vs ``fused_render_loss``.
 - ``full_fused_raster_torch_loss``: ``rasterize_fused`` (our plain fwd/bwd kernels) + the torch
@@ -62,6 +65,7 @@ from bytesplat_ns.raster.fused import (
     tile_radii,
 )
 from bytesplat_ns.raster.tile_reach import opacity_aware_radii
+from bytesplat_ns.raster.tiles import tile_order as tile_order_of
 
 
 def gsplat_extension_error(skip_gsplat: bool = False) -> Optional[str]:
@@ -112,17 +116,19 @@ class StageInputs:
 
     def fused_raster_loss(self, blocks_per_sm: int = 2, schedule: str = "one_launch", contribution: bool = False,
                           butterfly: bool = True, warp_cull: bool = True, opacity_aware_tiles: bool = False,
-                          fast_exp: bool = False, bwd_pixels: int = 1):
+                          fast_exp: bool = False, bwd_pixels: int = 1, tile_order: str = "raster"):
         """The fused loss (``schedule``: one_launch | two_launch | split): render + splatfacto loss +
         2D gradients (and the pruning score with ``contribution``), then autograd's hand-over.
         ``butterfly`` / ``warp_cull`` / ``fast_exp`` / ``bwd_pixels``: the backward reduction, the per-warp
         culling, the falloff's form and the backward's pixels per thread (A/B runs);
-        ``opacity_aware_tiles``: on :meth:`opacity_aware_bins`."""
+        ``opacity_aware_tiles``: on :meth:`opacity_aware_bins`; ``tile_order``: the split schedule's block order
+        (``raster.tiles.tile_order``, sorted inside the timed pass as in training)."""
         s = self.scene
         offsets, fids = self.opacity_aware_bins() if opacity_aware_tiles else (self.offsets, self.fids)
         loss, _, _, _, _ = _FusedLoss.apply(*self.leaves(), s["backgrounds"], s["gt"], offsets, fids,
                                             self.W, self.H, 0.2, False, None, blocks_per_sm, schedule, butterfly,
-                                            warp_cull, contribution, fast_exp, bwd_pixels)
+                                            warp_cull, contribution, fast_exp, bwd_pixels,
+                                            tile_order_of(offsets, tile_order))
         loss.backward()
         return loss
 
@@ -196,6 +202,13 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
         schedule="split", opacity_aware_tiles=True).item())
     _safe(out, "raster_loss_fused_split_opacity_tiles", lambda: time_ms(
         lambda: inp.fused_raster_loss(schedule="split", opacity_aware_tiles=True), warmup, repeats))
+    # A/B of the blocks' tile order (raster/tiles.py tile_order): longest lists first, the same loss
+    for tiles, tight in (("", False), ("_opacity_tiles", True)):
+        _safe(out, f"fused_split{tiles}_longest_first_loss_value", lambda tight=tight: inp.fused_raster_loss(
+            schedule="split", opacity_aware_tiles=tight, tile_order="longest_first").item())
+        _safe(out, f"raster_loss_fused_split{tiles}_longest_first", lambda tight=tight: time_ms(
+            lambda: inp.fused_raster_loss(schedule="split", opacity_aware_tiles=tight, tile_order="longest_first"),
+            warmup, repeats))
     for sched in ("two_launch", "split"):  # the pruning score gathered in the backward: what it costs
         _safe(out, f"raster_loss_fused_{sched}_contribution", lambda sched=sched: time_ms(
             lambda: inp.fused_raster_loss(schedule=sched, contribution=True), warmup, repeats))
@@ -242,10 +255,10 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
                                            options=FusedOptions(projection=projection))
         splatfacto_loss_torch(render, alpha, s["gt"], s["backgrounds"]).backward()
 
-    def fused_raster_fwd(warp_cull=True, fast_exp=False):
+    def fused_raster_fwd(warp_cull=True, fast_exp=False, tile_order="raster"):
         with torch.no_grad():
             _RasterizeFused.apply(m2, con, col, op, s["backgrounds"], offsets, fids, W, H, False, warp_cull, True,
-                                  fast_exp)
+                                  fast_exp, 1, tile_order_of(offsets, tile_order))
 
     if not raster_only:
         _safe(out, "full_fused", lambda: time_ms(fused_full, warmup, repeats))
@@ -255,6 +268,8 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
     _safe(out, "raster_fwd_fused", lambda: time_ms(fused_raster_fwd, warmup, repeats))
     _safe(out, "raster_fwd_fused_no_warp_cull", lambda: time_ms(lambda: fused_raster_fwd(False), warmup, repeats))
     _safe(out, "raster_fwd_fused_fast_exp", lambda: time_ms(lambda: fused_raster_fwd(fast_exp=True), warmup, repeats))
+    _safe(out, "raster_fwd_fused_longest_first", lambda: time_ms(
+        lambda: fused_raster_fwd(tile_order="longest_first"), warmup, repeats))
     _safe(out, "binning_cuda", lambda: time_ms(lambda: bin_tiles(m2, radii, depths, W, H), warmup, repeats))
     _safe(out, "binning_cuda_opacity_tiles", lambda: time_ms(
         lambda: bin_tiles(m2, opacity_aware_radii(radii, con, op), depths, W, H), warmup, repeats))

@@ -264,6 +264,7 @@ def composite_records(
     absgrad = absgrad_sink is not None and m.requires_grad
     if compositor == "fused" and means2d.shape[0] > 0:
         from bytesplat_ns.raster.fused import _RasterizeFused, bin_tiles, tile_radii
+        from bytesplat_ns.raster.tiles import tile_order
 
         if not means2d.is_cuda or colors.shape[-1] != 3:
             raise ValueError("the fused compositor needs CUDA tensors and RGB colors")
@@ -272,6 +273,7 @@ def composite_records(
         render, alpha = _RasterizeFused.apply(
             m, conics[None], colors[None], opacities[None], None, offsets, flatten_ids, width, height, absgrad,
             options.warp_cull, options.butterfly, options.fast_exp, options.bwd_pixels_per_thread,
+            tile_order(offsets, options.tile_order),
         )
     elif compositor in ("reference", "fused"):
         render, alpha = rasterize_to_pixels_reference(
@@ -349,6 +351,7 @@ def _score_padded_views(
     (means2d [C,M,2], conics, colors, opacities, depths, radii; view j's records in its first
     ``rows[j]`` rows, ``orders[j]`` their permutation from the caller's order or None)."""
     from bytesplat_ns.raster.fused import _check, _FusedLoss, bin_tiles, tile_radii
+    from bytesplat_ns.raster.tiles import tile_order
 
     m, conics, colors, opacities, depths, radii = padded
     C = m.shape[0]
@@ -361,7 +364,7 @@ def _score_padded_views(
         m, conics, colors, opacities, backgrounds.reshape(C, 3).detach().float(),
         gts.detach().float().contiguous(), offsets, flatten_ids, width, height, ssim_lambda, absgrad,
         None, 2, options.schedule, options.butterfly, options.warp_cull, False, options.fast_exp,
-        options.bwd_pixels_per_thread,
+        options.bwd_pixels_per_thread, tile_order(offsets, options.tile_order) if options.schedule == "split" else None,
     )
     if absgrad:
         assert absgrad_sinks is not None

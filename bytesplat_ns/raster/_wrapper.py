@@ -81,13 +81,13 @@ class _RasterizeFused(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, means2d, conics, colors, opacities, backgrounds, offsets, flatten_ids, W, H, absgrad,
-                warp_cull=True, butterfly=True, fast_exp=False, bwd_pixels=1):
+                warp_cull=True, butterfly=True, fast_exp=False, bwd_pixels=1, tile_order=None):
         C = means2d.shape[0]
         m, c, col, o = _flat(means2d, 2), _flat(conics, 3), _flat(colors, 3), _flat(opacities, 1)
         bg = backgrounds.contiguous().float() if backgrounds is not None else None
         rgb, alpha, T, last, _ = _ops().render_fwd(m, c, col, o, bg, offsets, flatten_ids, C, W, H, False,
-                                                   bool(warp_cull), bool(fast_exp))
-        ctx.save_for_backward(means2d, m, c, col, o, bg, offsets, flatten_ids, T, last)
+                                                   bool(warp_cull), bool(fast_exp), tile_order)
+        ctx.save_for_backward(means2d, m, c, col, o, bg, offsets, flatten_ids, T, last, tile_order)
         ctx.dims = (C, W, H, absgrad, backgrounds is not None and backgrounds.requires_grad)
         ctx.butterfly, ctx.warp_cull, ctx.fast_exp = bool(butterfly), bool(warp_cull), bool(fast_exp)
         ctx.bwd_pixels = int(bwd_pixels)
@@ -95,25 +95,25 @@ class _RasterizeFused(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, v_rgb, v_alpha):
-        means2d, m, c, col, o, bg, offsets, flatten_ids, T, last = ctx.saved_tensors
+        means2d, m, c, col, o, bg, offsets, flatten_ids, T, last, tile_order = ctx.saved_tensors
         C, W, H, absgrad, bg_grad = ctx.dims
         if v_rgb is None:
             v_rgb = torch.zeros(C, H, W, 3, device=m.device)
         va = v_alpha.contiguous().float() if v_alpha is not None else None
         vm, vc, vcol, vo, vabs, _ = _ops().render_bwd(
             m, c, col, o, bg, offsets, flatten_ids, C, W, H, T, last, v_rgb.contiguous().float(), va, absgrad,
-            ctx.butterfly, False, None, ctx.warp_cull, ctx.fast_exp, ctx.bwd_pixels,
+            ctx.butterfly, False, None, ctx.warp_cull, ctx.fast_exp, ctx.bwd_pixels, tile_order,
         )
         N = means2d.shape[1]
         if absgrad:
             means2d.absgrad = vabs.view(C, N, 2)  # read by gsplat's DefaultStrategy(absgrad=True)
         v_bg = (v_rgb * T[..., None]).sum((1, 2)) if bg_grad else None
         return (vm.view(C, N, 2), vc.view(C, N, 3), vcol.view(C, N, 3), vo.view(C, N), v_bg,
-                None, None, None, None, None, None, None, None, None)
+                None, None, None, None, None, None, None, None, None, None)
 
 
 def _split_loss(m, c, col, o, bg, gt, offsets, flatten_ids, C, W, H, ssim_lambda, absgrad, butterfly,
-                contribution, cull, fast_exp, bwd_pixels):
+                contribution, cull, fast_exp, bwd_pixels, tile_order):
     """The split schedule: three plain launches, nothing but images crossing between them.
 
     render_fwd (with the backgrounds: render + T*bg, alpha, T, last, and with ``contribution`` each
@@ -124,12 +124,12 @@ def _split_loss(m, c, col, o, bg, gt, offsets, flatten_ids, C, W, H, ssim_lambda
     (0, RENDER_BATCH, 0, 0)."""
     ops = _ops()
     render, alpha, T, last, stop = ops.render_fwd(m, c, col, o, bg, offsets, flatten_ids, C, W, H, bool(contribution),
-                                                  cull, fast_exp)
+                                                  cull, fast_exp, tile_order)
     v_render, rgb, partials = ops.loss_grad(render, gt, float(ssim_lambda), ssim_window(), _torch_clamp_inclusive())
     del render
     vm, vc, vcol, vo, vabs, contrib = ops.render_bwd(
         m, c, col, o, bg, offsets, flatten_ids, C, W, H, T, last, v_render, None, bool(absgrad), bool(butterfly),
-        bool(contribution), stop if contribution else None, cull, fast_exp, bwd_pixels)
+        bool(contribution), stop if contribution else None, cull, fast_exp, bwd_pixels, tile_order)
     info = torch.tensor([0, RENDER_BATCH, 0, 0], dtype=torch.long)
     return rgb, alpha, partials, vm, vc, vcol, vo, vabs, info, contrib
 
@@ -149,7 +149,8 @@ def _loss_map(device: torch.device, C: int, W: int, H: int, ssim_lambda: float):
 
 class _FusedLoss(torch.autograd.Function):
     """Render + loss + its 2D gradients (``schedule``: one_launch, two_launch, split; ``butterfly``,
-    ``warp_cull``, ``fast_exp`` and ``bwd_pixels``: the launches' switches). Forward returns (loss, rgb, alpha, stats,
+    ``warp_cull``, ``fast_exp`` and ``bwd_pixels``: the launches' switches; ``tile_order``: the split schedule's
+    block order, ``tiles.tile_order``, None: row by row). Forward returns (loss, rgb, alpha, stats,
     contribution); only the loss is differentiable; backward scales the stashed gradients.
     ``contribution=True``: the backward walk, which runs inside this forward, also gathers the
     pruning score (largest alpha*T per view and Gaussian, ``pruning.contribution_scores_2d``'s
@@ -158,7 +159,7 @@ class _FusedLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, means2d, conics, colors, opacities, backgrounds, gt, offsets, flatten_ids, W, H,
                 ssim_lambda, absgrad, capacity, blocks_per_sm, schedule, butterfly, warp_cull, contribution=False,
-                fast_exp=False, bwd_pixels=1):
+                fast_exp=False, bwd_pixels=1, tile_order=None):
         global _two_phase_logged
         C, N = means2d.shape[0], means2d.shape[1]
         if schedule not in SCHEDULES:
@@ -169,7 +170,7 @@ class _FusedLoss(torch.autograd.Function):
         bg, gtc = backgrounds.contiguous().float(), gt.contiguous().float()
         if schedule == "split":
             out = _split_loss(m, c, col, o, bg, gtc, offsets, flatten_ids, C, W, H, ssim_lambda, absgrad,
-                              butterfly, contribution, cull, fast_exp, int(bwd_pixels))
+                              butterfly, contribution, cull, fast_exp, int(bwd_pixels), tile_order)
         else:
             out = _ops().fused_loss(
                 m, c, col, o, bg, gtc, offsets, flatten_ids,
@@ -210,7 +211,7 @@ class _FusedLoss(torch.autograd.Function):
         vm, vc, vcol, vo = torch._foreach_mul([vm, vc, vcol, vo], g)
         return (
             vm.view(C, N, 2), vc.view(C, N, 3), vcol.view(C, N, 3), vo.view(C, N),
-            None, None, None, None, None, None, None, None, None, None, None, None, None, None, None, None,
+            None, None, None, None, None, None, None, None, None, None, None, None, None, None, None, None, None,
         )
 
 

@@ -34,6 +34,7 @@ from bytesplat_ns.raster.loss import SSIM_WIN_SIGMA, SSIM_WIN_SIZE, splatfacto_l
 from bytesplat_ns.raster.options import DEFAULT_OPTIONS, SCHEDULES, FusedOptions
 from bytesplat_ns.raster.sh import ShCoefficients, stacked_coefficients
 from bytesplat_ns.raster.tile_reach import opacity_aware_radii
+from bytesplat_ns.raster.tiles import tile_order
 
 __all__ = [
     "DEFAULT_OPTIONS", "RENDER_BATCH", "SCHEDULES", "SSIM_WIN_SIGMA", "SSIM_WIN_SIZE", "TILE_SIZE",
@@ -282,7 +283,8 @@ def rasterize_fused(
     )
     offsets, flatten_ids = bin_tiles(means2d, tile_radii(radii, conics, opac, options), depths, width, height,
                                      tile_size, binning=options.binning)
-    switches = (options.warp_cull, options.butterfly, options.fast_exp, options.bwd_pixels_per_thread)
+    switches = (options.warp_cull, options.butterfly, options.fast_exp, options.bwd_pixels_per_thread,
+                tile_order(offsets, options.tile_order))
     render, alpha = _RasterizeFused.apply(
         means2d, conics, rgb, opac, backgrounds, offsets, flatten_ids, width, height, absgrad, *switches
     )
@@ -361,6 +363,7 @@ def fused_render_loss(
         means2d, conics, rgb, opac, backgrounds.detach(), gt_images.detach(), offsets, flatten_ids,
         width, height, ssim_lambda, absgrad, capacity, blocks_per_sm, options.schedule, options.butterfly,
         options.warp_cull, contribution, options.fast_exp, options.bwd_pixels_per_thread,
+        tile_order(offsets, options.tile_order) if options.schedule == "split" else None,
     )
     info = {
         **_strategy_info(means2d, radii, depths, conics, opac, offsets, flatten_ids, width, height, tile_size),

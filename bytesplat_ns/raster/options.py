@@ -26,12 +26,16 @@ BWD_PIXELS_PER_THREAD = (1, 2)
 PROJECTIONS = ("auto", "gsplat", "torch")
 BINNINGS = ("cuda", "torch")
 TILE_REACHES = ("torch", "cuda")
+# The order in which the plain rasterizer's blocks take their tiles (cuda/common.cuh block_tile): "raster"
+# (row by row) or "longest_first" (by tile list length, longest first, so no long tile starts in the last wave).
+TILE_ORDERS = ("raster", "longest_first")
 
 Schedule = Literal["one_launch", "two_launch", "split"]
 BwdReduce = Literal["butterfly", "shuffle"]
 Projection = Literal["auto", "gsplat", "torch"]
 Binning = Literal["cuda", "torch"]
 TileReach = Literal["torch", "cuda"]
+TileOrder = Literal["raster", "longest_first"]
 
 
 def _check_choice(field: str, value: str, choices) -> None:
@@ -52,6 +56,7 @@ class FusedOptions:
     tile_reach: TileReach = "cuda"
     fast_exp: bool = False
     bwd_pixels_per_thread: int = 1
+    tile_order: TileOrder = "raster"
 
     def __post_init__(self):
         _check_choice("schedule", self.schedule, SCHEDULES)
@@ -59,6 +64,7 @@ class FusedOptions:
         _check_choice("projection", self.projection, PROJECTIONS)
         _check_choice("binning", self.binning, BINNINGS)
         _check_choice("tile_reach", self.tile_reach, TILE_REACHES)
+        _check_choice("tile_order", self.tile_order, TILE_ORDERS)
         for field in ("warp_cull", "opacity_aware_tiles", "fast_exp"):
             if not isinstance(getattr(self, field), bool):
                 raise SettingError(f"fused.{field} must be true or false, got {getattr(self, field)!r}")
@@ -110,6 +116,10 @@ class FusedRasterConfig:
     work still skipped per 8x4-pixel block (cuda/render.cu render_bwd_2px_kernel; butterfly reduction only; the
     backward that gathers the pruning score keeps 1). The same gradients up to summation order. Off: raster + loss
     1.01-1.03x (suite kernel-levers)."""
+    tile_order: TileOrder = "raster"
+    """The order in which the plain rasterizer's blocks (the split schedule's and rasterize_fused's) take their
+    tiles: raster (row by row) or longest_first (longest tile list first, so that no long tile is left for the
+    last wave of blocks; one sort of the tile lengths per view batch). The same image and gradients."""
     check_every: int = 0
     """Every this many training steps, compare the fused loss and gradients with the unfused (splatfacto) path
     and log the errors (model.fused_check_log; 0: off). Costs two extra steps each time."""
@@ -118,4 +128,5 @@ class FusedRasterConfig:
         return FusedOptions(schedule=self.schedule, warp_cull=self.warp_cull, bwd_reduce=self.bwd_reduce,
                             projection=self.projection, binning=self.binning,
                             opacity_aware_tiles=self.opacity_aware_tiles, tile_reach=self.tile_reach,
-                            fast_exp=self.fast_exp, bwd_pixels_per_thread=self.bwd_pixels_per_thread)
+                            fast_exp=self.fast_exp, bwd_pixels_per_thread=self.bwd_pixels_per_thread,
+                            tile_order=self.tile_order)

@@ -13,7 +13,7 @@ the rendered image is identical to compositing each full tile list; only less wo
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -143,3 +143,16 @@ def bin_rects(rects: Tensor, depths: Tensor, grid_w: int, grid_h: int) -> Bins:
     counts = torch.bincount(key, minlength=n_cells)
     offsets = torch.cumsum(counts, 0) - counts
     return Bins(flatten_ids, counts, offsets, grid_w, grid_h)
+
+
+def tile_order(offsets: Tensor, policy: str) -> Optional[Tensor]:
+    """The order in which the plain rasterizer's blocks take the tiles of ``offsets`` (the [C*tiles+1]
+    int32 list starts the kernels take): None for ``"raster"`` (each block its own tile), for
+    ``"longest_first"`` the tile indices by list length, longest first (int32; ties in any order). Blocks
+    start in launch order, so long tiles then run in the first waves instead of possibly the last."""
+    if policy == "raster":
+        return None
+    if policy != "longest_first":
+        raise ValueError(f"tile order must be raster or longest_first, got {policy!r}")
+    lengths = offsets[1:] - offsets[:-1]
+    return torch.argsort(lengths, descending=True).to(torch.int32)

@@ -16,23 +16,26 @@ class RecordingOps(TorchOps):
         self.warp_cull = []  # (entry point, warp_cull flag) per launch
         self.fast_exp = []  # (entry point, fast_exp flag) per launch
         self.bwd_pixels = []  # render_bwd's pixels per thread, per launch
+        self.tile_order = []  # (entry point, tile order or None) per plain launch
 
-    def render_fwd(self, m, c, col, o, bg, offsets, fids, C, W, H, with_stop, warp_cull, fast_exp):
+    def render_fwd(self, m, c, col, o, bg, offsets, fids, C, W, H, with_stop, warp_cull, fast_exp, tile_order):
         self.calls["render_fwd"] += 1
+        self.tile_order.append(("render_fwd", tile_order))
         self.warp_cull.append(("render_fwd", warp_cull))
         self.fast_exp.append(("render_fwd", fast_exp))
-        return super().render_fwd(m, c, col, o, bg, offsets, fids, C, W, H, with_stop, warp_cull, fast_exp)
+        return super().render_fwd(m, c, col, o, bg, offsets, fids, C, W, H, with_stop, warp_cull, fast_exp, tile_order)
 
     def render_bwd(self, m, c, col, o, bg, offsets, fids, C, W, H, T, last, v_rgb, v_alpha, absgrad,
-                   butterfly, contribution, stop, warp_cull, fast_exp, pixels_per_thread):
+                   butterfly, contribution, stop, warp_cull, fast_exp, pixels_per_thread, tile_order):
         self.calls["render_bwd"] += 1
+        self.tile_order.append(("render_bwd", tile_order))
         self.bwd_pixels.append(pixels_per_thread)
         self.warp_cull.append(("render_bwd", warp_cull))
         self.fast_exp.append(("render_bwd", fast_exp))
         self.butterfly.append(("render_bwd", butterfly))
         self.contribution.append(("render_bwd", contribution))
         return super().render_bwd(m, c, col, o, bg, offsets, fids, C, W, H, T, last, v_rgb, v_alpha, absgrad,
-                                  butterfly, contribution, stop, warp_cull, fast_exp, pixels_per_thread)
+                                  butterfly, contribution, stop, warp_cull, fast_exp, pixels_per_thread, tile_order)
 
     def loss_grad(self, render, gt, ssim_lambda, window, clamp_inclusive):
         self.calls["loss_grad"] += 1

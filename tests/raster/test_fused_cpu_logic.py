@@ -204,10 +204,39 @@ def test_bwd_pixels_per_thread_reaches_the_plain_backward(torch_ops, value, expe
     assert [k["bwd_pixels_per_thread"] for k in infos] == [1, expect]
 
 
+@pytest.mark.parametrize("value", [None, "raster", "longest_first"])
+def test_tile_order_reaches_the_plain_kernels(torch_ops, value):
+    """FusedOptions.tile_order (default raster: no order) reaches render_fwd and render_bwd from
+    rasterize_fused and from the split schedule: one permutation of the tiles, longest list first,
+    the same for a pass's forward and backward (the twin checks it is a permutation)."""
+    _through_every_entry_point(("one_launch", "split"), **({} if value is None else {"tile_order": value}))
+    entries = [e for e, _ in torch_ops.tile_order]
+    assert entries == ["render_fwd", "render_bwd", "render_fwd", "render_bwd"]
+    orders = [o for _, o in torch_ops.tile_order]
+    if value in (None, "raster"):
+        assert all(o is None for o in orders)
+        return
+    assert all(o is not None and o.dtype == torch.int32 for o in orders)
+    assert torch.equal(orders[0], orders[1]) and torch.equal(orders[2], orders[3])
+
+
+def test_tile_order_longest_first():
+    """tiles.tile_order: the tiles by list length, longest first; None for the raster order; an
+    unknown policy is an error."""
+    from bytesplat_ns.raster.tiles import tile_order
+
+    offsets = torch.tensor([0, 3, 3, 10, 11, 15], dtype=torch.int32)  # lengths 3, 0, 7, 1, 4
+    assert tile_order(offsets, "raster") is None
+    order = tile_order(offsets, "longest_first")
+    assert order.dtype == torch.int32 and order.tolist() == [2, 4, 0, 3, 1]
+    with pytest.raises(ValueError, match="longest_first"):
+        tile_order(offsets, "shortest_first")
+
 
 @pytest.mark.parametrize("field,value", [("warp_cull", "off"), ("bwd_reduce", "transpose"), ("schedule", "halo"),
                                          ("projection", "cuda"), ("binning", "gsplat"), ("fast_exp", "yes"),
-                                         ("bwd_pixels_per_thread", 3), ("bwd_pixels_per_thread", True)])
+                                         ("bwd_pixels_per_thread", 3), ("bwd_pixels_per_thread", True),
+                                         ("tile_order", "random")])
 def test_fused_options_reject_unknown_values(field, value):
     """A bad switch given in code is refused when the options are made, before any launch: a user
     error (one line from the command-line hook, bytesplat_ns/cli_errors.py) naming the field."""

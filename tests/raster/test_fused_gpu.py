@@ -261,10 +261,11 @@ def test_nan_exponent_is_skipped_as_in_the_twin(fast_exp):
 _EDGE_INPUTS = ("means2d", "conics", "colors", "opacities")
 
 
-def _edge_scene_run(sc, offsets, fids, schedule, warp_cull, seed):
+def _edge_scene_run(sc, offsets, fids, schedule, warp_cull, seed, tile_order=None):
     """The culling-edge scene ``sc`` through the kernels on the tile lists (offsets, fids): the plain
     render pair (``schedule`` None, against random output weights) or the fused loss in that schedule
-    (one launch with a small capacity, so that tiles stream). Returns (outputs, input gradients)."""
+    (one launch with a small capacity, so that tiles stream), the plain kernels' blocks taking their
+    tiles in ``tile_order`` (None: row by row). Returns (outputs, input gradients)."""
     from bytesplat_ns.raster.fused import _FusedLoss, _RasterizeFused
 
     W, H = sc["width"], sc["height"]
@@ -274,13 +275,13 @@ def _edge_scene_run(sc, offsets, fids, schedule, warp_cull, seed):
     w = torch.randn(2, H, W, 3, device="cuda", generator=g)
     ins = [sc[k].clone().contiguous().requires_grad_(True) for k in _EDGE_INPUTS]
     if schedule is None:
-        r, a = _RasterizeFused.apply(*ins, bg, offsets, fids, W, H, False, warp_cull)
+        r, a = _RasterizeFused.apply(*ins, bg, offsets, fids, W, H, False, warp_cull, True, False, 1, tile_order)
         ((r * w).sum() + a.sum()).backward()
         out = (r, a)
     else:
         loss, r, a, _, _ = _FusedLoss.apply(*ins, bg, gt, offsets, fids, W, H, 0.2, False,
                                             64 if schedule == "one_launch" else None, 2, schedule, True, warp_cull,
-                                            False)
+                                            False, False, 1, tile_order)
         loss.backward()
         out = (loss, r, a)
         assert _FusedLoss.last_kernel_info["warp_cull"] is warp_cull
@@ -331,6 +332,24 @@ def test_opacity_aware_tiles_change_nothing(schedule, warp_cull):
     assert tight[1].numel() < square[1].numel()
     _assert_same_run(_edge_scene_run(sc, *tight, schedule, warp_cull, seed=10),
                      _edge_scene_run(sc, *square, schedule, warp_cull, seed=10))
+
+
+@pytest.mark.parametrize("schedule", [None, "split"])
+def test_tile_order_changes_nothing(schedule):
+    """With the blocks taking the longest tile lists first (``raster/tiles.py tile_order``, cuda/common.cuh
+    ``block_tile``) every tile is still rendered once by one block: on the culling-edge scene (two views,
+    tiles of very different lengths) the image is the same bit for bit and the gradients the same up to
+    the order of the float atomics, in the plain render pair and in the split schedule."""
+    from bytesplat_ns.raster.fused import bin_tiles
+    from bytesplat_ns.raster.tiles import tile_order
+    from tests.helpers.culling_scenes import culling_edge_scene_2d
+
+    sc = culling_edge_scene_2d(C=2, W=77, H=53, n=300, seed=11, device="cuda")
+    offsets, fids = bin_tiles(sc["means2d"], sc["radii"], sc["depths"], sc["width"], sc["height"])
+    order = tile_order(offsets, "longest_first")
+    assert not torch.equal(order.cpu(), torch.arange(order.numel(), dtype=torch.int32))
+    _assert_same_run(_edge_scene_run(sc, offsets, fids, schedule, True, seed=12, tile_order=order),
+                     _edge_scene_run(sc, offsets, fids, schedule, True, seed=12))
 
 
 # ---------------------------------------------------------------------------------------------
