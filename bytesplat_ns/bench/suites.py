@@ -298,8 +298,8 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           "raster + loss and a whole step on a real capture (--data) trained for 30000 iterations, at its full "
           "resolution: fused vs gsplat 1.4.0 and 1.5.3 (installed at /tmp/gsplat-1.5.3 by scripts/gpu_setup.sh) with "
           "pytorch_msssim and fussim; steps: splatfacto's, gsplat 1.5.3's fastest, ours, ours with Adam on visible "
-          "Gaussians only, with square tile boxes and with the reach computed in torch (the raster step times both "
-          "kinds of tile list)",
+          "Gaussians only, with square tile boxes, with the reach computed in torch and with the longest tiles first "
+          "(the raster step times both kinds of tile list)",
           1,
           (Step("wallclock", _args("--data {data} --methods bytesplat --iterations 30000 --seeds 0 --offline-lpips "
                                    "--work-dir {work}/train"), name="train_30k"),
@@ -307,7 +307,7 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
                                 f"fussim --gsplat-site {_GSPLAT_153}"), name="raster_trained"),
            Step("step", _args(f"--trained {_TRAINED_CAPTURE} --warmup 10 --repeats 50 --implementations splatfacto "
                               f"bytesplat bytesplat-visible bytesplat-square-tiles bytesplat-reach-torch "
-                              f"--gsplat-site {_GSPLAT_153}"),
+                              f"bytesplat-longest-first --gsplat-site {_GSPLAT_153}"),
                 name="step_trained")),
           needs_data=True),
     Suite("dram-traffic",
