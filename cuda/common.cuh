@@ -146,14 +146,16 @@ __device__ __forceinline__ int2 thread_pixel(int tx, int ty) {
 }
 
 // The tile a plain-rasterizer block (grid tw x th x C) renders, as (tx, ty, cam): its own blockIdx, or
-// with a tile order the order's entry for its linear index. The hardware starts blocks in linear
-// order, so an order with the longest tile lists first keeps the long tiles out of the last wave
-// (FusedOptions.tile_order; the same image and gradients).
+// with a tile order the order's entry for its linear index, packed as tx | ty << 11 | cam << 22
+// (raster/tiles.py tile_order; shifts, not divisions, in every block's prologue). The hardware starts
+// blocks in linear order, so an order with the longest tile lists first keeps the long tiles out of
+// the last wave (FusedOptions.tile_order; the same image and gradients).
+constexpr int kTileOrderBits = 11;
 __device__ __forceinline__ int3 block_tile(const int32_t *__restrict__ tile_order, int tw, int th) {
     if (tile_order == nullptr) return make_int3(blockIdx.x, blockIdx.y, blockIdx.z);
-    const int t = tile_order[(blockIdx.z * th + blockIdx.y) * tw + blockIdx.x];
-    const int per_cam = tw * th, cam = t / per_cam, r = t - cam * per_cam;
-    return make_int3(r % tw, r / tw, cam);
+    const int v = tile_order[(blockIdx.z * th + blockIdx.y) * tw + blockIdx.x];
+    constexpr int mask = (1 << kTileOrderBits) - 1;
+    return make_int3(v & mask, (v >> kTileOrderBits) & mask, v >> (2 * kTileOrderBits));
 }
 
 // A Gaussian is composited only where o*exp(-sigma) >= kAlphaMin, i.e. sigma <= t = ln(o/kAlphaMin):

@@ -215,12 +215,16 @@ void check_inputs(const at::Tensor &means2d, const at::Tensor &conics, const at:
     TORCH_CHECK(colors.size(-1) == 3, "bytesplat: the fused rasterizer renders 3 channels");
 }
 
-// A tile order is a permutation of the C*tiles tile indices (int32, on the device; not checked to be one).
-void check_tile_order(const c10::optional<at::Tensor> &tile_order, const at::Tensor &offsets) {
+// A tile order holds the C*tiles tiles packed as block_tile reads them (int32, on the device; not checked
+// to be a permutation), for grids whose tile coordinates fit its fields.
+void check_tile_order(const c10::optional<at::Tensor> &tile_order, const at::Tensor &offsets, int64_t C, int tw,
+                      int th) {
     if (!tile_order.has_value()) return;
     TORCH_CHECK(tile_order->is_cuda() && tile_order->scalar_type() == at::kInt && tile_order->is_contiguous() &&
                     tile_order->numel() == offsets.numel() - 1,
                 "bytesplat: a tile order must be a contiguous int32 CUDA tensor of C*tiles entries");
+    TORCH_CHECK(tw <= (1 << kTileOrderBits) && th <= (1 << kTileOrderBits) && C <= (1 << (31 - 2 * kTileOrderBits)),
+                "bytesplat: a tile order holds at most 2048x2048 tiles and 512 views");
 }
 
 }  // namespace
@@ -234,9 +238,9 @@ std::vector<at::Tensor> render_fwd(const at::Tensor &means2d, const at::Tensor &
                                    int64_t C, int64_t W, int64_t H, bool with_stop, bool warp_cull,
                                    bool fast_exp, const c10::optional<at::Tensor> &tile_order) {
     check_inputs(means2d, conics, colors, opacities, offsets, flatten_ids);
-    check_tile_order(tile_order, offsets);
     const at::cuda::CUDAGuard guard(means2d.device());
     const int tw = (W + kTile - 1) / kTile, th = (H + kTile - 1) / kTile;
+    check_tile_order(tile_order, offsets, C, tw, th);
     TORCH_CHECK(offsets.numel() == C * tw * th + 1, "bytesplat: offsets must have C*tiles+1 entries");
     auto fopt = means2d.options();
     at::Tensor rgb = at::empty({C, H, W, 3}, fopt);
@@ -276,12 +280,12 @@ std::vector<at::Tensor> render_bwd(const at::Tensor &means2d, const at::Tensor &
     TORCH_CHECK(pixels_per_thread == 1 || pixels_per_thread == 2,
                 "bytesplat: the backward takes 1 or 2 pixels per thread, got ", pixels_per_thread);
     check_inputs(means2d, conics, colors, opacities, offsets, flatten_ids);
-    check_tile_order(tile_order, offsets);
     TORCH_CHECK(!contribution || (stop.has_value() && stop->scalar_type() == at::kInt &&
                                   stop->numel() == T_final.numel()),
                 "bytesplat: the contribution needs render_fwd's stop indices (with_stop=True)");
     const at::cuda::CUDAGuard guard(means2d.device());
     const int tw = (W + kTile - 1) / kTile, th = (H + kTile - 1) / kTile;
+    check_tile_order(tile_order, offsets, C, tw, th);
     // Every output is summed into by atomics: one zeroed buffer and one fill for all of them, each a
     // contiguous slice of it shaped like its input, starting 256-byte aligned as its own allocation
     // would (vectorized consumers such as torch's elementwise kernels check the alignment).

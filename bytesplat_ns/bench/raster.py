@@ -128,7 +128,7 @@ class StageInputs:
         loss, _, _, _, _ = _FusedLoss.apply(*self.leaves(), s["backgrounds"], s["gt"], offsets, fids,
                                             self.W, self.H, 0.2, False, None, blocks_per_sm, schedule, butterfly,
                                             warp_cull, contribution, fast_exp, bwd_pixels,
-                                            tile_order_of(offsets, tile_order))
+                                            tile_order_of(offsets, tile_order, self.W, self.H))
         loss.backward()
         return loss
 
@@ -258,7 +258,7 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
     def fused_raster_fwd(warp_cull=True, fast_exp=False, tile_order="raster"):
         with torch.no_grad():
             _RasterizeFused.apply(m2, con, col, op, s["backgrounds"], offsets, fids, W, H, False, warp_cull, True,
-                                  fast_exp, 1, tile_order_of(offsets, tile_order))
+                                  fast_exp, 1, tile_order_of(offsets, tile_order, W, H))
 
     if not raster_only:
         _safe(out, "full_fused", lambda: time_ms(fused_full, warmup, repeats))

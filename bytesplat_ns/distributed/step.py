@@ -273,7 +273,7 @@ def composite_records(
         render, alpha = _RasterizeFused.apply(
             m, conics[None], colors[None], opacities[None], None, offsets, flatten_ids, width, height, absgrad,
             options.warp_cull, options.butterfly, options.fast_exp, options.bwd_pixels_per_thread,
-            tile_order(offsets, options.tile_order),
+            tile_order(offsets, options.tile_order, width, height, tile_size),
         )
     elif compositor in ("reference", "fused"):
         render, alpha = rasterize_to_pixels_reference(
@@ -364,7 +364,8 @@ def _score_padded_views(
         m, conics, colors, opacities, backgrounds.reshape(C, 3).detach().float(),
         gts.detach().float().contiguous(), offsets, flatten_ids, width, height, ssim_lambda, absgrad,
         None, 2, options.schedule, options.butterfly, options.warp_cull, False, options.fast_exp,
-        options.bwd_pixels_per_thread, tile_order(offsets, options.tile_order) if options.schedule == "split" else None,
+        options.bwd_pixels_per_thread, tile_order(offsets, options.tile_order, width, height, tile_size)
+        if options.schedule == "split" else None,
     )
     if absgrad:
         assert absgrad_sinks is not None

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from bytesplat_ns.raster._wrapper import TILE_SIZE
 from bytesplat_ns.raster.loss import SSIM_WIN_SIGMA, SSIM_WIN_SIZE
+from bytesplat_ns.raster.tiles import unpack_tile_order
 
 
 def _ssim(rgb: Tensor, gt: Tensor) -> Tensor:
@@ -224,12 +225,13 @@ def twin_contribution(m, c, o, offsets, fids, C, W, H):
     return out
 
 
-def check_tile_order(tile_order, offsets) -> None:
-    """The kernels' tile order argument: None or a permutation of the tiles (it changes only which block
-    renders which tile, so the twin checks it and renders as without)."""
+def check_tile_order(tile_order, offsets, W, H) -> None:
+    """The kernels' tile order argument: None or every tile once, packed (``tiles.tile_order``). It changes only
+    which block renders which tile, so the twin checks it and renders as without."""
     if tile_order is not None:
         assert tile_order.dtype == torch.int32 and tile_order.numel() == offsets.numel() - 1
-        assert torch.equal(torch.sort(tile_order.long()).values, torch.arange(offsets.numel() - 1))
+        tiles = unpack_tile_order(tile_order, W, H)
+        assert torch.equal(torch.sort(tiles).values, torch.arange(offsets.numel() - 1))
 
 
 class TorchOps:
@@ -242,14 +244,14 @@ class TorchOps:
 
     def render_fwd(self, m, c, col, o, bg, offsets, fids, C, W, H, with_stop, warp_cull, fast_exp, tile_order):
         assert isinstance(with_stop, bool) and isinstance(warp_cull, bool) and isinstance(fast_exp, bool)
-        check_tile_order(tile_order, offsets)
+        check_tile_order(tile_order, offsets, W, H)
         rgb, alpha, T = twin_composite(m, c, col, o, bg, offsets, fids, C, W, H)
         stop = torch.full((C if with_stop else 0, H, W), -1, dtype=torch.int32)
         return rgb, alpha, T, torch.zeros(C, H, W, dtype=torch.int32), stop
 
     def render_bwd(self, m, c, col, o, bg, offsets, fids, C, W, H, T, last, v_rgb, v_alpha, absgrad,
                    butterfly, contribution, stop, warp_cull, fast_exp, pixels_per_thread, tile_order):
-        check_tile_order(tile_order, offsets)
+        check_tile_order(tile_order, offsets, W, H)
         assert isinstance(butterfly, bool) and isinstance(contribution, bool) and isinstance(warp_cull, bool)
         assert isinstance(fast_exp, bool) and pixels_per_thread in (1, 2)
         assert (stop is not None) == contribution and (stop is None or stop.shape == (C, H, W))

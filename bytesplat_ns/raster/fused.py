@@ -284,7 +284,7 @@ def rasterize_fused(
     offsets, flatten_ids = bin_tiles(means2d, tile_radii(radii, conics, opac, options), depths, width, height,
                                      tile_size, binning=options.binning)
     switches = (options.warp_cull, options.butterfly, options.fast_exp, options.bwd_pixels_per_thread,
-                tile_order(offsets, options.tile_order))
+                tile_order(offsets, options.tile_order, width, height, tile_size))
     render, alpha = _RasterizeFused.apply(
         means2d, conics, rgb, opac, backgrounds, offsets, flatten_ids, width, height, absgrad, *switches
     )
@@ -363,7 +363,7 @@ def fused_render_loss(
         means2d, conics, rgb, opac, backgrounds.detach(), gt_images.detach(), offsets, flatten_ids,
         width, height, ssim_lambda, absgrad, capacity, blocks_per_sm, options.schedule, options.butterfly,
         options.warp_cull, contribution, options.fast_exp, options.bwd_pixels_per_thread,
-        tile_order(offsets, options.tile_order) if options.schedule == "split" else None,
+        tile_order(offsets, options.tile_order, width, height, tile_size) if options.schedule == "split" else None,
     )
     info = {
         **_strategy_info(means2d, radii, depths, conics, opac, offsets, flatten_ids, width, height, tile_size),

@@ -145,14 +145,31 @@ def bin_rects(rects: Tensor, depths: Tensor, grid_w: int, grid_h: int) -> Bins:
     return Bins(flatten_ids, counts, offsets, grid_w, grid_h)
 
 
-def tile_order(offsets: Tensor, policy: str) -> Optional[Tensor]:
+# A tile order's entries pack a tile as tx | ty << 11 | cam << 22 (cuda/common.cuh block_tile reads them
+# with shifts); the kernels check that the grid fits.
+TILE_ORDER_BITS = 11
+
+
+def tile_order(offsets: Tensor, policy: str, width: int, height: int, tile_size: int = 16) -> Optional[Tensor]:
     """The order in which the plain rasterizer's blocks take the tiles of ``offsets`` (the [C*tiles+1]
-    int32 list starts the kernels take): None for ``"raster"`` (each block its own tile), for
-    ``"longest_first"`` the tile indices by list length, longest first (int32; ties in any order). Blocks
-    start in launch order, so long tiles then run in the first waves instead of possibly the last."""
+    int32 list starts the kernels take, for images of width x height in tiles of tile_size): None for
+    ``"raster"`` (each block its own tile); for ``"longest_first"`` the tiles by list length, longest
+    first (ties in any order), each packed as ``tx | ty << 11 | cam << 22`` (int32). Blocks start in
+    launch order, so long tiles then run in the first waves instead of possibly the last."""
     if policy == "raster":
         return None
     if policy != "longest_first":
         raise ValueError(f"tile order must be raster or longest_first, got {policy!r}")
-    lengths = offsets[1:] - offsets[:-1]
-    return torch.argsort(lengths, descending=True).to(torch.int32)
+    tw, th = tile_grid(width, height, tile_size)
+    t = torch.argsort(offsets[1:] - offsets[:-1], descending=True)
+    cam, rest = t // (tw * th), t % (tw * th)
+    return ((rest % tw) | ((rest // tw) << TILE_ORDER_BITS) | (cam << (2 * TILE_ORDER_BITS))).to(torch.int32)
+
+
+def unpack_tile_order(order: Tensor, width: int, height: int, tile_size: int = 16) -> Tensor:
+    """The tile indices ((cam * th + ty) * tw + tx, int64) of a packed :func:`tile_order`."""
+    tw, th = tile_grid(width, height, tile_size)
+    v = order.long()
+    mask = (1 << TILE_ORDER_BITS) - 1
+    tx, ty, cam = v & mask, (v >> TILE_ORDER_BITS) & mask, v >> (2 * TILE_ORDER_BITS)
+    return (cam * th + ty) * tw + tx

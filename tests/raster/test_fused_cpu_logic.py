@@ -221,16 +221,22 @@ def test_tile_order_reaches_the_plain_kernels(torch_ops, value):
 
 
 def test_tile_order_longest_first():
-    """tiles.tile_order: the tiles by list length, longest first; None for the raster order; an
-    unknown policy is an error."""
-    from bytesplat_ns.raster.tiles import tile_order
+    """tiles.tile_order: the tiles by list length, longest first, each packed as tx | ty << 11 | cam << 22
+    (what cuda/common.cuh block_tile reads); None for the raster order; an unknown policy is an error."""
+    from bytesplat_ns.raster.tiles import tile_order, unpack_tile_order
 
-    offsets = torch.tensor([0, 3, 3, 10, 11, 15], dtype=torch.int32)  # lengths 3, 0, 7, 1, 4
-    assert tile_order(offsets, "raster") is None
-    order = tile_order(offsets, "longest_first")
-    assert order.dtype == torch.int32 and order.tolist() == [2, 4, 0, 3, 1]
+    # two views of 40x20 pixels in 16-pixel tiles: 3x2 tiles each, lengths below
+    lengths = torch.tensor([3, 0, 7, 1, 4, 2, 0, 9, 5, 6, 8, 0])
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]).to(torch.int32)
+    assert tile_order(offsets, "raster", 40, 20) is None
+    order = tile_order(offsets, "longest_first", 40, 20)
+    assert order.dtype == torch.int32
+    assert unpack_tile_order(order, 40, 20).tolist()[:6] == [7, 10, 2, 9, 8, 4]
+    # tile 7 is view 1's tile 1: tx 1, ty 0; tile 10 is view 1's tile 4: tx 1, ty 1
+    assert order[:2].tolist() == [1 | 0 << 11 | 1 << 22, 1 | 1 << 11 | 1 << 22]
+    assert sorted(unpack_tile_order(order, 40, 20).tolist()) == list(range(12))
     with pytest.raises(ValueError, match="longest_first"):
-        tile_order(offsets, "shortest_first")
+        tile_order(offsets, "shortest_first", 40, 20)
 
 
 @pytest.mark.parametrize("field,value", [("warp_cull", "off"), ("bwd_reduce", "transpose"), ("schedule", "halo"),

@@ -341,13 +341,13 @@ def test_tile_order_changes_nothing(schedule):
     tiles of very different lengths) the image is the same bit for bit and the gradients the same up to
     the order of the float atomics, in the plain render pair and in the split schedule."""
     from bytesplat_ns.raster.fused import bin_tiles
-    from bytesplat_ns.raster.tiles import tile_order
+    from bytesplat_ns.raster.tiles import tile_order, unpack_tile_order
     from tests.helpers.culling_scenes import culling_edge_scene_2d
 
     sc = culling_edge_scene_2d(C=2, W=77, H=53, n=300, seed=11, device="cuda")
     offsets, fids = bin_tiles(sc["means2d"], sc["radii"], sc["depths"], sc["width"], sc["height"])
-    order = tile_order(offsets, "longest_first")
-    assert not torch.equal(order.cpu(), torch.arange(order.numel(), dtype=torch.int32))
+    order = tile_order(offsets, "longest_first", sc["width"], sc["height"])
+    assert not torch.equal(unpack_tile_order(order, sc["width"], sc["height"]).cpu(), torch.arange(order.numel()))
     _assert_same_run(_edge_scene_run(sc, offsets, fids, schedule, True, seed=12, tile_order=order),
                      _edge_scene_run(sc, offsets, fids, schedule, True, seed=12))
 
