@@ -106,8 +106,8 @@ class FusedRasterConfig:
     the same radii bit for bit) or its PyTorch definition (raster/tile_reach.py, about 15 elementwise launches)."""
     fast_exp: bool = False
     """Evaluate each Gaussian's falloff exp(-sigma) as 2^q, q = -log2(e)*sigma from a conic prescaled once per staged
-    Gaussian, with the GPU's approximate exp2 (cuda/common.cuh staged_conic): 11-12 fewer instructions per Gaussian
-    and pixel in the forward loop, 7-14 in the backward's (suite sass-loops), the same image up to float rounding
+    Gaussian, with the GPU's approximate exp2 (cuda/common.cuh staged_conic): 11 fewer instructions per Gaussian
+    and pixel in the forward loop, 7-16 in the backward's (suite sass-loops), the same image up to float rounding
     (about 2e-6 relative).
     Off: raster + loss 1.05-1.06x (suite kernel-levers), the 3-seed quality A/B not yet within 0.1 dB."""
     bwd_pixels_per_thread: Literal[1, 2] = 1
