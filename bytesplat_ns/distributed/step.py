@@ -263,8 +263,7 @@ def composite_records(
     m = means2d[None]
     absgrad = absgrad_sink is not None and m.requires_grad
     if compositor == "fused" and means2d.shape[0] > 0:
-        from bytesplat_ns.raster.fused import _RasterizeFused, bin_tiles, tile_radii
-        from bytesplat_ns.raster.tiles import tile_order
+        from bytesplat_ns.raster.fused import _RasterizeFused, bin_tiles, plain_kernel_switches, tile_radii
 
         if not means2d.is_cuda or colors.shape[-1] != 3:
             raise ValueError("the fused compositor needs CUDA tensors and RGB colors")
@@ -272,8 +271,7 @@ def composite_records(
                                          depths[None], width, height, tile_size, binning=options.binning)
         render, alpha = _RasterizeFused.apply(
             m, conics[None], colors[None], opacities[None], None, offsets, flatten_ids, width, height, absgrad,
-            options.warp_cull, options.butterfly, options.fast_exp, options.bwd_pixels_per_thread,
-            tile_order(offsets, options.tile_order, width, height, tile_size),
+            *plain_kernel_switches(options, offsets, width, height, tile_size),
         )
     elif compositor in ("reference", "fused"):
         render, alpha = rasterize_to_pixels_reference(
@@ -350,8 +348,7 @@ def _score_padded_views(
     """The one fused call of :func:`composite_views_fused_loss` on the views' padded fields
     (means2d [C,M,2], conics, colors, opacities, depths, radii; view j's records in its first
     ``rows[j]`` rows, ``orders[j]`` their permutation from the caller's order or None)."""
-    from bytesplat_ns.raster.fused import _check, _FusedLoss, bin_tiles, tile_radii
-    from bytesplat_ns.raster.tiles import tile_order
+    from bytesplat_ns.raster.fused import _check, _FusedLoss, bin_tiles, loss_tile_order, tile_radii
 
     m, conics, colors, opacities, depths, radii = padded
     C = m.shape[0]
@@ -364,8 +361,7 @@ def _score_padded_views(
         m, conics, colors, opacities, backgrounds.reshape(C, 3).detach().float(),
         gts.detach().float().contiguous(), offsets, flatten_ids, width, height, ssim_lambda, absgrad,
         None, 2, options.schedule, options.butterfly, options.warp_cull, False, options.fast_exp,
-        options.bwd_pixels_per_thread, tile_order(offsets, options.tile_order, width, height, tile_size)
-        if options.schedule == "split" else None,
+        options.bwd_pixels_per_thread, loss_tile_order(options, offsets, width, height, tile_size),
     )
     if absgrad:
         assert absgrad_sinks is not None

@@ -7,8 +7,9 @@ communicator's encoder/decoder, a separate small extension that builds in second
 the current GPU's architecture, caches the result (``TORCH_EXTENSIONS_DIR``, else torch's default
 cache) and returns the module. Every reason it cannot (no CUDA device, no nvcc, a GPU older than
 compute capability 7.0, a compiler error) raises :class:`CudaBuildError` with one message naming
-the cause. Only the build is configured by the environment, as with gsplat: ``MAX_JOBS`` (torch's
-ninja build), ``TORCH_EXTENSIONS_DIR`` (the cache) and ``BYTESPLAT_FAST_MATH=1`` (``--use_fast_math``).
+the cause. Only where the build runs is configured by the environment, as with gsplat: ``MAX_JOBS``
+(torch's ninja build) and ``TORCH_EXTENSIONS_DIR`` (the cache). Nothing in the environment changes the
+flags: what the kernels compute is chosen by config fields (``FusedOptions``), recorded in config.yml.
 """
 
 from __future__ import annotations
@@ -71,17 +72,14 @@ def cxx_std() -> str:
     return "c++20" if ver >= (2, 10) else "c++17"
 
 
-def nvcc_flags(arch: str, fast_math: bool = False) -> List[str]:
-    flags = [
+def nvcc_flags(arch: str) -> List[str]:
+    return [
         "-O3",
         f"-std={cxx_std()}",
         "--expt-relaxed-constexpr",
         f"-gencode=arch=compute_{arch},code=sm_{arch}",
         "-lineinfo",
     ]
-    if fast_math:
-        flags.append("--use_fast_math")
-    return flags
 
 
 def include_paths() -> List[str]:
@@ -126,10 +124,9 @@ class JitExtension:
     reuses a stale build), cached by torch, and loaded once per process. Every reason it cannot be
     built raises :class:`CudaBuildError` naming the cause; a message is printed while building."""
 
-    def __init__(self, prefix: str, what: str, sources, headers=(), fast_math_env: Optional[str] = None):
+    def __init__(self, prefix: str, what: str, sources, headers=()):
         self.prefix, self.what = prefix, what
         self.sources, self.headers = tuple(sources), tuple(headers)
-        self.fast_math_env = fast_math_env
         self._lock = threading.Lock()
         self._module = None
 
@@ -137,16 +134,13 @@ class JitExtension:
         d = cuda_source_dir()
         return [d / s for s in self.sources]
 
-    def fast_math(self) -> bool:
-        return bool(self.fast_math_env) and os.environ.get(self.fast_math_env, "0") == "1"
-
-    def name(self, arch: str, fast_math: bool = False) -> str:
+    def name(self, arch: str) -> str:
         h = hashlib.sha1()
         d = cuda_source_dir()
         for name in self.sources + self.headers:
             h.update(name.encode())
             h.update((d / name).read_bytes())
-        h.update(" ".join(nvcc_flags(arch, fast_math)).encode())
+        h.update(" ".join(nvcc_flags(arch)).encode())
         return f"{self.prefix}_{arch}_{h.hexdigest()[:10]}"
 
     def load(self, verbose: bool = False):
@@ -171,8 +165,7 @@ class JitExtension:
         from torch.utils import cpp_extension
 
         arch = f"{cc[0]}{cc[1]}"
-        fast_math = self.fast_math()
-        name = self.name(arch, fast_math)
+        name = self.name(arch)
         build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
         cached = any(build_dir.glob(f"{name}*.so")) or any(build_dir.glob(f"{name}*.pyd"))
         if not cached:
@@ -186,7 +179,7 @@ class JitExtension:
                 name=name,
                 sources=[str(p) for p in self.source_paths()],
                 extra_cflags=["-O3", f"-std={cxx_std()}"],
-                extra_cuda_cflags=nvcc_flags(arch, fast_math),
+                extra_cuda_cflags=nvcc_flags(arch),
                 extra_include_paths=[str(cuda_source_dir())],
                 build_directory=str(build_dir),
                 verbose=verbose,
@@ -207,8 +200,7 @@ class JitExtension:
 
 
 # The rasterizer's kernels (render, fused loss, binning, SH of several views).
-RASTER_KERNELS = JitExtension("bytesplat_cuda", "the bytesplat CUDA kernels", SOURCES, HEADERS,
-                              fast_math_env="BYTESPLAT_FAST_MATH")
+RASTER_KERNELS = JitExtension("bytesplat_cuda", "the bytesplat CUDA kernels", SOURCES, HEADERS)
 # The sparse-grad communicator's kernels: built independently of the rasterizer's.
 SPARSE_GRAD_KERNELS = JitExtension("bytesplat_sparse_grad", "the bytesplat sparse-grad CUDA kernels",
                                    SPARSE_GRAD_SOURCES)

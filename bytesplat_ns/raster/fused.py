@@ -215,6 +215,21 @@ def tile_radii(radii: Tensor, conics: Tensor, opacities: Tensor, options: FusedO
     return opacity_aware_radii(radii, conics, opacities)
 
 
+def plain_kernel_switches(options: FusedOptions, offsets: Tensor, width: int, height: int, tile_size: int) -> Tuple:
+    """The trailing switches of ``_RasterizeFused`` (the plain render kernels): warp culling, butterfly
+    reduction, falloff as 2^q, backward pixels per thread, and the blocks' tile order for these lists."""
+    return (options.warp_cull, options.butterfly, options.fast_exp, options.bwd_pixels_per_thread,
+            tile_order(offsets, options.tile_order, width, height, tile_size))
+
+
+def loss_tile_order(options: FusedOptions, offsets: Tensor, width: int, height: int, tile_size: int) -> Optional[Tensor]:
+    """``_FusedLoss``'s tile order: the split schedule runs the plain kernels, which take one; the fused
+    kernels claim their tiles from a counter in their own order (docs/fused_ssim.md)."""
+    if options.schedule != "split":
+        return None
+    return tile_order(offsets, options.tile_order, width, height, tile_size)
+
+
 # ----------------------------------------------------------------------------------------------
 # Public API
 # ----------------------------------------------------------------------------------------------
@@ -283,8 +298,7 @@ def rasterize_fused(
     )
     offsets, flatten_ids = bin_tiles(means2d, tile_radii(radii, conics, opac, options), depths, width, height,
                                      tile_size, binning=options.binning)
-    switches = (options.warp_cull, options.butterfly, options.fast_exp, options.bwd_pixels_per_thread,
-                tile_order(offsets, options.tile_order, width, height, tile_size))
+    switches = plain_kernel_switches(options, offsets, width, height, tile_size)
     render, alpha = _RasterizeFused.apply(
         means2d, conics, rgb, opac, backgrounds, offsets, flatten_ids, width, height, absgrad, *switches
     )
@@ -363,7 +377,7 @@ def fused_render_loss(
         means2d, conics, rgb, opac, backgrounds.detach(), gt_images.detach(), offsets, flatten_ids,
         width, height, ssim_lambda, absgrad, capacity, blocks_per_sm, options.schedule, options.butterfly,
         options.warp_cull, contribution, options.fast_exp, options.bwd_pixels_per_thread,
-        tile_order(offsets, options.tile_order, width, height, tile_size) if options.schedule == "split" else None,
+        loss_tile_order(options, offsets, width, height, tile_size),
     )
     info = {
         **_strategy_info(means2d, radii, depths, conics, opac, offsets, flatten_ids, width, height, tile_size),

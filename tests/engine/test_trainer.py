@@ -83,11 +83,15 @@ def test_cuda_extensions_name_their_cause_without_a_gpu(monkeypatch, tmp_path):
     copy = tmp_path / "cuda"
     shutil.copytree(_build.cuda_source_dir(), copy)
     monkeypatch.setattr(_build, "cuda_source_dir", lambda: copy)
-    before = (_build.RASTER_KERNELS.name("90", False), _build.SPARSE_GRAD_KERNELS.name("90"))
+    before = (_build.RASTER_KERNELS.name("90"), _build.SPARSE_GRAD_KERNELS.name("90"))
     assert before[0].startswith("bytesplat_cuda_90_") and before[1].startswith("bytesplat_sparse_grad_90_")
-    assert _build.RASTER_KERNELS.name("90", True) != before[0]  # flags are part of the name
+    flags = _build.nvcc_flags
+    with monkeypatch.context() as patched:  # flags are part of the name
+        patched.setattr(_build, "nvcc_flags", lambda arch: flags(arch) + ["-DEDITED"])
+        assert _build.RASTER_KERNELS.name("90") != before[0]
+    assert _build.RASTER_KERNELS.name("90") == before[0]
     (copy / "common.cuh").write_text((copy / "common.cuh").read_text() + "\n// edited\n")
-    assert _build.RASTER_KERNELS.name("90", False) != before[0]  # a header edit rebuilds the rasterizer
+    assert _build.RASTER_KERNELS.name("90") != before[0]  # a header edit rebuilds the rasterizer
     assert _build.SPARSE_GRAD_KERNELS.name("90") == before[1]  # ... not the independent sparse-grad kernels
     (copy / "sparse_grad.cu").write_text((copy / "sparse_grad.cu").read_text() + "\n// edited\n")
     assert _build.SPARSE_GRAD_KERNELS.name("90") != before[1]
