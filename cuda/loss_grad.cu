@@ -1,5 +1,5 @@
 // The middle launch of the split schedule (fused_render_loss(mode="split"), docs/fused_ssim.md):
-// render_fwd (cuda/render.cu) has written the whole image (render + T*bg); this kernel computes
+// render_fwd (cuda/render_fwd.cu) has written the whole image (render + T*bg); this kernel computes
 // splatfacto's loss gradient dL/d render per pixel and the per-region loss partial sums; render_bwd
 // then turns dL/d render (and bg into the alpha term) into the 2D Gaussian gradients.
 //

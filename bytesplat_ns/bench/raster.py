@@ -13,7 +13,7 @@ Measured per Gaussian count (median ms over ``repeats`` after ``warmup``, CUDA e
   and the split schedule and the forward with the falloff as 2^q (``..._fast_exp``:
   ``FusedOptions(fast_exp=True)``, cuda/common.cuh ``staged_conic``) with its loss value, and the split
   schedule with two pixels per thread in its backward (``..._bwd_2px``:
-  ``FusedOptions(bwd_pixels_per_thread=2)``, cuda/render.cu ``render_bwd_2px_kernel``) with its loss value.
+  ``FusedOptions(bwd_pixels_per_thread=2)``, cuda/render_bwd.cu ``render_bwd_2px_kernel``) with its loss value.
   The split schedule, the from-3D path and the binning are also timed on opacity-aware tile lists
   (``..._opacity_tiles``: ``FusedOptions(opacity_aware_tiles=True)``, raster/tile_reach.py), with their
   ``intersections_opacity_aware`` and their loss value (the same as the default's). The split schedule on
@@ -192,7 +192,7 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
     _safe(out, "fused_split_fast_exp_loss_value", lambda: inp.fused_raster_loss(schedule="split", fast_exp=True).item())
     _safe(out, "raster_loss_fused_split_fast_exp", lambda: time_ms(
         lambda: inp.fused_raster_loss(schedule="split", fast_exp=True), warmup, repeats))
-    # A/B of the backward with two pixels per thread (cuda/render.cu render_bwd_2px_kernel): the same loss
+    # A/B of the backward with two pixels per thread (cuda/render_bwd.cu render_bwd_2px_kernel): the same loss
     _safe(out, "fused_split_bwd_2px_loss_value", lambda: inp.fused_raster_loss(schedule="split", bwd_pixels=2).item())
     _safe(out, "raster_loss_fused_split_bwd_2px", lambda: time_ms(
         lambda: inp.fused_raster_loss(schedule="split", bwd_pixels=2), warmup, repeats))

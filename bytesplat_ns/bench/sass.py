@@ -1,7 +1,7 @@
 r"""``bytesplat-bench sass``: the compositing loops' instruction counts in the machine code nvcc writes
 for a GPU architecture, without a GPU.
 
-    bytesplat-bench sass --arch 90 --sources render.cu fused_loss.cu --out sass.json
+    bytesplat-bench sass --arch 90 --sources render_fwd.cu render_bwd.cu fused_loss.cu --out sass.json
 
 Each source of ``cuda/`` is compiled as the JIT build compiles it (``raster._build``'s nvcc flags,
 torch's headers) to a cubin for ``sm_ARCH``, with ptxas' resource report; ``cuobjdump -sass``
@@ -34,7 +34,7 @@ SWITCHES: Dict[str, Tuple[str, ...]] = {
     "render_bwd_2px_kernel": ("absgrad", "fast_exp"),
     "fused_loss_kernel": ("absgrad", "butterfly", "contribution", "fast_exp"),
 }
-DEFAULT_SOURCES = ("render.cu", "fused_loss.cu")
+DEFAULT_SOURCES = ("render_fwd.cu", "render_bwd.cu", "fused_loss.cu")
 
 _INSTRUCTION = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _BRANCH = re.compile(r"\bBRA\b(?:\s+!?U?P\d,)?\s+(?:`\(\.L_x_\d+\)|0x([0-9a-f]+))")

@@ -29,7 +29,7 @@ the gsplat of a ``--gsplat-site`` gets the same scene through a file, ``bench.sc
 - ``bytesplat-fast-exp``: ``bytesplat`` with the falloff as 2^q from the prescaled conic
   (``--pipeline.model.fused.fast-exp True``, cuda/common.cuh ``staged_conic``).
 - ``bytesplat-bwd-2px``: ``bytesplat`` with two pixels per thread in the backward
-  (``--pipeline.model.fused.bwd-pixels-per-thread 2``, cuda/render.cu ``render_bwd_2px_kernel``);
+  (``--pipeline.model.fused.bwd-pixels-per-thread 2``, cuda/render_bwd.cu ``render_bwd_2px_kernel``);
   ``bytesplat-levers``: with both.
 - ``bytesplat-longest-first``: ``bytesplat`` with the blocks taking the longest tile lists first
   (``--pipeline.model.fused.tile-order longest_first``, raster/tiles.py ``tile_order``).

@@ -331,7 +331,7 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           "the compositing loops' instruction counts in the machine code for sm_90 (H100/H200), per kernel instance "
           "(no GPU: nvcc and cuobjdump)",
           0,
-          (Step("sass", _args("--arch 90 --sources render.cu fused_loss.cu"), name="sm90"),)),
+          (Step("sass", _args("--arch 90 --sources render_fwd.cu render_bwd.cu fused_loss.cu"), name="sm90"),)),
     Suite("kernel-levers",
           "the render kernels' opt-in levers against the defaults: the falloff as 2^q from the prescaled conic "
           "(--pipeline.model.fused.fast-exp True) and two pixels per thread in the backward "

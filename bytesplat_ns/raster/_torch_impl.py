@@ -4,7 +4,7 @@ and what the Python front end falls back to where a kernel is optional.
 - :func:`bin_tiles_torch` / :func:`tile_intersections_torch`: ``cuda/binning.cu`` (the same lists);
 - :func:`render_2d_torch`: the compositing of one set of 2D Gaussians, pixel by pixel (slow; small images);
 - :class:`TorchOps`: the extension's rasterizer entry points, vectorised per tile;
-- :func:`split_sh_colors_torch`: ``cuda/sh_views.cu`` (the DC and other coefficients as two tensors);
+- :func:`split_sh_colors_torch`: ``cuda/sh_views_*.cu`` (the DC and other coefficients as two tensors);
   :func:`multiview_sh_colors_torch`: the same colors from stacked [N,K,3] coefficients.
 """
 
@@ -93,7 +93,7 @@ def tile_intersections_torch(means2d: Tensor, radii: Tensor, width: int, height:
 
 
 # ----------------------------------------------------------------------------------------------
-# Compositing and the fused loss (cuda/render.cu, fused_loss.cu, loss_grad.cu)
+# Compositing and the fused loss (cuda/render_fwd.cu, render_bwd.cu, fused_loss.cu, loss_grad.cu)
 # ----------------------------------------------------------------------------------------------
 
 
@@ -311,7 +311,7 @@ class TorchOps:
 
 
 # ----------------------------------------------------------------------------------------------
-# Multi-camera SH colors (cuda/sh_views.cu)
+# Multi-camera SH colors (cuda/sh_views_*.cu)
 # ----------------------------------------------------------------------------------------------
 
 

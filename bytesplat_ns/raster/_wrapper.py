@@ -2,7 +2,7 @@
 
 Each Function takes plain tensors and the switches of its launch as arguments (nothing is read from
 the environment): :class:`_RasterizeFused` (render_fwd / render_bwd), :class:`_FusedLoss` (the loss
-and its 2D gradients in one of three schedules) and :class:`_MultiViewSH` (cuda/sh_views.cu);
+and its 2D gradients in one of three schedules) and :class:`_MultiViewSH` (cuda/sh_views_*.cu);
 :func:`adam_step` (cuda/adam.cu) is the optimizer's in-place update, used by ``optim.DeviceAdam``. The
 public front end is ``raster.fused``; the PyTorch twins are in ``raster._torch_impl``.
 """
@@ -22,7 +22,7 @@ from bytesplat_ns.raster.loss import SSIM_WIN_SIGMA, SSIM_WIN_SIZE
 from bytesplat_ns.raster.options import SCHEDULES
 
 TILE_SIZE = 16
-# Gaussians per shared-memory batch of render_fwd/render_bwd (cuda/render.cu kBatch): what the
+# Gaussians per shared-memory batch of render_fwd/render_bwd (cuda/render.cuh kBatch): what the
 # split schedule reports as its "capacity".
 RENDER_BATCH = 256
 
@@ -225,7 +225,7 @@ def _backward_pixels(schedule: str, butterfly: bool, contribution: bool, bwd_pix
 
 
 class _MultiViewSH(torch.autograd.Function):
-    """SH colors of N Gaussians from C cameras (cuda/sh_views.cu) from the DC coefficients ``dc``
+    """SH colors of N Gaussians from C cameras (cuda/sh_views_*.cu) from the DC coefficients ``dc``
     [N,3] and the rest ``rest`` [N,K-1,3]; gradients for means, dc and rest, each written once into
     its own tensor. ``rest=None``: ``dc`` is stacked [N,K,3] coefficients, read and given their
     gradient through its two views (no concatenation either way)."""

@@ -20,7 +20,7 @@ SCHEDULES = ("one_launch", "two_launch", "split")
 # reduce-scatter over the warp, 13 shuffles per Gaussian with absgrad) or "shuffle" (one 5-shuffle
 # warp sum per gradient component, 55 shuffles). Same gradients up to fp32 summation order.
 BWD_REDUCTIONS = ("butterfly", "shuffle")
-# Pixels per thread of the plain backward kernel (cuda/render.cu): 2 shares each Gaussian's warp
+# Pixels per thread of the plain backward kernel (cuda/render_bwd.cu): 2 shares each Gaussian's warp
 # reduction between 64 pixels instead of 32 (render_bwd_2px_kernel, butterfly reduction only).
 BWD_PIXELS_PER_THREAD = (1, 2)
 PROJECTIONS = ("auto", "gsplat", "torch")
@@ -113,7 +113,7 @@ class FusedRasterConfig:
     bwd_pixels_per_thread: Literal[1, 2] = 1
     """Pixels per thread of the plain backward kernel (the split schedule's and rasterize_fused's): 2 runs 128
     threads per tile and shares each Gaussian's warp reduction between 64 pixels instead of 32, with the per-pixel
-    work still skipped per 8x4-pixel block (cuda/render.cu render_bwd_2px_kernel; butterfly reduction only; the
+    work still skipped per 8x4-pixel block (cuda/render_bwd.cu render_bwd_2px_kernel; butterfly reduction only; the
     backward that gathers the pruning score keeps 1). The same gradients up to summation order. Off: raster + loss
     1.01-1.03x (suite kernel-levers)."""
     tile_order: TileOrder = "raster"

@@ -3,7 +3,7 @@
 gsplat's ``spherical_harmonics`` takes per-camera coefficients [C,N,K,3]: for C > 1 views of the
 same Gaussians the projection either materialises that broadcast (36 GiB at 50M Gaussians, SH 3, 4
 views) or calls it once per camera, which reads the coefficients C times and makes autograd add C
-coefficient-sized gradients. ``multiview_sh_colors`` (``cuda/sh_views.cu``) gives the same colors
+coefficient-sized gradients. ``multiview_sh_colors`` (``cuda/sh_views_*.cu``) gives the same colors
 with one thread per Gaussian walking the cameras: coefficients read once (a block's rows copied into
 shared memory together, so the global reads and gradient writes are coalesced), their gradient and
 the means' written once. The coefficients may be stacked [N,K,3] or an ``ShCoefficients`` (DC [N,3] and

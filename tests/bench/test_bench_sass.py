@@ -96,7 +96,7 @@ def test_ptxas_resources_and_template_switches_are_read():
 
 
 def _row(kernel, loops, **switches):
-    return {"source": "render.cu", "kernel": kernel, "switches": switches, "instructions": 600, "registers": 40,
+    return {"source": kernel.replace("_kernel", ".cu"), "kernel": kernel, "switches": switches, "instructions": 600, "registers": 40,
             "spill_stores": 0, "spill_loads": 0, "loop_instructions": loops, "loop_local_accesses": [0] * len(loops)}
 
 
@@ -108,9 +108,9 @@ def test_the_table_shows_what_the_falloff_as_2_to_the_q_saves():
     lines = sass_table([{"result": {"benchmark": "bytesplat-bench sass", "arch": "sm_90", "nvcc": "13.0.88",
                                     "rows": rows}}])
     assert "sm_90, nvcc 13.0.88" in lines[0]
-    assert "| render.cu | render_fwd_kernel | fast_exp | 40 | 0 / 0 | 0 | 600 | 45 | 11 |" in lines
-    assert "| render.cu | render_bwd_kernel | absgrad, butterfly | 40 | 0 / 0 | 0 | 600 | 182 | - |" in lines
-    assert "| render.cu | render_bwd_kernel | absgrad, butterfly, fast_exp | 40 | 0 / 0 | 0 | 600 | 171 | 11 |" in lines
+    assert "| render_fwd.cu | render_fwd_kernel | fast_exp | 40 | 0 / 0 | 0 | 600 | 45 | 11 |" in lines
+    assert "| render_bwd.cu | render_bwd_kernel | absgrad, butterfly | 40 | 0 / 0 | 0 | 600 | 182 | - |" in lines
+    assert "| render_bwd.cu | render_bwd_kernel | absgrad, butterfly, fast_exp | 40 | 0 / 0 | 0 | 600 | 171 | 11 |" in lines
     assert not any("297" in line for line in lines)  # the shuffle reduction's instances: JSON only
 
 
@@ -122,7 +122,8 @@ def test_the_real_render_kernels_have_a_shorter_forward_loop_with_2_to_the_q():
     cuobjdump = sass.find_tool("cuobjdump", nvcc)
     if nvcc is None or cuobjdump is None:
         pytest.skip(f"needs nvcc and cuobjdump (nvcc {nvcc}, cuobjdump {cuobjdump})")
-    rows = sass.measure_source(nvcc, cuobjdump, cuda_source_dir() / "render.cu", "90")
+    rows = [row for name in ("render_fwd.cu", "render_bwd.cu")
+            for row in sass.measure_source(nvcc, cuobjdump, cuda_source_dir() / name, "90")]
     # render_fwd: fast_exp; render_bwd: absgrad x butterfly x contribution x fast_exp; the 2px one: absgrad x fast_exp
     assert len(rows) == 2 + 16 + 4
     by = {(r["kernel"], tuple(sorted(r["switches"].items()))): r for r in rows}

@@ -1,5 +1,5 @@
 """SH coefficients kept as two tensors, DC [N,3] and rest [N,K-1,3] (``raster.sh.ShCoefficients``),
-on CPU: the split twin (``split_sh_colors_torch``, the oracle of ``cuda/sh_views.cu``) against the
+on CPU: the split twin (``split_sh_colors_torch``, the oracle of ``cuda/sh_views_*.cu``) against the
 stacked path it replaces (``torch.cat`` + ``multiview_sh_colors_torch``), when ``fused.project``
 hands them to the kernel, and the model passing its parameters through unstacked while training as
 before. The kernel against the twin: tests/raster/test_sh_split_gpu.py."""

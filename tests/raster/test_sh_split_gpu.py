@@ -1,4 +1,4 @@
-"""The SH kernel (``cuda/sh_views.cu``) with the coefficients as DC [N,3] and rest [N,K-1,3]
+"""The SH kernel (``cuda/sh_views_*.cu``) with the coefficients as DC [N,3] and rest [N,K-1,3]
 (``raster.sh.ShCoefficients``) against its pure-PyTorch twin, and the fused training path that uses
 it for one camera against gsplat's SH on stacked coefficients (GPU only)."""
 
@@ -177,7 +177,7 @@ def _padded_rows(N, K, fill):
 
 
 _SHAPES = [(3, 16, 1), (3, 16, 3), (2, 9, 1), (2, 16, 3), (1, 4, 1), (1, 16, 1), (0, 1, 1), (0, 16, 3)]
-# N around the 64-Gaussian blocks of cuda/sh_views.cu, then a large odd N (many blocks, a partial last one)
+# N around the 64-Gaussian blocks of cuda/sh_views_*.cu, then a large odd N (many blocks, a partial last one)
 _TILE_CASES = [(N, layout, *shape) for N in (1, 63, 64, 65, 130) for layout in ("contiguous", "padded")
                for shape in _SHAPES] + [(100_003, "padded", 3, 16, 1), (100_003, "contiguous", 2, 16, 3)]
 

@@ -1,4 +1,4 @@
-"""Multi-camera SH colors (``cuda/sh_views.cu``) against the pure-PyTorch twin and against gsplat's
+"""Multi-camera SH colors (``cuda/sh_views_*.cu``) against the pure-PyTorch twin and against gsplat's
 per-camera path inside ``fused.project`` (GPU only)."""
 
 from __future__ import annotations

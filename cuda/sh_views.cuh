@@ -1,5 +1,7 @@
-// Spherical-harmonics colors of N Gaussians seen from C cameras, forward and backward, one launch
-// each (the CUDA twin of `split_sh_colors_torch` in bytesplat_ns/raster/_torch_impl.py).
+// Spherical-harmonics colors of N Gaussians seen from C cameras, forward (sh_views_fwd.cu) and backward
+// (sh_views_bwd.cu), one launch each (the CUDA twin of `split_sh_colors_torch` in
+// bytesplat_ns/raster/_torch_impl.py). This header holds what both directions share: the basis, the
+// block's coefficient tile, the camera pipeline and the launchers' checks.
 //
 // colors[c, i] = max(sum_k coeffs[i, k] Y_k(d) + 0.5, 0) with d the unit vector from camera c's
 // center (-R^T t of its rigid world-to-camera matrix) to mean i, and 0 where radii[c, i] <= 0
@@ -21,17 +23,16 @@
 // all three channels feed, in one thread: no cross-thread reduction or atomics. The coefficients
 // are read from DRAM once per block, not once per camera, and each gradient is written once,
 // summed over the cameras.
+#pragma once
+
 #include <ATen/ATen.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 #include <cuda_pipeline_primitives.h>
 
 #include <type_traits>
-#include <vector>
 
 namespace bytesplat {
+namespace sh {
 
-namespace {
 
 constexpr int kMaxBases = 16;
 
@@ -202,140 +203,15 @@ __device__ __forceinline__ float3 view_direction(const float *__restrict__ viewm
     return make_float3(dx * inv, dy * inv, dz * inv);
 }
 
-template <int n>
-__global__ void __launch_bounds__(kShGaussians) sh_views_fwd_kernel(ShArgs a, float *__restrict__ colors) {
-    constexpr int P = tile_pitch<n>();
-    __shared__ float s_co[kShGaussians * P], s_means[kShGaussians * 3];
-    // two buffers each: camera c + 1's radii arrive while camera c's are read, and camera c's colors
-    // are written while camera c - 1's may still be stored
-    __shared__ int32_t s_radii[2][kShGaussians];
-    __shared__ float s_colors[2][kShGaussians * 3];
-    const int t = threadIdx.x;
-    const int64_t i0 = (int64_t)blockIdx.x * kShGaussians;
-    const int rows = tile_rows(a.N, i0);
-    load_tile<n>(a, i0, rows, s_co, s_means);
-    if (a.C > 0) load_camera(a, 0, i0, rows, s_radii[0]);
-    __pipeline_commit();
-    const float *co = s_co + t * P;
-    float Y[n];
-    for (int c = 0; c < a.C; ++c) {
-        next_camera(c, a.C, [&] { load_camera(a, c + 1, i0, rows, s_radii[(c + 1) & 1]); });
-        float *out = s_colors[c & 1];
-        if (t < rows) {
-            float *o = out + 3 * t;
-            if (s_radii[c & 1][t] <= 0) {
-                o[0] = o[1] = o[2] = 0.f;
-            } else {
-                float inv;
-                const float3 d = view_direction(a.viewmats, c, s_means[3 * t], s_means[3 * t + 1],
-                                                s_means[3 * t + 2], inv);
-                sh_bases<false, n>(d.x, d.y, d.z, Y, nullptr, nullptr, nullptr);
-#pragma unroll
-                for (int ch = 0; ch < 3; ++ch) {
-                    float v = 0.5f;
-#pragma unroll
-                    for (int k = 0; k < n; ++k) v += Y[k] * co[k * 3 + ch];
-                    o[ch] = fmaxf(v, 0.f);
-                }
-            }
-        }
-        __syncthreads();
-        float *dst = colors + ((int64_t)c * a.N + i0) * 3;
-        for_each_in_tile<3>(rows, [&](int r, int j) { dst[r * 3 + j] = out[r * 3 + j]; });
-    }
-}
-
-// v_coeffs[i] = sum_c Y(d_c) v_c and v_means[i] = sum_c (I - d d^T)/|m - center| grad_d, over the
-// cameras where i is visible and its color is not clamped (torch's clamp_min passes the gradient
-// where the input >= 0). Coefficients past the n used get 0. v_dc / v_rest: row strides v_dc_stride
-// / v_rest_stride (floats), each row's floats contiguous. Each thread sums its Gaussian's
-// coefficient gradients in its own row of s_vco; the block then stores the tile as load_tile read it.
-template <int n>
-__global__ void __launch_bounds__(kShGaussians)
-    sh_views_bwd_kernel(ShArgs a, const float *__restrict__ v_colors, float *__restrict__ v_dc,
-                        int64_t v_dc_stride, float *__restrict__ v_rest, int64_t v_rest_stride,
-                        float *__restrict__ v_means) {
-    constexpr int P = tile_pitch<n>(), kRest = (n - 1) * 3;
-    __shared__ float s_co[kShGaussians * P], s_vco[kShGaussians * P];
-    __shared__ float s_means[kShGaussians * 3];  // the means in, their gradients out
-    __shared__ int32_t s_radii[2][kShGaussians];  // two buffers: camera c + 1's arrive while c's are read
-    __shared__ float s_vcolors[2][kShGaussians * 3];
-    const int t = threadIdx.x;
-    const int64_t i0 = (int64_t)blockIdx.x * kShGaussians;
-    const int rows = tile_rows(a.N, i0);
-    load_tile<n>(a, i0, rows, s_co, s_means);
-    if (a.C > 0) load_camera(a, 0, i0, rows, s_radii[0], v_colors, s_vcolors[0]);
-    __pipeline_commit();
-    const float *co = s_co + t * P;
-    float *vco = s_vco + t * P;
-#pragma unroll
-    for (int k = 0; k < n * 3; ++k) vco[k] = 0.f;  // this thread's row only, while the tile loads
-    float vmx = 0.f, vmy = 0.f, vmz = 0.f;
-    float Y[n], gx[n], gy[n], gz[n];
-    for (int c = 0; c < a.C; ++c) {
-        const int b = c & 1;
-        next_camera(c, a.C, [&] { load_camera(a, c + 1, i0, rows, s_radii[b ^ 1], v_colors, s_vcolors[b ^ 1]); });
-        if (t < rows && s_radii[b][t] > 0) {
-            float inv;
-            const float3 d = view_direction(a.viewmats, c, s_means[3 * t], s_means[3 * t + 1], s_means[3 * t + 2], inv);
-            const float x = d.x, y = d.y, z = d.z;
-            sh_bases<true, n>(x, y, z, Y, gx, gy, gz);
-            float v[3];
-            bool any = false;
-#pragma unroll
-            for (int ch = 0; ch < 3; ++ch) {
-                float raw = 0.5f;
-#pragma unroll
-                for (int k = 0; k < n; ++k) raw += Y[k] * co[k * 3 + ch];
-                v[ch] = raw >= 0.f ? s_vcolors[b][3 * t + ch] : 0.f;
-                any |= v[ch] != 0.f;
-            }
-            if (any) {
-                float ux = 0.f, uy = 0.f, uz = 0.f;  // dL / d(unit direction)
-#pragma unroll
-                for (int k = 0; k < n; ++k) {
-                    const float s = co[k * 3] * v[0] + co[k * 3 + 1] * v[1] + co[k * 3 + 2] * v[2];
-                    ux += s * gx[k], uy += s * gy[k], uz += s * gz[k];
-                    vco[k * 3] += Y[k] * v[0], vco[k * 3 + 1] += Y[k] * v[1], vco[k * 3 + 2] += Y[k] * v[2];
-                }
-                // through the normalisation d / |d|: (u - (u . d) d) / |d|
-                const float ud = ux * x + uy * y + uz * z;
-                vmx += (ux - ud * x) * inv, vmy += (uy - ud * y) * inv, vmz += (uz - ud * z) * inv;
-            }
-        }
-        if (c + 1 < a.C) __syncthreads();  // camera c's buffers read before camera c + 2's overwrite them
-    }
-    if (a.C == 0) {  // (else the last camera's wait and barrier did this) no copy lands on the gradients
-        __pipeline_wait_prior(0);
-        __syncthreads();
-    }
-    // this thread's row: only this thread read it while computing
-    if (t < rows) s_means[3 * t] = vmx, s_means[3 * t + 1] = vmy, s_means[3 * t + 2] = vmz;
-    __syncthreads();
-    for_each_in_tile<3>(rows, [&](int r, int j) {
-        v_dc[(i0 + r) * v_dc_stride + j] = s_vco[r * P + j];
-        v_means[(i0 + r) * 3 + j] = s_means[r * 3 + j];
-    });
-    if constexpr (kRest > 0) {
-        for_each_in_tile<kRest>(
-            rows, [&](int r, int j) { v_rest[(i0 + r) * v_rest_stride + j] = s_vco[r * P + 3 + j]; });
-    }
-    const int unused = (a.K - n) * 3;  // floats of the rest past the bases in use: gradient 0
-    for (int e = t; e < rows * unused; e += kShGaussians) {
-        const int r = e / unused;
-        v_rest[(i0 + r) * v_rest_stride + kRest + e % unused] = 0.f;
-    }
-}
-
 // dc [N,3] and rest [N,K-1,3] may be row-strided views (one row's floats contiguous; a size-1
 // dimension's stride does not matter, as in torch's is_contiguous).
-bool rows_contiguous(const at::Tensor &dc, const at::Tensor &rest) {
+inline bool rows_contiguous(const at::Tensor &dc, const at::Tensor &rest) {
     return dc.stride(1) == 1 &&
            (rest.size(1) == 0 || (rest.stride(2) == 1 && (rest.size(1) == 1 || rest.stride(1) == 3)));
 }
 
-ShArgs check_args(const at::Tensor &means, const at::Tensor &dc, const at::Tensor &rest,
-                  const at::Tensor &viewmats, const at::Tensor &radii, int64_t degree) {
+inline ShArgs check_args(const at::Tensor &means, const at::Tensor &dc, const at::Tensor &rest,
+                         const at::Tensor &viewmats, const at::Tensor &radii, int64_t degree) {
     TORCH_CHECK(means.is_cuda() && dc.is_cuda() && rest.is_cuda() && viewmats.is_cuda() && radii.is_cuda(),
                 "bytesplat: multi-view SH needs CUDA tensors");
     TORCH_CHECK(means.dim() == 2 && means.size(1) == 3, "bytesplat: means must be [N,3]");
@@ -379,7 +255,7 @@ inline unsigned int sh_blocks(int64_t n) {
 
 // Calls f(std::integral_constant<int, n>) for the bases in use.
 template <typename F>
-void with_bases(int n, F &&f) {
+inline void with_bases(int n, F &&f) {
     switch (n) {
         case 1: return f(std::integral_constant<int, 1>());
         case 4: return f(std::integral_constant<int, 4>());
@@ -388,47 +264,5 @@ void with_bases(int n, F &&f) {
     }
 }
 
-}  // namespace
-
-at::Tensor sh_views_fwd(const at::Tensor &means, const at::Tensor &dc, const at::Tensor &rest,
-                        const at::Tensor &viewmats, const at::Tensor &radii, int64_t degree) {
-    const ShArgs a = check_args(means, dc, rest, viewmats, radii, degree);
-    const at::cuda::CUDAGuard guard(means.device());
-    at::Tensor colors = at::empty({a.C, a.N, 3}, means.options());
-    if (a.N == 0 || a.C == 0) return colors;
-    with_bases(a.n, [&](auto nb) {
-        sh_views_fwd_kernel<decltype(nb)::value>
-            <<<sh_blocks(a.N), kShGaussians, 0, at::cuda::getCurrentCUDAStream()>>>(a, colors.data_ptr<float>());
-    });
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    return colors;
-}
-
-// Writes the coefficient gradients into v_dc / v_rest (shaped as dc / rest, row-strided views
-// allowed: the caller allocates them, so a stacked [N,K,3] gradient is filled through its two
-// views) and returns the means' [N,3].
-at::Tensor sh_views_bwd(const at::Tensor &means, const at::Tensor &dc, const at::Tensor &rest,
-                        const at::Tensor &viewmats, const at::Tensor &radii, int64_t degree,
-                        const at::Tensor &v_colors, at::Tensor v_dc, at::Tensor v_rest) {
-    const ShArgs a = check_args(means, dc, rest, viewmats, radii, degree);
-    TORCH_CHECK(v_colors.is_cuda() && v_colors.scalar_type() == at::kFloat && v_colors.is_contiguous() &&
-                    v_colors.dim() == 3 && v_colors.size(0) == a.C && v_colors.size(1) == a.N &&
-                    v_colors.size(2) == 3,
-                "bytesplat: v_colors must be contiguous float32 [C,N,3]");
-    TORCH_CHECK(v_dc.is_cuda() && v_rest.is_cuda() && v_dc.scalar_type() == at::kFloat &&
-                    v_rest.scalar_type() == at::kFloat && v_dc.sizes() == dc.sizes() &&
-                    v_rest.sizes() == rest.sizes() && rows_contiguous(v_dc, v_rest),
-                "bytesplat: v_dc / v_rest must be float32 CUDA tensors shaped as dc / rest, rows contiguous");
-    const at::cuda::CUDAGuard guard(means.device());
-    at::Tensor v_means = at::empty_like(means);
-    if (a.N == 0) return v_means;
-    with_bases(a.n, [&](auto nb) {
-        sh_views_bwd_kernel<decltype(nb)::value><<<sh_blocks(a.N), kShGaussians, 0, at::cuda::getCurrentCUDAStream()>>>(
-            a, v_colors.data_ptr<float>(), v_dc.data_ptr<float>(), v_dc.stride(0), v_rest.data_ptr<float>(),
-            v_rest.stride(0), v_means.data_ptr<float>());
-    });
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    return v_means;
-}
-
+}  // namespace sh
 }  // namespace bytesplat
