@@ -18,7 +18,8 @@ std::vector<at::Tensor> render_bwd(const at::Tensor &means2d, const at::Tensor &
                                    const at::Tensor &last, const at::Tensor &v_render,
                                    const c10::optional<at::Tensor> &v_alpha, bool absgrad,
                                    bool butterfly, bool contribution,
-                                   const c10::optional<at::Tensor> &stop, bool warp_cull,
+                                   const c10::optional<at::Tensor> &stop,
+                                   const c10::optional<at::Tensor> &warp_masks,
                                    bool fast_exp, int64_t pixels_per_thread,
                                    const c10::optional<at::Tensor> &tile_order);
 int64_t fused_capacity(int64_t blocks_per_sm);
@@ -39,6 +40,9 @@ std::vector<at::Tensor> bin_tiles(const at::Tensor &means2d, const at::Tensor &r
                                   int64_t tile_size, int64_t known_total);
 at::Tensor tile_intersections(const at::Tensor &means2d, const at::Tensor &radii, int64_t width,
                               int64_t height, int64_t tile_size);
+at::Tensor warp_masks(const at::Tensor &means2d, const at::Tensor &conics, const at::Tensor &opacities,
+                      const at::Tensor &offsets, const at::Tensor &flatten_ids, int64_t C, int64_t W, int64_t H,
+                      bool rows);
 at::Tensor opacity_aware_radii(const at::Tensor &radii, const at::Tensor &conics,
                                const at::Tensor &opacities);
 at::Tensor sh_views_fwd(const at::Tensor &means, const at::Tensor &dc, const at::Tensor &rest,
@@ -71,6 +75,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           py::arg("height"), py::arg("tile_size"), py::arg("known_total") = -1);
     m.def("tile_intersections", &bytesplat::tile_intersections,
           "tiles reached per camera [C] int64 (what bin_tiles' total is, per camera)");
+    m.def("warp_masks", &bytesplat::warp_masks,
+          "the plain render kernels' per-warp culling masks [entries] uint8, one per tile-list entry: bit w set "
+          "when warp w's 8x4 pixel block of the entry's tile can composite its Gaussian (the box of its alpha >= "
+          "1/255 ellipse; with rows, then each row of blocks against the ellipse's extent)");
     m.def("opacity_aware_radii", &bytesplat::opacity_aware_radii,
           "per-axis tile radii [C,N,2] int32 of the opacity-aware reach from the projection's radii [C,N], "
           "conics [C,N,3] and opacities [C,N] (bytesplat_ns/raster/tile_reach.py, the same result)");

@@ -167,6 +167,12 @@ __device__ __forceinline__ int3 block_tile(const int32_t *__restrict__ tile_orde
 // widened (t by 1% + 0.02, radii by 0.01 px) far beyond float rounding of sigma and the box, so a
 // culled pair is one the pixel test would skip; conics that are nearly degenerate (det < 1e-3 ac,
 // where sigma's rounding grows) or not finite, and non-finite means, keep every warp.
+// With ROWS the box is only the first test: each row of warp blocks then keeps the blocks that the
+// ellipse's x-extent over that row's band of pixel centres reaches, so a long thin Gaussian lying
+// across the tile at an angle keeps the blocks it crosses, not every block of its box. The extent
+// over a band [v0, v1] (v = y - my) is exact: the ellipse's right edge x(v) = (-b v + sqrt(2at - det
+// v^2)) / a is concave, so its maximum over the band is at the band's point nearest the ellipse's
+// rightmost point v* = -b sqrt(2t / (c det)); the left edge mirrors it (-v*). Same widening.
 constexpr uint32_t kAllWarps = (1u << kWarps) - 1u;
 
 // Blocks of `size` pixels starting at `origin` (n of them): the first and last whose pixel centres
@@ -180,9 +186,34 @@ __device__ __forceinline__ bool block_span(float lo, float hi, int origin, int s
     return first <= last;
 }
 
+// Bits c0..c1 of a block row.
+__device__ __forceinline__ uint32_t span_bits(int c0, int c1) { return ((2u << c1) - 1u) & ~((1u << c0) - 1u); }
+
+// warp_mask's rows test over block rows r0..r1 (t: the widened threshold, ry: the widened y half-extent).
+// Not inlined: it runs once per staged Gaussian, and inlined its registers raise the render kernels'
+// allocation around the compositing loops.
+template <int WW>
+__device__ __forceinline__ uint32_t row_spans(float mx, float my, float a, float b, float c, float det, float t, float ry,
+                                           int x0, int y0, int r0, int r1) {
+    constexpr int kCols = kTile / WW, WH = 32 / WW;
+    const float two_at = 2.f * a * t, inv_a = 1.f / a;
+    const float v_right = -b * sqrtf(2.f * t / (c * det));  // v of the ellipse's rightmost point
+    uint32_t mask = 0u;
+    for (int r = r0; r <= r1; ++r) {
+        const float band = float(y0 + r * WH) - my;  // the row's first pixel edge, relative to the mean
+        const float v0 = fmaxf(band + 0.49f, -ry), v1 = fminf(band + (WH - 0.49f), ry);
+        const float vr = fminf(fmaxf(v_right, v0), v1), vl = fminf(fmaxf(-v_right, v0), v1);
+        const float xr = mx + (sqrtf(fmaxf(two_at - det * vr * vr, 0.f)) - b * vr) * inv_a + 0.01f;
+        const float xl = mx - (sqrtf(fmaxf(two_at - det * vl * vl, 0.f)) + b * vl) * inv_a - 0.01f;
+        int k0, k1;
+        if (v0 <= v1 && block_span(xl, xr, x0, WW, kCols, k0, k1)) mask |= span_bits(k0, k1) << (r * kCols);
+    }
+    return mask;
+}
+
 template <int WW>
 __device__ __forceinline__ uint32_t warp_mask(float mx, float my, float o, float a, float b, float c,
-                                              int x0, int y0) {
+                                              int x0, int y0, bool rows) {
     constexpr int kCols = kTile / WW, kRows = kWarps / kCols, WH = 32 / WW;
     if (o < kAlphaMin) return 0u;  // sigma >= 0 for a positive definite conic: alpha <= o
     const float det = a * c - b * b;
@@ -195,17 +226,18 @@ __device__ __forceinline__ uint32_t warp_mask(float mx, float my, float o, float
     int c0, c1, r0, r1;
     if (!block_span(mx - rx, mx + rx, x0, WW, kCols, c0, c1) || !block_span(my - ry, my + ry, y0, WH, kRows, r0, r1))
         return 0u;
-    const uint32_t cols = ((2u << c1) - 1u) & ~((1u << c0) - 1u);  // this block row's warps
+    if (rows) return row_spans<WW>(mx, my, a, b, c, det, t, ry, x0, y0, r0, r1);
     uint32_t mask = 0u;
-    for (int r = r0; r <= r1; ++r) mask |= cols << (r * kCols);
+    for (int r = r0; r <= r1; ++r) mask |= span_bits(c0, c1) << (r * kCols);
     return mask;
 }
 
 // Load list entries [first, first+count) of the tile whose top-left pixel is (x0, y0)
 // (flatten_ids are indices into the [C*N] 2D arrays) into shared slots [0, count), with the mask
-// of the warps (layout WW, thread_pixel) that can see each. Called by the whole block (NT threads); caller syncs
-// afterwards. cull = false keeps every warp for every Gaussian (A/B runs and the tests that hold
-// culling against its absence: --pipeline.model.fused.warp-cull False).
+// of the warps (layout WW, thread_pixel) that can see each: the box test, computed here (the plain
+// forward, the fused kernel). Called by the whole block (NT threads); caller syncs afterwards. cull =
+// false keeps every warp for every Gaussian (A/B runs and the tests that hold culling against its
+// absence: --pipeline.model.fused.warp-cull False).
 template <int WW, bool FASTEXP, int NT = kBlock>
 __device__ __forceinline__ void load_gaussians(
     SmemGaussians s, const int32_t *__restrict__ flatten_ids, int64_t first, int count,
@@ -221,7 +253,29 @@ __device__ __forceinline__ void load_gaussians(
         s.g1[i] = make_float4(k.y, k.z, r, gg);
         s.g2[i] = b;
         s.id[i] = g;
-        s.warps[i] = cull ? warp_mask<WW>(xy.x, xy.y, opacities[g], ca, cb, cc, x0, y0) : kAllWarps;
+        s.warps[i] = cull ? warp_mask<WW>(xy.x, xy.y, opacities[g], ca, cb, cc, x0, y0, false) : kAllWarps;
+    }
+}
+
+// The same with each entry's mask read from `masks` (one byte per list entry, cuda/warp_masks.cu, the 8x4
+// layout; nullptr: every warp): the plain backward. Computed there once per pass, the rows test costs the
+// backward's loop nothing; computed inline it raises the render kernels' register allocation (suite
+// sass-loops). The plain forward keeps the box test inline: reading the masks instead, the compiler
+// rebuilds the shared-memory base in its compositing loop (4 more instructions per composited Gaussian).
+template <bool FASTEXP, int NT = kBlock>
+__device__ __forceinline__ void load_gaussians_masked(
+    SmemGaussians s, const int32_t *__restrict__ flatten_ids, int64_t first, int count,
+    const float *__restrict__ means2d, const float *__restrict__ conics, const float *__restrict__ colors,
+    const float *__restrict__ opacities, const uint8_t *__restrict__ masks) {
+    for (int i = threadIdx.x; i < count; i += NT) {
+        const int32_t g = flatten_ids[first + i];
+        const float2 xy = reinterpret_cast<const float2 *>(means2d)[g];
+        const float3 k = staged_conic<FASTEXP>(conics[3 * g], conics[3 * g + 1], conics[3 * g + 2]);
+        s.g0[i] = make_float4(xy.x, xy.y, opacities[g], k.x);
+        s.g1[i] = make_float4(k.y, k.z, colors[3 * g], colors[3 * g + 1]);
+        s.g2[i] = colors[3 * g + 2];
+        s.id[i] = g;
+        s.warps[i] = masks != nullptr ? uint32_t(masks[first + i]) : kAllWarps;
     }
 }
 

@@ -18,7 +18,8 @@ constexpr int kBatch = kBlock;
 constexpr int kSmemGauss = kBatch * SmemGaussians::kBytes;
 
 inline void check_inputs(const at::Tensor &means2d, const at::Tensor &conics, const at::Tensor &colors,
-                         const at::Tensor &opacities, const at::Tensor &offsets, const at::Tensor &flatten_ids) {
+                         const at::Tensor &opacities, const at::Tensor &offsets, const at::Tensor &flatten_ids,
+                         const c10::optional<at::Tensor> &warp_masks = c10::nullopt) {
     for (const at::Tensor *t : {&means2d, &conics, &colors, &opacities}) {
         TORCH_CHECK(t->is_cuda() && t->scalar_type() == at::kFloat && t->is_contiguous(),
                     "bytesplat: 2D Gaussian inputs must be contiguous float32 CUDA tensors");
@@ -26,6 +27,10 @@ inline void check_inputs(const at::Tensor &means2d, const at::Tensor &conics, co
     TORCH_CHECK(offsets.scalar_type() == at::kInt && flatten_ids.scalar_type() == at::kInt,
                 "bytesplat: tile offsets and flatten ids must be int32");
     TORCH_CHECK(colors.size(-1) == 3, "bytesplat: the fused rasterizer renders 3 channels");
+    TORCH_CHECK(!warp_masks.has_value() ||
+                    (warp_masks->is_cuda() && warp_masks->scalar_type() == at::kByte && warp_masks->is_contiguous() &&
+                     warp_masks->numel() == flatten_ids.numel()),
+                "bytesplat: warp masks must be a contiguous uint8 CUDA tensor, one byte per tile-list entry");
 }
 
 // A tile order holds the C*tiles tiles packed as block_tile reads them (int32, on the device; not checked

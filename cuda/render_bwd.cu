@@ -27,7 +27,7 @@ struct BwdArgs {
     const int32_t *last_ids, *stop_ids;
     const float *v_render, *v_alpha;
     float *v_means2d, *v_conics, *v_colors, *v_opacities, *v_means2d_abs, *contrib;
-    bool cull;
+    const uint8_t *warp_masks;  // one byte per list entry (cuda/warp_masks.cu); nullptr: every warp
     const int32_t *tile_order;  // nullptr: blockIdx order (block_tile)
 };
 
@@ -101,8 +101,8 @@ __global__ void __launch_bounds__(kBlock, 5) render_bwd_kernel(const BwdArgs a) 
     for (int b = (max_last - 1) / kBatch; b >= 0; --b) {
         const int cnt = min(kBatch, blk.end - blk.start - b * kBatch);
         __syncthreads();
-        load_gaussians<kWarpWidth, FASTEXP>(blk.s, a.flatten_ids, blk.start + b * kBatch, cnt, a.means2d, a.conics,
-                                            a.colors, a.opacities, blk.tx * kTile, blk.ty * kTile, a.cull);
+        load_gaussians_masked<FASTEXP>(blk.s, a.flatten_ids, blk.start + b * kBatch, cnt, a.means2d, a.conics,
+                                       a.colors, a.opacities, a.warp_masks);
         __syncthreads();
         const int hi = min(cnt, max_last - b * kBatch);
         backward_slots<kBatch, ABS, BUTTERFLY, CONTRIB, FASTEXP>(blk.s, 0, hi, b * kBatch, warp_end, p, blk.acc,
@@ -139,9 +139,8 @@ __global__ void __launch_bounds__(kThreads2px, 7) render_bwd_2px_kernel(const Bw
     for (int b = (max_last - 1) / kBatch; b >= 0; --b) {
         const int cnt = min(kBatch, blk.end - blk.start - b * kBatch);
         __syncthreads();
-        load_gaussians<kWarpWidth, FASTEXP, kThreads2px>(blk.s, a.flatten_ids, blk.start + b * kBatch, cnt,
-                                                         a.means2d, a.conics, a.colors, a.opacities, blk.tx * kTile,
-                                                         blk.ty * kTile, a.cull);
+        load_gaussians_masked<FASTEXP, kThreads2px>(blk.s, a.flatten_ids, blk.start + b * kBatch, cnt, a.means2d,
+                                                    a.conics, a.colors, a.opacities, a.warp_masks);
         __syncthreads();
         const int hi = min(cnt, max_last - b * kBatch);
         backward_slots_2px<kBatch, ABS, FASTEXP, kThreads2px>(blk.s, 0, hi, b * kBatch, warp_end, p, bits, blk.acc,
@@ -160,12 +159,13 @@ std::vector<at::Tensor> render_bwd(const at::Tensor &means2d, const at::Tensor &
                                    const at::Tensor &last, const at::Tensor &v_render,
                                    const c10::optional<at::Tensor> &v_alpha, bool absgrad,
                                    bool butterfly, bool contribution,
-                                   const c10::optional<at::Tensor> &stop, bool warp_cull,
+                                   const c10::optional<at::Tensor> &stop,
+                                   const c10::optional<at::Tensor> &warp_masks,
                                    bool fast_exp, int64_t pixels_per_thread,
                                    const c10::optional<at::Tensor> &tile_order) {
     TORCH_CHECK(pixels_per_thread == 1 || pixels_per_thread == 2,
                 "bytesplat: the backward takes 1 or 2 pixels per thread, got ", pixels_per_thread);
-    check_inputs(means2d, conics, colors, opacities, offsets, flatten_ids);
+    check_inputs(means2d, conics, colors, opacities, offsets, flatten_ids, warp_masks);
     TORCH_CHECK(!contribution || (stop.has_value() && stop->scalar_type() == at::kInt &&
                                   stop->numel() == T_final.numel()),
                 "bytesplat: the contribution needs render_fwd's stop indices (with_stop=True)");
@@ -203,7 +203,8 @@ std::vector<at::Tensor> render_bwd(const at::Tensor &means2d, const at::Tensor &
                        contribution ? stop_keep.data_ptr<int32_t>() : nullptr, vr.data_ptr<float>(), va,
                        v_means2d.data_ptr<float>(), v_conics.data_ptr<float>(), v_colors.data_ptr<float>(),
                        v_opacities.data_ptr<float>(), absgrad ? v_abs.data_ptr<float>() : nullptr,
-                       contribution ? contrib.data_ptr<float>() : nullptr, warp_cull,
+                       contribution ? contrib.data_ptr<float>() : nullptr,
+                       warp_masks.has_value() ? warp_masks->data_ptr<uint8_t>() : nullptr,
                        tile_order.has_value() ? tile_order->data_ptr<int32_t>() : nullptr};
     auto launch = [&](auto kernel, int threads) { kernel<<<grid, threads, kSmemBwdBytes, stream>>>(args); };
     // butterfly: the warp reduction of backward_slots (common.cuh); false = one warp_sum per

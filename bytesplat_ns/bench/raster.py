@@ -19,7 +19,9 @@ Measured per Gaussian count (median ms over ``repeats`` after ``warmup``, CUDA e
   ``intersections_opacity_aware`` and their loss value (the same as the default's). The split schedule on
   both kinds of list and the forward with the blocks taking the longest tile lists first
   (``..._longest_first``: ``FusedOptions(tile_order="longest_first")``, raster/tiles.py ``tile_order``, the
-  sort timed with the pass).
+  sort timed with the pass), and the split schedule on both kinds of list with the backward's per-warp cull
+  on each Gaussian's box only (``..._box_cull``: ``FusedOptions(warp_cull_rows=False)``,
+  raster/warp_masks.py), with its loss value.
 - ``full``: from the 3D Gaussians (projection, SH, binning, raster, loss, backward to the 3D
   parameters): gsplat ``rasterization`` + the same loss vs ``fused_render_loss``.
 - ``full_fused_raster_torch_loss``: ``rasterize_fused`` (our plain fwd/bwd kernels) + the torch
@@ -64,6 +66,7 @@ from bytesplat_ns.raster.fused import (
     splatfacto_loss_torch,
     tile_radii,
 )
+from bytesplat_ns.raster.options import CULL_BOX
 from bytesplat_ns.raster.tile_reach import opacity_aware_radii
 from bytesplat_ns.raster.tiles import tile_order as tile_order_of
 
@@ -115,12 +118,13 @@ class StageInputs:
         return [t.detach().clone().requires_grad_(True) for t in (self.m2, self.con, self.col, self.op)]
 
     def fused_raster_loss(self, blocks_per_sm: int = 2, schedule: str = "one_launch", contribution: bool = False,
-                          butterfly: bool = True, warp_cull: bool = True, opacity_aware_tiles: bool = False,
+                          butterfly: bool = True, warp_cull=True, opacity_aware_tiles: bool = False,
                           fast_exp: bool = False, bwd_pixels: int = 1, tile_order: str = "raster"):
         """The fused loss (``schedule``: one_launch | two_launch | split): render + splatfacto loss +
         2D gradients (and the pruning score with ``contribution``), then autograd's hand-over.
         ``butterfly`` / ``warp_cull`` / ``fast_exp`` / ``bwd_pixels``: the backward reduction, the per-warp
-        culling, the falloff's form and the backward's pixels per thread (A/B runs);
+        culling (a bool or a cull mode, ``options.CULL_*``), the falloff's form and the backward's pixels per
+        thread (A/B runs);
         ``opacity_aware_tiles``: on :meth:`opacity_aware_bins`; ``tile_order``: the split schedule's block order
         (``raster.tiles.tile_order``, sorted inside the timed pass as in training)."""
         s = self.scene
@@ -208,6 +212,13 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
             schedule="split", opacity_aware_tiles=tight, tile_order="longest_first").item())
         _safe(out, f"raster_loss_fused_split{tiles}_longest_first", lambda tight=tight: time_ms(
             lambda: inp.fused_raster_loss(schedule="split", opacity_aware_tiles=tight, tile_order="longest_first"),
+            warmup, repeats))
+    # A/B of the backward's rows test (raster/warp_masks.py): the box only, the same loss
+    for tiles, tight in (("", False), ("_opacity_tiles", True)):
+        _safe(out, f"fused_split{tiles}_box_cull_loss_value", lambda tight=tight: inp.fused_raster_loss(
+            schedule="split", opacity_aware_tiles=tight, warp_cull=CULL_BOX).item())
+        _safe(out, f"raster_loss_fused_split{tiles}_box_cull", lambda tight=tight: time_ms(
+            lambda: inp.fused_raster_loss(schedule="split", opacity_aware_tiles=tight, warp_cull=CULL_BOX),
             warmup, repeats))
     for sched in ("two_launch", "split"):  # the pruning score gathered in the backward: what it costs
         _safe(out, f"raster_loss_fused_{sched}_contribution", lambda sched=sched: time_ms(

@@ -360,7 +360,7 @@ def _score_padded_views(
     loss, rgb, _, _, _ = _FusedLoss.apply(
         m, conics, colors, opacities, backgrounds.reshape(C, 3).detach().float(),
         gts.detach().float().contiguous(), offsets, flatten_ids, width, height, ssim_lambda, absgrad,
-        None, 2, options.schedule, options.butterfly, options.warp_cull, False, options.fast_exp,
+        None, 2, options.schedule, options.butterfly, options.cull_mode, False, options.fast_exp,
         options.bwd_pixels_per_thread, loss_tile_order(options, offsets, width, height, tile_size),
     )
     if absgrad:

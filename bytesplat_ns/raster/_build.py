@@ -30,7 +30,7 @@ except Exception:  # pragma: no cover - errors.py is optional for this module
 
 MIN_COMPUTE_CAPABILITY = (7, 0)
 SOURCES = ("bindings.cpp", "render_fwd.cu", "render_bwd.cu", "fused_loss.cu", "loss_grad.cu", "binning.cu",
-           "tile_reach.cu", "sh_views_fwd.cu", "sh_views_bwd.cu", "adam.cu")
+           "tile_reach.cu", "warp_masks.cu", "sh_views_fwd.cu", "sh_views_bwd.cu", "adam.cu")
 HEADERS = ("common.cuh", "render.cuh", "ssim_tile.cuh", "sh_views.cuh")
 SPARSE_GRAD_SOURCES = ("sparse_grad.cu", "sparse_grad_bindings.cpp")
 

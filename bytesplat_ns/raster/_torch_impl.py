@@ -3,7 +3,8 @@ and what the Python front end falls back to where a kernel is optional.
 
 - :func:`bin_tiles_torch` / :func:`tile_intersections_torch`: ``cuda/binning.cu`` (the same lists);
 - :func:`render_2d_torch`: the compositing of one set of 2D Gaussians, pixel by pixel (slow; small images);
-- :class:`TorchOps`: the extension's rasterizer entry points, vectorised per tile;
+- :class:`TorchOps`: the extension's rasterizer entry points, vectorised per tile (the per-warp masks:
+  ``raster/warp_masks.py``);
 - :func:`split_sh_colors_torch`: ``cuda/sh_views_*.cu`` (the DC and other coefficients as two tensors);
   :func:`multiview_sh_colors_torch`: the same colors from stacked [N,K,3] coefficients.
 """
@@ -19,6 +20,7 @@ from torch import Tensor
 from bytesplat_ns.raster._wrapper import TILE_SIZE
 from bytesplat_ns.raster.loss import SSIM_WIN_SIGMA, SSIM_WIN_SIZE
 from bytesplat_ns.raster.tiles import unpack_tile_order
+from bytesplat_ns.raster.warp_masks import warp_masks_torch
 
 
 def _ssim(rgb: Tensor, gt: Tensor) -> Tensor:
@@ -250,9 +252,10 @@ class TorchOps:
         return rgb, alpha, T, torch.zeros(C, H, W, dtype=torch.int32), stop
 
     def render_bwd(self, m, c, col, o, bg, offsets, fids, C, W, H, T, last, v_rgb, v_alpha, absgrad,
-                   butterfly, contribution, stop, warp_cull, fast_exp, pixels_per_thread, tile_order):
+                   butterfly, contribution, stop, warp_masks, fast_exp, pixels_per_thread, tile_order):
         check_tile_order(tile_order, offsets, W, H)
-        assert isinstance(butterfly, bool) and isinstance(contribution, bool) and isinstance(warp_cull, bool)
+        assert isinstance(butterfly, bool) and isinstance(contribution, bool)
+        assert warp_masks is None or (warp_masks.dtype == torch.uint8 and warp_masks.shape == fids.shape)
         assert isinstance(fast_exp, bool) and pixels_per_thread in (1, 2)
         assert (stop is not None) == contribution and (stop is None or stop.shape == (C, H, W))
         ins = [t.detach().clone().requires_grad_(True) for t in (m, c, col, o)]
@@ -264,6 +267,11 @@ class TorchOps:
         grads = [g if g is not None else torch.zeros_like(x) for g, x in zip(grads, ins)]
         contrib = twin_contribution(m, c, o, offsets, fids, C, W, H) if contribution else torch.empty(0)
         return (*grads, absbuf if absgrad else torch.empty(0), contrib)
+
+    def warp_masks(self, m, c, o, offsets, fids, C, W, H, rows):
+        """cuda/warp_masks.cu: the plain backward's per-warp masks (raster/warp_masks.py)."""
+        assert isinstance(rows, bool)
+        return warp_masks_torch(m, c, o, offsets, fids, C, W, H, rows)
 
     def loss_grad(self, render, gt, ssim_lambda, window, clamp_inclusive):
         """cuda/loss_grad.cu: dL/d render of splatfacto's loss of clamp(render) (torch.clamp's own

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from bytesplat_ns.raster._build import CudaBuildError, load_extension
 from bytesplat_ns.raster.loss import SSIM_WIN_SIGMA, SSIM_WIN_SIZE
-from bytesplat_ns.raster.options import SCHEDULES
+from bytesplat_ns.raster.options import CULL_BOX, CULL_OFF, CULL_ROWS, SCHEDULES, cull_mode
 
 TILE_SIZE = 16
 # Gaussians per shared-memory batch of render_fwd/render_bwd (cuda/render.cuh kBatch): what the
@@ -74,10 +74,28 @@ def _flat(t: Tensor, d: int) -> Tensor:
     return t.reshape(-1, d).contiguous().float() if d > 1 else t.reshape(-1).contiguous().float()
 
 
+def _cull(warp_cull) -> int:
+    """The cull mode from a launch's ``warp_cull``: a mode (``FusedOptions.cull_mode``), or a bool (on: the
+    default mode, with the rows test; off: none)."""
+    if isinstance(warp_cull, bool):
+        return cull_mode(warp_cull)
+    if warp_cull not in (CULL_OFF, CULL_BOX, CULL_ROWS):
+        raise ValueError(f"warp_cull must be a bool or a cull mode 0..2, got {warp_cull!r}")
+    return int(warp_cull)
+
+
+def _backward_masks(ops, m, c, o, offsets, flatten_ids, C, W, H, cull) -> Optional[Tensor]:
+    """The plain backward's per-warp masks, one byte per tile-list entry (cuda/warp_masks.cu: the box, and with
+    CULL_ROWS the rows test); None (every warp) with culling off. The forward tests the box inline."""
+    if cull == CULL_OFF:
+        return None
+    return ops.warp_masks(m, c, o, offsets, flatten_ids, C, W, H, cull == CULL_ROWS)
+
+
 class _RasterizeFused(torch.autograd.Function):
     """2D Gaussians -> (render [C,H,W,3] incl. T*bg, alpha [C,H,W,1]); backward by our kernel.
-    ``warp_cull``, ``butterfly``, ``fast_exp`` and ``bwd_pixels`` (the backward's pixels per thread): the
-    launches' switches (``FusedOptions``)."""
+    ``warp_cull`` (see ``_cull``), ``butterfly``, ``fast_exp`` and ``bwd_pixels`` (the backward's pixels per
+    thread): the launches' switches (``FusedOptions``)."""
 
     @staticmethod
     def forward(ctx, means2d, conics, colors, opacities, backgrounds, offsets, flatten_ids, W, H, absgrad,
@@ -85,11 +103,12 @@ class _RasterizeFused(torch.autograd.Function):
         C = means2d.shape[0]
         m, c, col, o = _flat(means2d, 2), _flat(conics, 3), _flat(colors, 3), _flat(opacities, 1)
         bg = backgrounds.contiguous().float() if backgrounds is not None else None
+        cull = _cull(warp_cull)
         rgb, alpha, T, last, _ = _ops().render_fwd(m, c, col, o, bg, offsets, flatten_ids, C, W, H, False,
-                                                   bool(warp_cull), bool(fast_exp), tile_order)
+                                                   cull != CULL_OFF, bool(fast_exp), tile_order)
         ctx.save_for_backward(means2d, m, c, col, o, bg, offsets, flatten_ids, T, last, tile_order)
         ctx.dims = (C, W, H, absgrad, backgrounds is not None and backgrounds.requires_grad)
-        ctx.butterfly, ctx.warp_cull, ctx.fast_exp = bool(butterfly), bool(warp_cull), bool(fast_exp)
+        ctx.butterfly, ctx.warp_cull, ctx.fast_exp = bool(butterfly), cull, bool(fast_exp)
         ctx.bwd_pixels = int(bwd_pixels)
         return rgb, alpha
 
@@ -100,9 +119,11 @@ class _RasterizeFused(torch.autograd.Function):
         if v_rgb is None:
             v_rgb = torch.zeros(C, H, W, 3, device=m.device)
         va = v_alpha.contiguous().float() if v_alpha is not None else None
-        vm, vc, vcol, vo, vabs, _ = _ops().render_bwd(
+        ops = _ops()
+        masks = _backward_masks(ops, m, c, o, offsets, flatten_ids, C, W, H, ctx.warp_cull)
+        vm, vc, vcol, vo, vabs, _ = ops.render_bwd(
             m, c, col, o, bg, offsets, flatten_ids, C, W, H, T, last, v_rgb.contiguous().float(), va, absgrad,
-            ctx.butterfly, False, None, ctx.warp_cull, ctx.fast_exp, ctx.bwd_pixels, tile_order,
+            ctx.butterfly, False, None, masks, ctx.fast_exp, ctx.bwd_pixels, tile_order,
         )
         N = means2d.shape[1]
         if absgrad:
@@ -124,12 +145,13 @@ def _split_loss(m, c, col, o, bg, gt, offsets, flatten_ids, C, W, H, ssim_lambda
     (0, RENDER_BATCH, 0, 0)."""
     ops = _ops()
     render, alpha, T, last, stop = ops.render_fwd(m, c, col, o, bg, offsets, flatten_ids, C, W, H, bool(contribution),
-                                                  cull, fast_exp, tile_order)
+                                                  cull != CULL_OFF, fast_exp, tile_order)
     v_render, rgb, partials = ops.loss_grad(render, gt, float(ssim_lambda), ssim_window(), _torch_clamp_inclusive())
     del render
+    masks = _backward_masks(ops, m, c, o, offsets, flatten_ids, C, W, H, cull)
     vm, vc, vcol, vo, vabs, contrib = ops.render_bwd(
         m, c, col, o, bg, offsets, flatten_ids, C, W, H, T, last, v_render, None, bool(absgrad), bool(butterfly),
-        bool(contribution), stop if contribution else None, cull, fast_exp, bwd_pixels, tile_order)
+        bool(contribution), stop if contribution else None, masks, fast_exp, bwd_pixels, tile_order)
     info = torch.tensor([0, RENDER_BATCH, 0, 0], dtype=torch.long)
     return rgb, alpha, partials, vm, vc, vcol, vo, vabs, info, contrib
 
@@ -165,7 +187,7 @@ class _FusedLoss(torch.autograd.Function):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
         two_launch = schedule == "two_launch"
-        butterfly, cull, fast_exp = bool(butterfly), bool(warp_cull), bool(fast_exp)
+        butterfly, cull, fast_exp = bool(butterfly), _cull(warp_cull), bool(fast_exp)
         m, c, col, o = _flat(means2d, 2), _flat(conics, 3), _flat(colors, 3), _flat(opacities, 1)
         bg, gtc = backgrounds.contiguous().float(), gt.contiguous().float()
         if schedule == "split":
@@ -175,7 +197,8 @@ class _FusedLoss(torch.autograd.Function):
             out = _ops().fused_loss(
                 m, c, col, o, bg, gtc, offsets, flatten_ids,
                 C, W, H, float(ssim_lambda), ssim_window(), int(capacity or 0), int(blocks_per_sm),
-                bool(absgrad), two_launch, _torch_clamp_inclusive(), butterfly, bool(contribution), cull, fast_exp,
+                bool(absgrad), two_launch, _torch_clamp_inclusive(), butterfly, bool(contribution), cull != CULL_OFF,
+                fast_exp,
             )
         rgb, alpha, partials, vm, vc, vcol, vo, vabs, kinfo, contrib = out
         contrib = contrib.view(C, N) if contribution else contrib
@@ -196,7 +219,9 @@ class _FusedLoss(torch.autograd.Function):
         ctx.mark_non_differentiable(rgb, alpha, stats, contrib)
         ctx.kinfo = dict(schedule=schedule, two_phase=bool(two_phase), capacity=cap, resident_blocks=resident,
                          smem_bytes=smem, bwd_reduce="butterfly" if butterfly else "shuffle",
-                         contribution=bool(contribution), warp_cull=cull, fast_exp=fast_exp,
+                         contribution=bool(contribution), warp_cull=cull != CULL_OFF,
+                         # the rows test is the plain backward's (split); the fused kernel tests the box
+                         warp_cull_rows=cull == CULL_ROWS and schedule == "split", fast_exp=fast_exp,
                          bwd_pixels_per_thread=_backward_pixels(schedule, butterfly, contribution, bwd_pixels))
         _FusedLoss.last_kernel_info = ctx.kinfo
         return loss, rgb, alpha, stats, contrib

@@ -216,9 +216,9 @@ def tile_radii(radii: Tensor, conics: Tensor, opacities: Tensor, options: FusedO
 
 
 def plain_kernel_switches(options: FusedOptions, offsets: Tensor, width: int, height: int, tile_size: int) -> Tuple:
-    """The trailing switches of ``_RasterizeFused`` (the plain render kernels): warp culling, butterfly
+    """The trailing switches of ``_RasterizeFused`` (the plain render kernels): the per-warp cull, butterfly
     reduction, falloff as 2^q, backward pixels per thread, and the blocks' tile order for these lists."""
-    return (options.warp_cull, options.butterfly, options.fast_exp, options.bwd_pixels_per_thread,
+    return (options.cull_mode, options.butterfly, options.fast_exp, options.bwd_pixels_per_thread,
             tile_order(offsets, options.tile_order, width, height, tile_size))
 
 
@@ -376,7 +376,7 @@ def fused_render_loss(
     loss, img, alpha, stats, contrib = _FusedLoss.apply(
         means2d, conics, rgb, opac, backgrounds.detach(), gt_images.detach(), offsets, flatten_ids,
         width, height, ssim_lambda, absgrad, capacity, blocks_per_sm, options.schedule, options.butterfly,
-        options.warp_cull, contribution, options.fast_exp, options.bwd_pixels_per_thread,
+        options.cull_mode, contribution, options.fast_exp, options.bwd_pixels_per_thread,
         loss_tile_order(options, offsets, width, height, tile_size),
     )
     info = {

@@ -43,12 +43,22 @@ def _check_choice(field: str, value: str, choices) -> None:
         raise SettingError(f"fused.{field} must be one of {', '.join(choices)}, got {value!r}")
 
 
+# The kernels' per-warp cull modes (cuda/common.cuh kCullOff, kCullBox, kCullRows).
+CULL_OFF, CULL_BOX, CULL_ROWS = 0, 1, 2
+
+
+def cull_mode(warp_cull: bool, rows: bool = True) -> int:
+    """The kernels' cull mode for ``warp_cull`` (on or off) and ``rows`` (the box, then each row of blocks)."""
+    return CULL_OFF if not warp_cull else CULL_ROWS if rows else CULL_BOX
+
+
 @dataclass(frozen=True)
 class FusedOptions:
     """How one call of the fused kernels runs (see :class:`FusedRasterConfig` for each field)."""
 
     schedule: Schedule = "split"
     warp_cull: bool = True
+    warp_cull_rows: bool = True
     bwd_reduce: BwdReduce = "butterfly"
     projection: Projection = "auto"
     binning: Binning = "cuda"
@@ -65,7 +75,7 @@ class FusedOptions:
         _check_choice("binning", self.binning, BINNINGS)
         _check_choice("tile_reach", self.tile_reach, TILE_REACHES)
         _check_choice("tile_order", self.tile_order, TILE_ORDERS)
-        for field in ("warp_cull", "opacity_aware_tiles", "fast_exp"):
+        for field in ("warp_cull", "warp_cull_rows", "opacity_aware_tiles", "fast_exp"):
             if not isinstance(getattr(self, field), bool):
                 raise SettingError(f"fused.{field} must be true or false, got {getattr(self, field)!r}")
         if self.bwd_pixels_per_thread not in BWD_PIXELS_PER_THREAD or isinstance(self.bwd_pixels_per_thread, bool):
@@ -77,6 +87,11 @@ class FusedOptions:
     @property
     def butterfly(self) -> bool:
         return self.bwd_reduce == "butterfly"
+
+    @property
+    def cull_mode(self) -> int:
+        """The kernels' per-warp cull (cuda/common.cuh kCullOff, kCullBox, kCullRows)."""
+        return cull_mode(self.warp_cull, self.warp_cull_rows)
 
 
 DEFAULT_OPTIONS = FusedOptions()
@@ -92,6 +107,10 @@ class FusedRasterConfig:
     kernel twice), one_launch (once; falls back to two launches, logged, when too few blocks fit)."""
     warp_cull: bool = True
     """Skip, per warp, the Gaussians that cannot reach alpha 1/255 at any of its pixels (exact)."""
+    warp_cull_rows: bool = True
+    """With warp_cull: after the box of the alpha >= 1/255 ellipse, test each row of warp blocks against the
+    ellipse's own x-extent over that row's pixels (cuda/common.cuh warp_mask), so that a thin Gaussian lying
+    across a tile at an angle reaches only the blocks it crosses (exact); false: the box only."""
     bwd_reduce: BwdReduce = "butterfly"
     """Warp reduction of the backward kernels: butterfly (reduce-scatter) or shuffle (one warp sum per component)."""
     projection: Projection = "auto"
@@ -125,7 +144,8 @@ class FusedRasterConfig:
     and log the errors (model.fused_check_log; 0: off). Costs two extra steps each time."""
 
     def options(self) -> FusedOptions:
-        return FusedOptions(schedule=self.schedule, warp_cull=self.warp_cull, bwd_reduce=self.bwd_reduce,
+        return FusedOptions(schedule=self.schedule, warp_cull=self.warp_cull, warp_cull_rows=self.warp_cull_rows,
+                            bwd_reduce=self.bwd_reduce,
                             projection=self.projection, binning=self.binning,
                             opacity_aware_tiles=self.opacity_aware_tiles, tile_reach=self.tile_reach,
                             fast_exp=self.fast_exp, bwd_pixels_per_thread=self.bwd_pixels_per_thread,

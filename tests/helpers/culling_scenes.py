@@ -67,3 +67,24 @@ def culling_edge_scene_2d(C: int = 2, W: int = 77, H: int = 53, n: int = 300, se
     out = {k: torch.stack([v[k] for v in views]).to(device) for k in views[0]}
     out.update(width=W, height=H)
     return out
+
+
+def warp_hits_of_entries(m, c, o, offsets, fids, W, H):
+    """[entries] int64: bit w set when a pixel of warp w's 8x4 block (inside the image) composites the entry's
+    Gaussian (sigma >= 0 and alpha >= 1/255), in float64."""
+    tw, th = math.ceil(W / 16), math.ceil(H / 16)
+    counts = (offsets[1:] - offsets[:-1]).long()
+    tile = torch.repeat_interleave(torch.arange(counts.numel()), counts)
+    x0, y0 = (tile % tw) * 16, ((tile // tw) % th) * 16
+    lane = torch.arange(256)
+    w = lane // 32
+    px = x0[:, None] + (w % 2) * 8 + (lane % 32) % 8
+    py = y0[:, None] + (w // 2) * 4 + (lane % 32) // 8
+    g = fids.long()
+    dx = m[g, 0, None].double() - (px + 0.5)
+    dy = m[g, 1, None].double() - (py + 0.5)
+    a, b, cc = (c[g, i, None].double() for i in range(3))
+    sigma = 0.5 * (a * dx * dx + cc * dy * dy) + b * dx * dy
+    alpha = torch.clamp(o[g, None].double() * torch.exp(-sigma), max=0.999)
+    hit = (sigma >= 0) & (alpha >= 1.0 / 255.0) & (px < W) & (py < H)
+    return (hit.view(-1, 8, 32).any(-1).long() << torch.arange(8)).sum(-1)

@@ -13,7 +13,8 @@ class RecordingOps(TorchOps):
         self.calls = {"render_fwd": 0, "render_bwd": 0, "fused_loss": 0, "loss_grad": 0}
         self.butterfly = []  # (entry point, butterfly flag) per backward launch
         self.contribution = []  # (entry point, contribution flag) per backward launch
-        self.warp_cull = []  # (entry point, warp_cull flag) per launch
+        self.warp_cull = []  # (entry point, what it was given for the per-warp cull) per launch
+        self.masks_rows = []  # the rows flag of each warp_masks launch (the plain backward's masks)
         self.fast_exp = []  # (entry point, fast_exp flag) per launch
         self.bwd_pixels = []  # render_bwd's pixels per thread, per launch
         self.tile_order = []  # (entry point, tile order or None) per plain launch
@@ -26,16 +27,20 @@ class RecordingOps(TorchOps):
         return super().render_fwd(m, c, col, o, bg, offsets, fids, C, W, H, with_stop, warp_cull, fast_exp, tile_order)
 
     def render_bwd(self, m, c, col, o, bg, offsets, fids, C, W, H, T, last, v_rgb, v_alpha, absgrad,
-                   butterfly, contribution, stop, warp_cull, fast_exp, pixels_per_thread, tile_order):
+                   butterfly, contribution, stop, warp_masks, fast_exp, pixels_per_thread, tile_order):
         self.calls["render_bwd"] += 1
         self.tile_order.append(("render_bwd", tile_order))
         self.bwd_pixels.append(pixels_per_thread)
-        self.warp_cull.append(("render_bwd", warp_cull))
+        self.warp_cull.append(("render_bwd", "masks" if warp_masks is not None else None))
         self.fast_exp.append(("render_bwd", fast_exp))
         self.butterfly.append(("render_bwd", butterfly))
         self.contribution.append(("render_bwd", contribution))
         return super().render_bwd(m, c, col, o, bg, offsets, fids, C, W, H, T, last, v_rgb, v_alpha, absgrad,
-                                  butterfly, contribution, stop, warp_cull, fast_exp, pixels_per_thread, tile_order)
+                                  butterfly, contribution, stop, warp_masks, fast_exp, pixels_per_thread, tile_order)
+
+    def warp_masks(self, m, c, o, offsets, fids, C, W, H, rows):
+        self.masks_rows.append(rows)
+        return super().warp_masks(m, c, o, offsets, fids, C, W, H, rows)
 
     def loss_grad(self, render, gt, ssim_lambda, window, clamp_inclusive):
         self.calls["loss_grad"] += 1

@@ -174,14 +174,19 @@ def test_bwd_reduce_flag_reaches_both_kernels(torch_ops, value, expect):
     assert [k["bwd_reduce"] for k in infos] == ["butterfly" if expect else "shuffle"] * 2
 
 
-@pytest.mark.parametrize("value,expect", [(None, True), (True, True), (False, False)])
-def test_warp_cull_flag_reaches_every_kernel(torch_ops, value, expect):
-    """FusedOptions.warp_cull (default on) reaches every launch of every schedule, forward and
-    backward alike, and the kernel info reports it."""
-    infos = _through_every_entry_point(("one_launch", "split"), **({} if value is None else {"warp_cull": value}))
-    assert [k["warp_cull"] for k in infos] == [expect, expect]
-    assert torch_ops.warp_cull == [(k, expect) for k in ("render_fwd", "render_bwd", "fused_loss", "render_fwd",
-                                                         "render_bwd")]
+@pytest.mark.parametrize("switches,mode", [({}, 2), ({"warp_cull": True}, 2), ({"warp_cull_rows": False}, 1),
+                                           ({"warp_cull": False}, 0), ({"warp_cull": False, "warp_cull_rows": False}, 0)])
+def test_warp_cull_flag_reaches_every_kernel(torch_ops, switches, mode):
+    """FusedOptions.warp_cull and warp_cull_rows (default both on) reach every launch of every schedule: the
+    forward kernels and the fused kernel test the box (warp_cull), the plain backward reads masks computed
+    once per pass (warp_masks: with the rows test unless warp_cull_rows is off; none with culling off), and
+    the kernel info reports both (the rows only where the plain backward ran: split)."""
+    infos = _through_every_entry_point(("one_launch", "split"), **switches)
+    assert [(k["warp_cull"], k["warp_cull_rows"]) for k in infos] == [(mode > 0, False), (mode > 0, mode == 2)]
+    masks = "masks" if mode else None
+    assert torch_ops.warp_cull == [("render_fwd", mode > 0), ("render_bwd", masks), ("fused_loss", mode > 0),
+                                   ("render_fwd", mode > 0), ("render_bwd", masks)]
+    assert torch_ops.masks_rows == ([mode == 2] * 2 if mode else [])
 
 
 @pytest.mark.parametrize("value,expect", [(None, False), (True, True), (False, False)])
@@ -239,8 +244,8 @@ def test_tile_order_longest_first():
         tile_order(offsets, "shortest_first", 40, 20)
 
 
-@pytest.mark.parametrize("field,value", [("warp_cull", "off"), ("bwd_reduce", "transpose"), ("schedule", "halo"),
-                                         ("projection", "cuda"), ("binning", "gsplat"), ("fast_exp", "yes"),
+@pytest.mark.parametrize("field,value", [("warp_cull", "off"), ("warp_cull_rows", 1), ("bwd_reduce", "transpose"),
+                                         ("schedule", "halo"), ("projection", "cuda"), ("binning", "gsplat"), ("fast_exp", "yes"),
                                          ("bwd_pixels_per_thread", 3), ("bwd_pixels_per_thread", True),
                                          ("tile_order", "random")])
 def test_fused_options_reject_unknown_values(field, value):

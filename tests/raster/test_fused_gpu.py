@@ -20,7 +20,7 @@ import zlib
 import pytest
 import torch
 
-from bytesplat_ns.raster.options import FusedOptions
+from bytesplat_ns.raster.options import CULL_BOX, FusedOptions
 
 pytestmark = pytest.mark.gpu
 
@@ -284,7 +284,7 @@ def _edge_scene_run(sc, offsets, fids, schedule, warp_cull, seed, tile_order=Non
                                             False, False, 1, tile_order)
         loss.backward()
         out = (loss, r, a)
-        assert _FusedLoss.last_kernel_info["warp_cull"] is warp_cull
+        assert _FusedLoss.last_kernel_info["warp_cull"] is bool(warp_cull)
     return [t.detach() for t in out], [x.grad for x in ins]
 
 
@@ -297,22 +297,23 @@ def _assert_same_run(run1, run0):
         assert rel_err(x, y) <= 1e-6, (n, rel_err(x, y))
 
 
+@pytest.mark.parametrize("cull", [True, CULL_BOX], ids=["rows", "box"])
 @pytest.mark.parametrize("schedule", [None, "split", "one_launch"])
-def test_warp_culling_changes_nothing(schedule):
+def test_warp_culling_changes_nothing(schedule, cull):
     """The kernels skip, per warp, the Gaussians that cannot reach alpha 1/255 at any of its pixels
     (``warp_mask``, cuda/common.cuh). On Gaussians made to sit on that edge
     (tests/helpers/culling_scenes.py: sub-pixel to 30 px, up to 1:300 anisotropy, opacities at the threshold)
-    the kernels with culling (the default) and without (``warp_cull=False``) must give the same
-    image bit for bit (a pixel makes the same additions in the same order) and the same gradients up
-    to the order of the float atomics. ``None``: the plain render pair; otherwise the fused loss in
-    that schedule."""
+    the kernels with culling (the default: the plain backward's masks with the rows test, cuda/warp_masks.cu;
+    ``box``: the box test only) and without (``warp_cull=False``) must give the same image bit for bit (a
+    pixel makes the same additions in the same order) and the same gradients up to the order of the float
+    atomics. ``None``: the plain render pair; otherwise the fused loss in that schedule."""
     from bytesplat_ns.raster.fused import bin_tiles
     from tests.helpers.culling_scenes import culling_edge_scene_2d
 
     sc = culling_edge_scene_2d(C=2, W=77, H=53, n=300, seed=7, device="cuda")  # ~1/3 of pixels saturate
     offsets, fids = bin_tiles(sc["means2d"], sc["radii"], sc["depths"], sc["width"], sc["height"])
     assert int((offsets[1:] - offsets[:-1]).max()) > 64  # long tiles: several batches stream
-    _assert_same_run(*(_edge_scene_run(sc, offsets, fids, schedule, cull, seed=8) for cull in (True, False)))
+    _assert_same_run(*(_edge_scene_run(sc, offsets, fids, schedule, mode, seed=8) for mode in (cull, False)))
 
 
 @pytest.mark.parametrize("warp_cull", [True, False])
@@ -332,6 +333,29 @@ def test_opacity_aware_tiles_change_nothing(schedule, warp_cull):
     assert tight[1].numel() < square[1].numel()
     _assert_same_run(_edge_scene_run(sc, *tight, schedule, warp_cull, seed=10),
                      _edge_scene_run(sc, *square, schedule, warp_cull, seed=10))
+
+
+@pytest.mark.parametrize("rows", [False, True], ids=["box", "rows"])
+def test_warp_masks_match_the_twin_and_keep_every_composited_warp(rows):
+    """cuda/warp_masks.cu against its twin (raster/warp_masks.py) on the culling-edge scene's tile lists, and
+    against the pixels: every warp of an entry's tile with a pixel that composites the entry's Gaussian has
+    its bit set (the kernel's float rounding may differ from the twin's; the widening covers it)."""
+    from bytesplat_ns.raster._wrapper import _ops
+    from bytesplat_ns.raster.fused import bin_tiles
+    from bytesplat_ns.raster.warp_masks import warp_masks_torch
+    from tests.helpers.culling_scenes import culling_edge_scene_2d, warp_hits_of_entries
+
+    sc = culling_edge_scene_2d(C=2, W=77, H=53, n=600, seed=13, device="cuda")
+    W, H = sc["width"], sc["height"]
+    offsets, fids = bin_tiles(sc["means2d"], sc["radii"], sc["depths"], W, H)
+    m, c, o = (sc[k].reshape(-1, d).contiguous().float() for k, d in (("means2d", 2), ("conics", 3), ("opacities", 1)))
+    o = o.reshape(-1)
+    cuda = _ops().warp_masks(m, c, o, offsets, fids, 2, W, H, rows).cpu()
+    twin = warp_masks_torch(m.cpu(), c.cpu(), o.cpu(), offsets.cpu(), fids.cpu(), 2, W, H, rows)
+    assert cuda.dtype == torch.uint8 and cuda.shape == fids.shape
+    assert (cuda != twin).float().mean() <= 1e-3
+    need = warp_hits_of_entries(m.cpu(), c.cpu(), o.cpu(), offsets.cpu(), fids.cpu(), W, H)
+    assert int((need & ~cuda.long()).ne(0).sum()) == 0
 
 
 @pytest.mark.parametrize("schedule", [None, "split"])

@@ -1,13 +1,16 @@
-"""The per-warp culling mask of the CUDA kernels (``warp_mask`` in cuda/common.cuh), mirrored op for
-op in float32 for both warp layouts (``thread_pixel``: 16x2 pixel rows, the fused one-launch kernel's;
-8x4 blocks, the plain render kernels'): it must keep every warp that has a pixel where the
-compositing test passes (``composite_step``: sigma >= 0 and min(0.999, o exp(-sigma)) >= 1/255), or
+"""The per-warp culling mask of the CUDA kernels (``warp_mask`` in cuda/common.cuh), through its twin
+(bytesplat_ns/raster/warp_masks.py, op for op in float32), for both warp layouts (``thread_pixel``: 16x2
+pixel rows, the fused one-launch kernel's; 8x4 blocks, the plain render kernels'), with the box test and
+with the rows test: it must keep every warp that has a pixel where the compositing test passes (``composite_step``: sigma >= 0 and min(0.999, o exp(-sigma)) >= 1/255), or
 culling would change the image; and it must actually cull, or it buys nothing. The GPU tests hold
 the kernels themselves with culling against the kernels without it (tests/raster/test_fused_gpu.py)."""
+
+import math
 
 import pytest
 import torch
 
+from bytesplat_ns.raster import warp_masks as twin
 from tests.helpers.culling_scenes import culling_edge_scene
 
 TILE, WARPS = 16, 8
@@ -24,40 +27,10 @@ def thread_pixel(ww: int):
     return (w % cols) * ww + lane % ww, (w // cols) * (32 // ww) + lane // ww
 
 
-def _block_span(lo, hi, origin: int, size: int, n: int):
-    """common.cuh's block_span on tensors: (first, last, any)."""
-    f = lambda v: torch.tensor(v, dtype=F)  # noqa: E731
-    inv = f(1.0 / size)
-    first = torch.clamp(torch.ceil((lo - f(origin) - f(size - 0.5)) * inv), -1, n)
-    last = torch.clamp(torch.floor((hi - f(origin) - f(0.5)) * inv), -1, n)
-    first = torch.clamp(torch.nan_to_num(first, nan=0.0).long(), min=0)
-    last = torch.clamp(torch.nan_to_num(last, nan=n - 1.0).long(), max=n - 1)
-    return first, last, first <= last
-
-
-def warp_mask(mx, my, o, a, b, c, x0: int, y0: int, ww: int = 16, margin: bool = True) -> torch.Tensor:
-    """common.cuh's warp_mask<WW> on float32 tensors (one Gaussian per entry); ``margin=False``
-    drops its widening (t by 1% + 0.02, radii by 0.01 px), to show what the widening is for."""
-    f = lambda v: torch.tensor(v, dtype=F)  # noqa: E731
-    cols, wh = TILE // ww, 32 // ww
-    rows = WARPS // cols
-    all_warps = (1 << WARPS) - 1
-    det = a * c - b * b
-    ok = (a > 0) & (c > 0) & (det > f(1e-3) * a * c) & (o <= f(1e30)) & (mx.abs() <= f(1e30)) & (my.abs() <= f(1e30))
-    t = f(1.01) * torch.log(o / ALPHA_MIN) + f(0.02) if margin else torch.log(o / ALPHA_MIN)
-    pad = f(0.01) if margin else f(0.0)
-    rx = torch.sqrt(f(2.0) * t * c / det) + pad
-    ry = torch.sqrt(f(2.0) * t * a / det) + pad
-    ok &= (rx < f(1e30)) & (ry < f(1e30))
-    c0, c1, cany = _block_span(mx - rx, mx + rx, x0, ww, cols)
-    r0, r1, rany = _block_span(my - ry, my + ry, y0, wh, rows)
-    colbits = ((2 << c1) - 1) & ~((1 << c0) - 1)
-    mask = torch.zeros_like(colbits)
-    for r in range(rows):
-        mask |= torch.where((r >= r0) & (r <= r1), colbits << (r * cols), torch.zeros_like(colbits))
-    mask = torch.where(cany & rany, mask, torch.zeros_like(mask))
-    mask = torch.where(ok, mask, torch.full_like(mask, all_warps))
-    return torch.where(o < ALPHA_MIN, torch.zeros_like(mask), mask)
+def warp_mask(mx, my, o, a, b, c, x0: int, y0: int, ww: int = 16, margin: bool = True,
+              rows: bool = False) -> torch.Tensor:
+    """The twin of common.cuh's warp_mask<WW> (bytesplat_ns/raster/warp_masks.py): the box test unless ``rows``."""
+    return twin.warp_mask(mx, my, o, a, b, c, x0, y0, ww=ww, rows=rows, margin=margin)
 
 
 def composited(mx, my, o, a, b, c, x0: int, y0: int, ww: int = 16, dtype=F) -> torch.Tensor:
@@ -91,12 +64,13 @@ def test_thread_pixel_layouts_cover_the_tile_once():
     assert torch.equal(x, i % TILE) and torch.equal(y, i // TILE)
 
 
+@pytest.mark.parametrize("rows", [False, True], ids=["box", "rows"])
 @pytest.mark.parametrize("ww", LAYOUTS)
-def test_mask_keeps_every_warp_the_pixel_test_composites(ww):
+def test_mask_keeps_every_warp_the_pixel_test_composites(ww, rows):
     for seed in range(4):
         for x0, y0 in ((0, 0), (1904, 1072), (512, 96)):
             scene = culling_edge_scene(20000, x0, y0, seed=seed)
-            mask = warp_mask(*scene, x0, y0, ww)
+            mask = warp_mask(*scene, x0, y0, ww, rows=rows)
             for dtype in (torch.float32, torch.float64):  # float64: what an FMA-contracted sigma tends to
                 need = _warp_hits(composited(*scene, x0, y0, ww, dtype))
                 missing = need & ~mask
@@ -105,8 +79,9 @@ def test_mask_keeps_every_warp_the_pixel_test_composites(ww):
             assert WARPS - _kept_warps(mask).mean() > 2.0
 
 
+@pytest.mark.parametrize("rows", [False, True], ids=["box", "rows"])
 @pytest.mark.parametrize("ww", LAYOUTS)
-def test_margin_keeps_gaussians_that_graze_a_warps_last_pixel(ww):
+def test_margin_keeps_gaussians_that_graze_a_warps_last_pixel(ww, rows):
     """Gaussians whose alpha = 1/255 ellipse ends exactly on a pixel centre in the last row of a
     warp, the mean in the next warp's rows: that pixel alone decides whether the upper warp sees the
     Gaussian, and float rounding decides both its alpha test and the unwidened box's edge. The
@@ -128,8 +103,45 @@ def test_margin_keeps_gaussians_that_graze_a_warps_last_pixel(ww):
     my = (row.double() + 0.5 + ry).to(F)  # that pixel centre on the ellipse's upper edge
     scene = (mx, my, o, a, b.to(F), c)
     need = _warp_hits(composited(*scene, 0, 0, ww))
-    assert int((need & ~warp_mask(*scene, 0, 0, ww)).ne(0).sum()) == 0
-    assert int((need & ~warp_mask(*scene, 0, 0, ww, margin=False)).ne(0).sum()) > 0
+    assert int((need & ~warp_mask(*scene, 0, 0, ww, rows=rows)).ne(0).sum()) == 0
+    assert int((need & ~warp_mask(*scene, 0, 0, ww, margin=False, rows=rows)).ne(0).sum()) > 0
+
+
+def _tilted(n: int, g: torch.Generator, length=(2.0, 40.0), width=(0.2, 3.0)):
+    """(o, a, b, c) of n Gaussians at random angles, standard deviations in ``length`` along their axis
+    and ``width`` across it (px): the stretched, tilted footprints of a trained scene."""
+    u = lambda: torch.rand(n, generator=g, dtype=torch.float64)  # noqa: E731
+    s1 = length[0] * (length[1] / length[0]) ** u()
+    s2 = width[0] * (width[1] / width[0]) ** u()
+    theta = math.pi * u()
+    cs, sn = torch.cos(theta), torch.sin(theta)
+    xx, yy = cs * cs * s1**2 + sn * sn * s2**2, sn * sn * s1**2 + cs * cs * s2**2
+    xy = cs * sn * (s1**2 - s2**2)
+    det = xx * yy - xy * xy
+    o = 0.05 + 0.95 * u()
+    return tuple(v.to(F) for v in (o, yy / det, -xy / det, xx / det))
+
+
+@pytest.mark.parametrize("ww", LAYOUTS)
+def test_rows_keep_every_warp_of_tilted_gaussians_and_cull_more_than_the_box(ww):
+    """Long thin Gaussians at every angle across the tile: the rows test keeps every warp the pixel
+    test composites, a subset of the box's warps, and for the 8x4 blocks drops a large share of them
+    (what an exact test wins on a trained scene, whose Gaussians are such needles and disks)."""
+    g = torch.Generator().manual_seed(9)
+    n = 20000
+    o, a, b, c = _tilted(n, g)
+    mx, my = (-8.0 + 32.0 * torch.rand(n, generator=g)), (-8.0 + 32.0 * torch.rand(n, generator=g))
+    scene = (mx, my, o, a, b, c)
+    box, rows = warp_mask(*scene, 0, 0, ww), warp_mask(*scene, 0, 0, ww, rows=True)
+    for dtype in (torch.float32, torch.float64):
+        need = _warp_hits(composited(*scene, 0, 0, ww, dtype))
+        assert int((need & ~rows).ne(0).sum()) == 0, f"culled a warp the pixel test composites ({dtype})"
+    assert int((rows & ~box).ne(0).sum()) == 0  # never a warp the box culls
+    kept_box, kept_rows = float(_kept_warps(box).sum()), float(_kept_warps(rows).sum())
+    kept_need = float(_kept_warps(need).sum())
+    if ww == 8:
+        assert kept_rows < 0.8 * kept_box, (kept_rows, kept_box)
+    assert kept_rows <= 1.1 * kept_need + 1, (kept_rows, kept_need)  # close to what the pixels need
 
 
 def test_compact_blocks_keep_fewer_warps_for_small_gaussians():
@@ -159,10 +171,44 @@ def test_mask_of_simple_gaussians():
     # ... and at the bottom rows of the tile above: its last warp(s)
     assert int(warp_mask(*f(5.5, 16.5, 1.0, 1.0, 0.0, 1.0), 0, 0)) == 0b1000_0000 | 0b0100_0000
     assert int(warp_mask(*f(5.5, 16.5, 1.0, 1.0, 0.0, 1.0), 0, 0, 8)) == 0b1100_0000
+    # a needle along the tile's diagonal (10 px by 0.5 px standard deviations, opaque): the box keeps every
+    # 8x4 block, the rows only those it crosses (0: top left, then one block row of two per step down)
+    cs = math.cos(math.pi / 4)
+    xx = yy = cs * cs * (100.0 + 0.25)
+    xy = cs * cs * (100.0 - 0.25)
+    det = xx * yy - xy * xy
+    needle = f(8.0, 8.0, 1.0, yy / det, -xy / det, xx / det)
+    assert int(warp_mask(*needle, 0, 0, 8)) == 0b1111_1111
+    assert int(warp_mask(*needle, 0, 0, 8, rows=True)) == 0b1011_1101
+    assert int(warp_mask(*needle, 0, 0, 16, rows=True)) == 0b1111_1111  # 16x2 rows: it crosses each
     # too faint to composite anywhere
     assert int(warp_mask(*f(5.5, 0.5, 0.003, 1.0, 0.0, 1.0), 0, 0)) == 0
     # degenerate, non-finite: every warp
     for ww in LAYOUTS:
-        assert int(warp_mask(*f(5.5, 0.5, 1.0, 1.0, 1.0, 1.0), 0, 0, ww)) == 255
-        assert int(warp_mask(*f(5.5, 0.5, float("nan"), 1.0, 0.0, 1.0), 0, 0, ww)) == 255
-        assert int(warp_mask(*f(float("nan"), 0.5, 1.0, 1.0, 0.0, 1.0), 0, 0, ww)) == 255
+        for rows in (False, True):
+            assert int(warp_mask(*f(5.5, 0.5, 1.0, 1.0, 1.0, 1.0), 0, 0, ww, rows=rows)) == 255
+            assert int(warp_mask(*f(5.5, 0.5, float("nan"), 1.0, 0.0, 1.0), 0, 0, ww, rows=rows)) == 255
+            assert int(warp_mask(*f(float("nan"), 0.5, 1.0, 1.0, 0.0, 1.0), 0, 0, ww, rows=rows)) == 255
+
+
+@pytest.mark.parametrize("rows", [False, True], ids=["box", "rows"])
+def test_masks_of_binned_tile_lists_keep_every_composited_warp(rows):
+    """warp_masks_torch (the twin of cuda/warp_masks.cu) through real tile lists of two views: each entry's
+    mask, computed for the entry's own tile, keeps every warp with a pixel that composites its Gaussian; the
+    rows test keeps fewer warps than the box."""
+    from bytesplat_ns.raster._torch_impl import bin_tiles_torch
+    from bytesplat_ns.raster.warp_masks import warp_masks_torch
+    from tests.helpers.culling_scenes import culling_edge_scene_2d, warp_hits_of_entries
+
+    sc = culling_edge_scene_2d(C=2, W=77, H=53, n=600, seed=13)
+    W, H = sc["width"], sc["height"]
+    offsets, fids = bin_tiles_torch(sc["means2d"], sc["radii"], sc["depths"], W, H, TILE)
+    m, c, o = sc["means2d"].reshape(-1, 2), sc["conics"].reshape(-1, 3), sc["opacities"].reshape(-1)
+    masks = warp_masks_torch(m, c, o, offsets, fids, 2, W, H, rows)
+    assert masks.dtype == torch.uint8 and masks.shape == fids.shape
+    need = warp_hits_of_entries(m, c, o, offsets, fids, W, H)
+    assert int((need & ~masks.long()).ne(0).sum()) == 0
+    if rows:
+        box = warp_masks_torch(m, c, o, offsets, fids, 2, W, H, False)
+        assert int((masks.long() & ~box.long()).ne(0).sum()) == 0
+        assert _kept_warps(masks.long()).sum() < 0.9 * _kept_warps(box.long()).sum()
