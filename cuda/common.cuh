@@ -238,22 +238,33 @@ __device__ __forceinline__ uint32_t warp_mask(float mx, float my, float o, float
 // forward, the fused kernel). Called by the whole block (NT threads); caller syncs afterwards. cull =
 // false keeps every warp for every Gaussian (A/B runs and the tests that hold culling against its
 // absence: --pipeline.model.fused.warp-cull False).
+// Stage Gaussian g (an index into the [C*N] 2D arrays) into shared slot i: all the compositing loops read
+// but the warp mask. Returns its mean and opacity (x, y, o) for the caller's mask.
+template <bool FASTEXP>
+__device__ __forceinline__ float3 stage_gaussian(SmemGaussians s, int i, int32_t g, const float *__restrict__ means2d,
+                                                 const float *__restrict__ conics, const float *__restrict__ colors,
+                                                 const float *__restrict__ opacities, float3 &conic) {
+    const float2 xy = reinterpret_cast<const float2 *>(means2d)[g];
+    conic = make_float3(conics[3 * g], conics[3 * g + 1], conics[3 * g + 2]);
+    const float r = colors[3 * g], gg = colors[3 * g + 1], b = colors[3 * g + 2];
+    const float3 k = staged_conic<FASTEXP>(conic.x, conic.y, conic.z);
+    const float o = opacities[g];
+    s.g0[i] = make_float4(xy.x, xy.y, o, k.x);
+    s.g1[i] = make_float4(k.y, k.z, r, gg);
+    s.g2[i] = b;
+    s.id[i] = g;
+    return make_float3(xy.x, xy.y, o);
+}
+
 template <int WW, bool FASTEXP, int NT = kBlock>
 __device__ __forceinline__ void load_gaussians(
     SmemGaussians s, const int32_t *__restrict__ flatten_ids, int64_t first, int count,
     const float *__restrict__ means2d, const float *__restrict__ conics,
     const float *__restrict__ colors, const float *__restrict__ opacities, int x0, int y0, bool cull) {
     for (int i = threadIdx.x; i < count; i += NT) {
-        const int32_t g = flatten_ids[first + i];
-        const float2 xy = reinterpret_cast<const float2 *>(means2d)[g];
-        const float ca = conics[3 * g], cb = conics[3 * g + 1], cc = conics[3 * g + 2];
-        const float r = colors[3 * g], gg = colors[3 * g + 1], b = colors[3 * g + 2];
-        const float3 k = staged_conic<FASTEXP>(ca, cb, cc);
-        s.g0[i] = make_float4(xy.x, xy.y, opacities[g], k.x);
-        s.g1[i] = make_float4(k.y, k.z, r, gg);
-        s.g2[i] = b;
-        s.id[i] = g;
-        s.warps[i] = cull ? warp_mask<WW>(xy.x, xy.y, opacities[g], ca, cb, cc, x0, y0, false) : kAllWarps;
+        float3 q;
+        const float3 p = stage_gaussian<FASTEXP>(s, i, flatten_ids[first + i], means2d, conics, colors, opacities, q);
+        s.warps[i] = cull ? warp_mask<WW>(p.x, p.y, p.z, q.x, q.y, q.z, x0, y0, false) : kAllWarps;
     }
 }
 
@@ -268,13 +279,8 @@ __device__ __forceinline__ void load_gaussians_masked(
     const float *__restrict__ means2d, const float *__restrict__ conics, const float *__restrict__ colors,
     const float *__restrict__ opacities, const uint8_t *__restrict__ masks) {
     for (int i = threadIdx.x; i < count; i += NT) {
-        const int32_t g = flatten_ids[first + i];
-        const float2 xy = reinterpret_cast<const float2 *>(means2d)[g];
-        const float3 k = staged_conic<FASTEXP>(conics[3 * g], conics[3 * g + 1], conics[3 * g + 2]);
-        s.g0[i] = make_float4(xy.x, xy.y, opacities[g], k.x);
-        s.g1[i] = make_float4(k.y, k.z, colors[3 * g], colors[3 * g + 1]);
-        s.g2[i] = colors[3 * g + 2];
-        s.id[i] = g;
+        float3 q;
+        stage_gaussian<FASTEXP>(s, i, flatten_ids[first + i], means2d, conics, colors, opacities, q);
         s.warps[i] = masks != nullptr ? uint32_t(masks[first + i]) : kAllWarps;
     }
 }
