@@ -18,7 +18,7 @@ std::vector<at::Tensor> render_bwd(const at::Tensor &means2d, const at::Tensor &
                                    const at::Tensor &last, const at::Tensor &v_render,
                                    const c10::optional<at::Tensor> &v_alpha, bool absgrad,
                                    bool butterfly, bool contribution,
-                                   const c10::optional<at::Tensor> &stop,
+                                   const c10::optional<at::Tensor> &stop, bool warp_cull,
                                    const c10::optional<at::Tensor> &warp_masks,
                                    bool fast_exp, int64_t pixels_per_thread,
                                    const c10::optional<at::Tensor> &tile_order);

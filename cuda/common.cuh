@@ -268,20 +268,23 @@ __device__ __forceinline__ void load_gaussians(
     }
 }
 
-// The same with each entry's mask read from `masks` (one byte per list entry, cuda/warp_masks.cu, the 8x4
-// layout; nullptr: every warp): the plain backward. Computed there once per pass, the rows test costs the
-// backward's loop nothing; computed inline it raises the render kernels' register allocation (suite
-// sass-loops). The plain forward keeps the box test inline: reading the masks instead, the compiler
-// rebuilds the shared-memory base in its compositing loop (4 more instructions per composited Gaussian).
+// The plain backward's load (the 8x4 layout): with `masks` (one byte per list entry, cuda/warp_masks.cu:
+// the rows test) each entry's mask is read, otherwise the box is tested as load_gaussians does. Computed
+// there once per pass, the rows test costs the backward's loop nothing; computed inline it raises the
+// render kernels' register allocation (suite sass-loops). The plain forward keeps the box test: reading
+// the masks instead, the compiler rebuilds the shared-memory base in its compositing loop (4 more
+// instructions per composited Gaussian).
 template <bool FASTEXP, int NT = kBlock>
 __device__ __forceinline__ void load_gaussians_masked(
     SmemGaussians s, const int32_t *__restrict__ flatten_ids, int64_t first, int count,
     const float *__restrict__ means2d, const float *__restrict__ conics, const float *__restrict__ colors,
-    const float *__restrict__ opacities, const uint8_t *__restrict__ masks) {
+    const float *__restrict__ opacities, int x0, int y0, bool cull, const uint8_t *__restrict__ masks) {
     for (int i = threadIdx.x; i < count; i += NT) {
         float3 q;
-        stage_gaussian<FASTEXP>(s, i, flatten_ids[first + i], means2d, conics, colors, opacities, q);
-        s.warps[i] = masks != nullptr ? uint32_t(masks[first + i]) : kAllWarps;
+        const float3 p = stage_gaussian<FASTEXP>(s, i, flatten_ids[first + i], means2d, conics, colors, opacities, q);
+        s.warps[i] = masks != nullptr ? uint32_t(masks[first + i])
+                     : cull           ? warp_mask<8>(p.x, p.y, p.z, q.x, q.y, q.z, x0, y0, false)
+                                      : kAllWarps;
     }
 }
 

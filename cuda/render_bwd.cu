@@ -27,7 +27,8 @@ struct BwdArgs {
     const int32_t *last_ids, *stop_ids;
     const float *v_render, *v_alpha;
     float *v_means2d, *v_conics, *v_colors, *v_opacities, *v_means2d_abs, *contrib;
-    const uint8_t *warp_masks;  // one byte per list entry (cuda/warp_masks.cu); nullptr: every warp
+    bool cull;                  // the box test, where there are no masks
+    const uint8_t *warp_masks;  // one byte per list entry (cuda/warp_masks.cu: the rows test) or nullptr
     const int32_t *tile_order;  // nullptr: blockIdx order (block_tile)
 };
 
@@ -102,7 +103,7 @@ __global__ void __launch_bounds__(kBlock, 5) render_bwd_kernel(const BwdArgs a) 
         const int cnt = min(kBatch, blk.end - blk.start - b * kBatch);
         __syncthreads();
         load_gaussians_masked<FASTEXP>(blk.s, a.flatten_ids, blk.start + b * kBatch, cnt, a.means2d, a.conics,
-                                       a.colors, a.opacities, a.warp_masks);
+                                       a.colors, a.opacities, blk.tx * kTile, blk.ty * kTile, a.cull, a.warp_masks);
         __syncthreads();
         const int hi = min(cnt, max_last - b * kBatch);
         backward_slots<kBatch, ABS, BUTTERFLY, CONTRIB, FASTEXP>(blk.s, 0, hi, b * kBatch, warp_end, p, blk.acc,
@@ -140,7 +141,8 @@ __global__ void __launch_bounds__(kThreads2px, 7) render_bwd_2px_kernel(const Bw
         const int cnt = min(kBatch, blk.end - blk.start - b * kBatch);
         __syncthreads();
         load_gaussians_masked<FASTEXP, kThreads2px>(blk.s, a.flatten_ids, blk.start + b * kBatch, cnt, a.means2d,
-                                                    a.conics, a.colors, a.opacities, a.warp_masks);
+                                                    a.conics, a.colors, a.opacities, blk.tx * kTile, blk.ty * kTile,
+                                                    a.cull, a.warp_masks);
         __syncthreads();
         const int hi = min(cnt, max_last - b * kBatch);
         backward_slots_2px<kBatch, ABS, FASTEXP, kThreads2px>(blk.s, 0, hi, b * kBatch, warp_end, p, bits, blk.acc,
@@ -160,7 +162,7 @@ std::vector<at::Tensor> render_bwd(const at::Tensor &means2d, const at::Tensor &
                                    const c10::optional<at::Tensor> &v_alpha, bool absgrad,
                                    bool butterfly, bool contribution,
                                    const c10::optional<at::Tensor> &stop,
-                                   const c10::optional<at::Tensor> &warp_masks,
+                                   bool warp_cull, const c10::optional<at::Tensor> &warp_masks,
                                    bool fast_exp, int64_t pixels_per_thread,
                                    const c10::optional<at::Tensor> &tile_order) {
     TORCH_CHECK(pixels_per_thread == 1 || pixels_per_thread == 2,
@@ -204,7 +206,7 @@ std::vector<at::Tensor> render_bwd(const at::Tensor &means2d, const at::Tensor &
                        v_means2d.data_ptr<float>(), v_conics.data_ptr<float>(), v_colors.data_ptr<float>(),
                        v_opacities.data_ptr<float>(), absgrad ? v_abs.data_ptr<float>() : nullptr,
                        contribution ? contrib.data_ptr<float>() : nullptr,
-                       warp_masks.has_value() ? warp_masks->data_ptr<uint8_t>() : nullptr,
+                       warp_cull, warp_masks.has_value() ? warp_masks->data_ptr<uint8_t>() : nullptr,
                        tile_order.has_value() ? tile_order->data_ptr<int32_t>() : nullptr};
     auto launch = [&](auto kernel, int threads) { kernel<<<grid, threads, kSmemBwdBytes, stream>>>(args); };
     // butterfly: the warp reduction of backward_slots (common.cuh); false = one warp_sum per

@@ -230,7 +230,7 @@ RASTER_PANELS = (
                                                   ("fused, two launches", "raster_loss_fused_two_phase"),
                                                   ("fused, split", "raster_loss_fused_split"),
                                                   ("fused, split, no warp culling", "raster_loss_fused_split_no_warp_cull"),
-                                                  ("fused, split, box-only warp cull", "raster_loss_fused_split_box_cull"),
+                                                  ("fused, split, rows warp cull", "raster_loss_fused_split_rows_cull"),
                                                   ("fused, split, opacity-aware tiles", "raster_loss_fused_split_opacity_tiles"),
                                                   ("fused, split, falloff as 2^q", "raster_loss_fused_split_fast_exp"),
                                                   ("fused, split, 2 pixels per thread in the backward",

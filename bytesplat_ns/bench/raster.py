@@ -20,7 +20,7 @@ Measured per Gaussian count (median ms over ``repeats`` after ``warmup``, CUDA e
   both kinds of list and the forward with the blocks taking the longest tile lists first
   (``..._longest_first``: ``FusedOptions(tile_order="longest_first")``, raster/tiles.py ``tile_order``, the
   sort timed with the pass), and the split schedule on both kinds of list with the backward's per-warp cull
-  on each Gaussian's box only (``..._box_cull``: ``FusedOptions(warp_cull_rows=False)``,
+  also testing each row of warp blocks (``..._rows_cull``: ``FusedOptions(warp_cull_rows=True)``,
   raster/warp_masks.py), with its loss value.
 - ``full``: from the 3D Gaussians (projection, SH, binning, raster, loss, backward to the 3D
   parameters): gsplat ``rasterization`` + the same loss vs ``fused_render_loss``.
@@ -66,7 +66,7 @@ from bytesplat_ns.raster.fused import (
     splatfacto_loss_torch,
     tile_radii,
 )
-from bytesplat_ns.raster.options import CULL_BOX
+from bytesplat_ns.raster.options import CULL_ROWS
 from bytesplat_ns.raster.tile_reach import opacity_aware_radii
 from bytesplat_ns.raster.tiles import tile_order as tile_order_of
 
@@ -213,12 +213,12 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
         _safe(out, f"raster_loss_fused_split{tiles}_longest_first", lambda tight=tight: time_ms(
             lambda: inp.fused_raster_loss(schedule="split", opacity_aware_tiles=tight, tile_order="longest_first"),
             warmup, repeats))
-    # A/B of the backward's rows test (raster/warp_masks.py): the box only, the same loss
+    # A/B of the backward's rows test (raster/warp_masks.py): fewer warps per Gaussian, the same loss
     for tiles, tight in (("", False), ("_opacity_tiles", True)):
-        _safe(out, f"fused_split{tiles}_box_cull_loss_value", lambda tight=tight: inp.fused_raster_loss(
-            schedule="split", opacity_aware_tiles=tight, warp_cull=CULL_BOX).item())
-        _safe(out, f"raster_loss_fused_split{tiles}_box_cull", lambda tight=tight: time_ms(
-            lambda: inp.fused_raster_loss(schedule="split", opacity_aware_tiles=tight, warp_cull=CULL_BOX),
+        _safe(out, f"fused_split{tiles}_rows_cull_loss_value", lambda tight=tight: inp.fused_raster_loss(
+            schedule="split", opacity_aware_tiles=tight, warp_cull=CULL_ROWS).item())
+        _safe(out, f"raster_loss_fused_split{tiles}_rows_cull", lambda tight=tight: time_ms(
+            lambda: inp.fused_raster_loss(schedule="split", opacity_aware_tiles=tight, warp_cull=CULL_ROWS),
             warmup, repeats))
     for sched in ("two_launch", "split"):  # the pruning score gathered in the backward: what it costs
         _safe(out, f"raster_loss_fused_{sched}_contribution", lambda sched=sched: time_ms(

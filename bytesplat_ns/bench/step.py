@@ -33,8 +33,9 @@ the gsplat of a ``--gsplat-site`` gets the same scene through a file, ``bench.sc
   ``bytesplat-levers``: with both.
 - ``bytesplat-longest-first``: ``bytesplat`` with the blocks taking the longest tile lists first
   (``--pipeline.model.fused.tile-order longest_first``, raster/tiles.py ``tile_order``).
-- ``bytesplat-box-cull``: ``bytesplat`` with the backward's per-warp cull on the box of each Gaussian's
-  alpha >= 1/255 ellipse only (``--pipeline.model.fused.warp-cull-rows False``, raster/warp_masks.py).
+- ``bytesplat-rows-cull``: ``bytesplat`` with the backward's per-warp cull also testing each row of warp
+  blocks against each Gaussian's alpha >= 1/255 ellipse (``--pipeline.model.fused.warp-cull-rows True``,
+  raster/warp_masks.py).
 
 Reported per implementation: ``wall_ms`` (host clock over ``--repeats`` back-to-back steps, the
 GPU drained at both ends: what a training loop gets), the stages' spans (CUDA events at the stage
@@ -66,7 +67,7 @@ LEARNING_RATES = {"means": 1.6e-4, "scales": 5e-3, "quats": 1e-3, "features_dc":
 ADAM_EPS = 1e-15
 IMPLEMENTATIONS = ("splatfacto", "gsplat", "bytesplat", "bytesplat-visible", "bytesplat-square-tiles",
                    "bytesplat-reach-torch", "bytesplat-fast-exp", "bytesplat-bwd-2px", "bytesplat-levers",
-                   "bytesplat-longest-first", "bytesplat-box-cull")
+                   "bytesplat-longest-first", "bytesplat-rows-cull")
 
 # kernel name -> category; the first pattern that matches wins, "bwd"/"backward" in a name marks it backward
 KERNEL_CATEGORIES: Tuple[Tuple[str, str], ...] = (
@@ -240,7 +241,7 @@ class BytesplatStep(TrainingStep):
     """``raster.fused.fused_render_loss`` (default options) + sync-free statistics + DeviceAdam (our Adam kernel)."""
 
     def __init__(self, scene: Dict, visible_only: bool = False, square_tiles: bool = False, reach_torch: bool = False,
-                 fast_exp: bool = False, bwd_pixels: int = 1, tile_order: str = "raster", cull_rows: bool = True):
+                 fast_exp: bool = False, bwd_pixels: int = 1, tile_order: str = "raster", cull_rows: bool = False):
         super().__init__(scene)
         from bytesplat_ns.raster.options import FusedOptions
 
@@ -251,7 +252,7 @@ class BytesplatStep(TrainingStep):
         tiles = "square tile boxes" if square_tiles else "opacity-aware tiles" + (", reach in torch" if reach_torch else "")
         tiles += (", falloff as 2^q" if fast_exp else "") + (", 2 pixels per thread in the backward" if bwd_pixels == 2 else "")
         tiles += ", longest tiles first" if tile_order == "longest_first" else ""
-        tiles += "" if cull_rows else ", box-only warp cull"
+        tiles += ", rows warp cull" if cull_rows else ""
         adam = "bytesplat Adam, visible Gaussians only" if visible_only else "bytesplat Adam"
         self.label = f"bytesplat (fused split, {tiles}) + {adam}"
         from bytesplat_ns.optim import DeviceAdam
@@ -304,8 +305,8 @@ def build_step(implementation: str, scene: Dict) -> TrainingStep:
         return BytesplatStep(scene, fast_exp=True, bwd_pixels=2)
     if implementation == "bytesplat-longest-first":
         return BytesplatStep(scene, tile_order="longest_first")
-    if implementation == "bytesplat-box-cull":
-        return BytesplatStep(scene, cull_rows=False)
+    if implementation == "bytesplat-rows-cull":
+        return BytesplatStep(scene, cull_rows=True)
     raise ValueError(f"unknown implementation {implementation!r} (choose from {IMPLEMENTATIONS})")
 
 

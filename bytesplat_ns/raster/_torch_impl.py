@@ -252,9 +252,9 @@ class TorchOps:
         return rgb, alpha, T, torch.zeros(C, H, W, dtype=torch.int32), stop
 
     def render_bwd(self, m, c, col, o, bg, offsets, fids, C, W, H, T, last, v_rgb, v_alpha, absgrad,
-                   butterfly, contribution, stop, warp_masks, fast_exp, pixels_per_thread, tile_order):
+                   butterfly, contribution, stop, warp_cull, warp_masks, fast_exp, pixels_per_thread, tile_order):
         check_tile_order(tile_order, offsets, W, H)
-        assert isinstance(butterfly, bool) and isinstance(contribution, bool)
+        assert isinstance(butterfly, bool) and isinstance(contribution, bool) and isinstance(warp_cull, bool)
         assert warp_masks is None or (warp_masks.dtype == torch.uint8 and warp_masks.shape == fids.shape)
         assert isinstance(fast_exp, bool) and pixels_per_thread in (1, 2)
         assert (stop is not None) == contribution and (stop is None or stop.shape == (C, H, W))

@@ -76,7 +76,7 @@ def _flat(t: Tensor, d: int) -> Tensor:
 
 def _cull(warp_cull) -> int:
     """The cull mode from a launch's ``warp_cull``: a mode (``FusedOptions.cull_mode``), or a bool (on: the
-    default mode, with the rows test; off: none)."""
+    box test, the default; off: none)."""
     if isinstance(warp_cull, bool):
         return cull_mode(warp_cull)
     if warp_cull not in (CULL_OFF, CULL_BOX, CULL_ROWS):
@@ -85,11 +85,11 @@ def _cull(warp_cull) -> int:
 
 
 def _backward_masks(ops, m, c, o, offsets, flatten_ids, C, W, H, cull) -> Optional[Tensor]:
-    """The plain backward's per-warp masks, one byte per tile-list entry (cuda/warp_masks.cu: the box, and with
-    CULL_ROWS the rows test); None (every warp) with culling off. The forward tests the box inline."""
-    if cull == CULL_OFF:
+    """With CULL_ROWS, the plain backward's per-warp masks, one byte per tile-list entry (cuda/warp_masks.cu:
+    the box, then the rows test); otherwise None, and the backward tests the box itself (or nothing)."""
+    if cull != CULL_ROWS:
         return None
-    return ops.warp_masks(m, c, o, offsets, flatten_ids, C, W, H, cull == CULL_ROWS)
+    return ops.warp_masks(m, c, o, offsets, flatten_ids, C, W, H, True)
 
 
 class _RasterizeFused(torch.autograd.Function):
@@ -123,7 +123,7 @@ class _RasterizeFused(torch.autograd.Function):
         masks = _backward_masks(ops, m, c, o, offsets, flatten_ids, C, W, H, ctx.warp_cull)
         vm, vc, vcol, vo, vabs, _ = ops.render_bwd(
             m, c, col, o, bg, offsets, flatten_ids, C, W, H, T, last, v_rgb.contiguous().float(), va, absgrad,
-            ctx.butterfly, False, None, masks, ctx.fast_exp, ctx.bwd_pixels, tile_order,
+            ctx.butterfly, False, None, ctx.warp_cull != CULL_OFF, masks, ctx.fast_exp, ctx.bwd_pixels, tile_order,
         )
         N = means2d.shape[1]
         if absgrad:
@@ -151,7 +151,7 @@ def _split_loss(m, c, col, o, bg, gt, offsets, flatten_ids, C, W, H, ssim_lambda
     masks = _backward_masks(ops, m, c, o, offsets, flatten_ids, C, W, H, cull)
     vm, vc, vcol, vo, vabs, contrib = ops.render_bwd(
         m, c, col, o, bg, offsets, flatten_ids, C, W, H, T, last, v_render, None, bool(absgrad), bool(butterfly),
-        bool(contribution), stop if contribution else None, masks, fast_exp, bwd_pixels, tile_order)
+        bool(contribution), stop if contribution else None, cull != CULL_OFF, masks, fast_exp, bwd_pixels, tile_order)
     info = torch.tensor([0, RENDER_BATCH, 0, 0], dtype=torch.long)
     return rgb, alpha, partials, vm, vc, vcol, vo, vabs, info, contrib
 

@@ -47,7 +47,7 @@ def _check_choice(field: str, value: str, choices) -> None:
 CULL_OFF, CULL_BOX, CULL_ROWS = 0, 1, 2
 
 
-def cull_mode(warp_cull: bool, rows: bool = True) -> int:
+def cull_mode(warp_cull: bool, rows: bool = False) -> int:
     """The kernels' cull mode for ``warp_cull`` (on or off) and ``rows`` (the box, then each row of blocks)."""
     return CULL_OFF if not warp_cull else CULL_ROWS if rows else CULL_BOX
 
@@ -58,7 +58,7 @@ class FusedOptions:
 
     schedule: Schedule = "split"
     warp_cull: bool = True
-    warp_cull_rows: bool = True
+    warp_cull_rows: bool = False
     bwd_reduce: BwdReduce = "butterfly"
     projection: Projection = "auto"
     binning: Binning = "cuda"
@@ -107,10 +107,11 @@ class FusedRasterConfig:
     kernel twice), one_launch (once; falls back to two launches, logged, when too few blocks fit)."""
     warp_cull: bool = True
     """Skip, per warp, the Gaussians that cannot reach alpha 1/255 at any of its pixels (exact)."""
-    warp_cull_rows: bool = True
-    """With warp_cull: after the box of the alpha >= 1/255 ellipse, test each row of warp blocks against the
-    ellipse's own x-extent over that row's pixels (cuda/common.cuh warp_mask), so that a thin Gaussian lying
-    across a tile at an angle reaches only the blocks it crosses (exact); false: the box only."""
+    warp_cull_rows: bool = False
+    """With warp_cull, in the plain backward: after the box of the alpha >= 1/255 ellipse, test each row of warp
+    blocks against the ellipse's own x-extent over that row's pixels (masks computed once per pass,
+    cuda/warp_masks.cu), so that a thin Gaussian lying across a tile at an angle reaches only the blocks it
+    crosses (exact). Off until timed on a GPU."""
     bwd_reduce: BwdReduce = "butterfly"
     """Warp reduction of the backward kernels: butterfly (reduce-scatter) or shuffle (one warp sum per component)."""
     projection: Projection = "auto"

@@ -27,16 +27,17 @@ class RecordingOps(TorchOps):
         return super().render_fwd(m, c, col, o, bg, offsets, fids, C, W, H, with_stop, warp_cull, fast_exp, tile_order)
 
     def render_bwd(self, m, c, col, o, bg, offsets, fids, C, W, H, T, last, v_rgb, v_alpha, absgrad,
-                   butterfly, contribution, stop, warp_masks, fast_exp, pixels_per_thread, tile_order):
+                   butterfly, contribution, stop, warp_cull, warp_masks, fast_exp, pixels_per_thread, tile_order):
         self.calls["render_bwd"] += 1
         self.tile_order.append(("render_bwd", tile_order))
         self.bwd_pixels.append(pixels_per_thread)
-        self.warp_cull.append(("render_bwd", "masks" if warp_masks is not None else None))
+        self.warp_cull.append(("render_bwd", "masks" if warp_masks is not None else warp_cull))
         self.fast_exp.append(("render_bwd", fast_exp))
         self.butterfly.append(("render_bwd", butterfly))
         self.contribution.append(("render_bwd", contribution))
         return super().render_bwd(m, c, col, o, bg, offsets, fids, C, W, H, T, last, v_rgb, v_alpha, absgrad,
-                                  butterfly, contribution, stop, warp_masks, fast_exp, pixels_per_thread, tile_order)
+                                  butterfly, contribution, stop, warp_cull, warp_masks, fast_exp, pixels_per_thread,
+                                  tile_order)
 
     def warp_masks(self, m, c, o, offsets, fids, C, W, H, rows):
         self.masks_rows.append(rows)

@@ -174,19 +174,19 @@ def test_bwd_reduce_flag_reaches_both_kernels(torch_ops, value, expect):
     assert [k["bwd_reduce"] for k in infos] == ["butterfly" if expect else "shuffle"] * 2
 
 
-@pytest.mark.parametrize("switches,mode", [({}, 2), ({"warp_cull": True}, 2), ({"warp_cull_rows": False}, 1),
-                                           ({"warp_cull": False}, 0), ({"warp_cull": False, "warp_cull_rows": False}, 0)])
+@pytest.mark.parametrize("switches,mode", [({}, 1), ({"warp_cull": True}, 1), ({"warp_cull_rows": True}, 2),
+                                           ({"warp_cull": False}, 0), ({"warp_cull": False, "warp_cull_rows": True}, 0)])
 def test_warp_cull_flag_reaches_every_kernel(torch_ops, switches, mode):
-    """FusedOptions.warp_cull and warp_cull_rows (default both on) reach every launch of every schedule: the
-    forward kernels and the fused kernel test the box (warp_cull), the plain backward reads masks computed
-    once per pass (warp_masks: with the rows test unless warp_cull_rows is off; none with culling off), and
-    the kernel info reports both (the rows only where the plain backward ran: split)."""
+    """FusedOptions.warp_cull (default on) and warp_cull_rows (default off) reach every launch of every
+    schedule: the forward kernels and the fused kernel test the box (warp_cull); the plain backward tests the
+    box too, or with warp_cull_rows reads masks computed once per pass (warp_masks: the rows test); the kernel
+    info reports both (the rows only where the plain backward ran: split)."""
     infos = _through_every_entry_point(("one_launch", "split"), **switches)
     assert [(k["warp_cull"], k["warp_cull_rows"]) for k in infos] == [(mode > 0, False), (mode > 0, mode == 2)]
-    masks = "masks" if mode else None
-    assert torch_ops.warp_cull == [("render_fwd", mode > 0), ("render_bwd", masks), ("fused_loss", mode > 0),
-                                   ("render_fwd", mode > 0), ("render_bwd", masks)]
-    assert torch_ops.masks_rows == ([mode == 2] * 2 if mode else [])
+    bwd = "masks" if mode == 2 else mode > 0
+    assert torch_ops.warp_cull == [("render_fwd", mode > 0), ("render_bwd", bwd), ("fused_loss", mode > 0),
+                                   ("render_fwd", mode > 0), ("render_bwd", bwd)]
+    assert torch_ops.masks_rows == ([True] * 2 if mode == 2 else [])
 
 
 @pytest.mark.parametrize("value,expect", [(None, False), (True, True), (False, False)])

@@ -20,7 +20,7 @@ import zlib
 import pytest
 import torch
 
-from bytesplat_ns.raster.options import CULL_BOX, FusedOptions
+from bytesplat_ns.raster.options import CULL_ROWS, FusedOptions
 
 pytestmark = pytest.mark.gpu
 
@@ -297,14 +297,14 @@ def _assert_same_run(run1, run0):
         assert rel_err(x, y) <= 1e-6, (n, rel_err(x, y))
 
 
-@pytest.mark.parametrize("cull", [True, CULL_BOX], ids=["rows", "box"])
+@pytest.mark.parametrize("cull", [True, CULL_ROWS], ids=["box", "rows"])
 @pytest.mark.parametrize("schedule", [None, "split", "one_launch"])
 def test_warp_culling_changes_nothing(schedule, cull):
     """The kernels skip, per warp, the Gaussians that cannot reach alpha 1/255 at any of its pixels
     (``warp_mask``, cuda/common.cuh). On Gaussians made to sit on that edge
     (tests/helpers/culling_scenes.py: sub-pixel to 30 px, up to 1:300 anisotropy, opacities at the threshold)
-    the kernels with culling (the default: the plain backward's masks with the rows test, cuda/warp_masks.cu;
-    ``box``: the box test only) and without (``warp_cull=False``) must give the same image bit for bit (a
+    the kernels with culling (the default: the box test; ``rows``: the plain backward's masks with the rows
+    test, cuda/warp_masks.cu) and without (``warp_cull=False``) must give the same image bit for bit (a
     pixel makes the same additions in the same order) and the same gradients up to the order of the float
     atomics. ``None``: the plain render pair; otherwise the fused loss in that schedule."""
     from bytesplat_ns.raster.fused import bin_tiles
