@@ -95,7 +95,8 @@ def raster_table(steps: List[Dict]) -> List[str]:
             rows.append(cells)
     lines = _table(["step", "size", "Gaussians", "raster+loss fused ms", "gsplat ms", "speed-up",
                     "from 3D: render+loss+bwd fused ms", "gsplat ms", "speed-up"], rows)
-    for table in (baseline_table(steps), opacity_tiles_table(steps), fast_exp_table(steps), bwd_2px_table(steps)):
+    for table in (baseline_table(steps), opacity_tiles_table(steps), fast_exp_table(steps), bwd_2px_table(steps),
+                  rows_cull_table(steps)):
         lines += [""] + table if table else []
     return lines
 
@@ -137,6 +138,17 @@ def bwd_2px_table(steps: List[Dict]) -> List[str]:
                     lambda run: [_count(run["num_gaussians"])])
     return _table(["Gaussians", "raster+loss ms", "2 pixels per thread in the backward", "faster by",
                    "loss diff (rel.)"], rows) if rows else []
+
+
+def rows_cull_table(steps: List[Dict]) -> List[str]:
+    """The split schedule with the backward's per-warp cull on the box and with the rows test
+    (``FusedOptions.warp_cull_rows``), on the square and on the opacity-aware tile lists, and the two loss
+    values' relative difference (the same render: summation order only)."""
+    rows = _ab_rows(steps, "raster_loss_fused_split_rows_cull", "_rows_cull",
+                    ("raster_loss_fused_split", "raster_loss_fused_split_opacity_tiles"),
+                    lambda run: [_count(run["num_gaussians"])])
+    return _table(["Gaussians", "raster+loss ms", "rows cull", "faster by", "on opacity-aware lists ms", "rows cull",
+                   "faster by", "loss diff (rel.)"], rows) if rows else []
 
 
 def opacity_tiles_table(steps: List[Dict]) -> List[str]:
