@@ -21,7 +21,8 @@ Measured per Gaussian count (median ms over ``repeats`` after ``warmup``, CUDA e
   (``..._longest_first``: ``FusedOptions(tile_order="longest_first")``, raster/tiles.py ``tile_order``, the
   sort timed with the pass), and the split schedule on both kinds of list with the backward's per-warp cull
   also testing each row of warp blocks (``..._rows_cull``: ``FusedOptions(warp_cull_rows=True)``,
-  raster/warp_masks.py), with its loss value.
+  raster/warp_masks.py), with its loss value and the 8x4 warp blocks per opacity-aware tile-list entry each
+  test keeps (``warp_blocks_per_entry_box`` / ``_rows``).
 - ``full``: from the 3D Gaussians (projection, SH, binning, raster, loss, backward to the 3D
   parameters): gsplat ``rasterization`` + the same loss vs ``fused_render_loss``.
 - ``full_fused_raster_torch_loss``: ``rasterize_fused`` (our plain fwd/bwd kernels) + the torch
@@ -109,6 +110,17 @@ class StageInputs:
             reach = opacity_aware_radii(self.radii, self.con, self.op)
             self._opacity_aware_bins = bin_tiles(self.m2, reach, self.depths, self.W, self.H)
         return self._opacity_aware_bins
+
+    def warp_blocks_per_entry(self, rows: bool) -> float:
+        """8x4 warp blocks the plain backward visits per entry of the opacity-aware tile lists: those the box
+        test keeps, or with ``rows`` the rows test (cuda/warp_masks.cu, raster/warp_masks.py)."""
+        from bytesplat_ns.raster._wrapper import _ops
+
+        offsets, fids = self.opacity_aware_bins()
+        C = self.m2.shape[0]
+        masks = _ops().warp_masks(self.m2.reshape(-1, 2).float().contiguous(), self.con.reshape(-1, 3).float().contiguous(),
+                                  self.op.reshape(-1).float().contiguous(), offsets, fids, C, self.W, self.H, rows).long()
+        return float(sum(((masks >> w) & 1).sum() for w in range(8))) / max(1, masks.numel())
 
     def args3d(self):
         p, s = self.params, self.scene
@@ -214,6 +226,8 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
             lambda: inp.fused_raster_loss(schedule="split", opacity_aware_tiles=tight, tile_order="longest_first"),
             warmup, repeats))
     # A/B of the backward's rows test (raster/warp_masks.py): fewer warps per Gaussian, the same loss
+    for test, rows in (("box", False), ("rows", True)):
+        _safe(out, f"warp_blocks_per_entry_{test}", lambda rows=rows: inp.warp_blocks_per_entry(rows))
     for tiles, tight in (("", False), ("_opacity_tiles", True)):
         _safe(out, f"fused_split{tiles}_rows_cull_loss_value", lambda tight=tight: inp.fused_raster_loss(
             schedule="split", opacity_aware_tiles=tight, warp_cull=CULL_ROWS).item())

@@ -146,9 +146,10 @@ def rows_cull_table(steps: List[Dict]) -> List[str]:
     values' relative difference (the same render: summation order only)."""
     rows = _ab_rows(steps, "raster_loss_fused_split_rows_cull", "_rows_cull",
                     ("raster_loss_fused_split", "raster_loss_fused_split_opacity_tiles"),
-                    lambda run: [_count(run["num_gaussians"])])
-    return _table(["Gaussians", "raster+loss ms", "rows cull", "faster by", "on opacity-aware lists ms", "rows cull",
-                   "faster by", "loss diff (rel.)"], rows) if rows else []
+                    lambda run: [_count(run["num_gaussians"]), _f(run.get("warp_blocks_per_entry_box")),
+                                 _f(run.get("warp_blocks_per_entry_rows"))])
+    return _table(["Gaussians", "warp blocks per entry: box", "rows", "raster+loss ms", "rows cull", "faster by",
+                   "on opacity-aware lists ms", "rows cull", "faster by", "loss diff (rel.)"], rows) if rows else []
 
 
 def opacity_tiles_table(steps: List[Dict]) -> List[str]:

@@ -175,9 +175,10 @@ def test_the_falloff_as_2_to_the_q_gets_its_own_table_against_expf():
     run.update({"raster_loss_fused_split_rows_cull": {"median_ms": 2.0},
                 "raster_loss_fused_split_opacity_tiles": {"median_ms": 2.8},
                 "raster_loss_fused_split_opacity_tiles_rows_cull": {"median_ms": 2.0},
-                "fused_split_rows_cull_loss_value": 0.25 * (1 + 1e-7)})
+                "fused_split_rows_cull_loss_value": 0.25 * (1 + 1e-7), "warp_blocks_per_entry_box": 5.71,
+                "warp_blocks_per_entry_rows": 3.75})
     lines = raster_table([{"name": "s", "result": {"width": 1920, "height": 1080, "runs": [run]}}])
-    assert "| 1M | 3.00 | 2.00 | 1.50x | 2.80 | 2.00 | 1.40x | 1.0e-07 |" in lines
+    assert "| 1M | 5.71 | 3.75 | 3.00 | 2.00 | 1.50x | 2.80 | 2.00 | 1.40x | 1.0e-07 |" in lines
     assert sum("rows cull" in line for line in lines) == 1  # one header
 
 

@@ -194,6 +194,8 @@ def test_raster_bench_on_the_trained_scene(monkeypatch, tmp_path, trained):
         seen.update(baseline_ssim=list(baseline_ssim), gsplat_sites=list(gsplat_sites))
         seen.update(n=n, W=inp.W, H=inp.H, sh=inp.sh_degree, visible=int((inp.radii > 0).sum()),
                     lists=int(inp.offsets[-1]), tiles=inp.offsets.numel() - 1)
+        # the warp blocks each cull test keeps per opacity-aware entry (the kernel's twin stands in)
+        seen.update(box=inp.warp_blocks_per_entry(False), rows=inp.warp_blocks_per_entry(True))
         return {"scene": scene_label, "num_gaussians": int(scene["means"].shape[0])}
 
     real_scene = trained_mod.raster_scene
@@ -201,6 +203,10 @@ def test_raster_bench_on_the_trained_scene(monkeypatch, tmp_path, trained):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "stand-in")
     monkeypatch.setattr(trained_mod, "raster_scene", lambda *a, **k: real_scene(*a, **dict(k, device="cpu")))
     monkeypatch.setattr(raster, "bench_one", bench_one)
+    from bytesplat_ns.raster import _wrapper
+    from bytesplat_ns.raster._torch_impl import TorchOps
+
+    monkeypatch.setattr(_wrapper, "_ops", lambda: TorchOps())
     run_dir, n = trained[1]["run_dir"], trained[1]["num_gaussians"]
     out = tmp_path / "raster.json"
     assert cli_main(["raster", "--trained", run_dir, "--trained-view", "7", "--trained-scale", "0.5",
@@ -213,6 +219,7 @@ def test_raster_bench_on_the_trained_scene(monkeypatch, tmp_path, trained):
     assert report["runs"] == [{"scene": f"trained:{run_dir}", "num_gaussians": n}]
     assert (seen["n"], seen["W"], seen["H"], seen["sh"], seen["tiles"]) == (n, 64, 48, 3, 4 * 3)
     assert seen["visible"] > 0 and seen["lists"] >= seen["visible"]
+    assert 0 < seen["rows"] <= seen["box"] <= 8
     assert seen["baseline_ssim"] == ["pytorch_msssim", "fussim"] and seen["gsplat_sites"] == []  # the defaults
 
 
