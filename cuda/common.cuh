@@ -190,8 +190,7 @@ __device__ __forceinline__ bool block_span(float lo, float hi, int origin, int s
 __device__ __forceinline__ uint32_t span_bits(int c0, int c1) { return ((2u << c1) - 1u) & ~((1u << c0) - 1u); }
 
 // warp_mask's rows test over block rows r0..r1 (t: the widened threshold, ry: the widened y half-extent).
-// Not inlined: it runs once per staged Gaussian, and inlined its registers raise the render kernels'
-// allocation around the compositing loops.
+// Only cuda/warp_masks.cu runs it: in a render kernel its registers lengthen the compositing loops.
 template <int WW>
 __device__ __forceinline__ uint32_t row_spans(float mx, float my, float a, float b, float c, float det, float t, float ry,
                                            int x0, int y0, int r0, int r1) {

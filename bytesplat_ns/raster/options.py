@@ -43,7 +43,8 @@ def _check_choice(field: str, value: str, choices) -> None:
         raise SettingError(f"fused.{field} must be one of {', '.join(choices)}, got {value!r}")
 
 
-# The kernels' per-warp cull modes (cuda/common.cuh kCullOff, kCullBox, kCullRows).
+# The per-warp cull modes a launch takes: none, the box test (inline in the kernels), and the box then the
+# rows test (the plain backward reads masks from cuda/warp_masks.cu).
 CULL_OFF, CULL_BOX, CULL_ROWS = 0, 1, 2
 
 
@@ -90,7 +91,7 @@ class FusedOptions:
 
     @property
     def cull_mode(self) -> int:
-        """The kernels' per-warp cull (cuda/common.cuh kCullOff, kCullBox, kCullRows)."""
+        """The launches' per-warp cull mode (CULL_OFF, CULL_BOX or CULL_ROWS)."""
         return cull_mode(self.warp_cull, self.warp_cull_rows)
 
 
