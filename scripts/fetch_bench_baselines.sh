@@ -16,7 +16,15 @@ dest=.whl_bench; tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 mkdir -p "$dest"
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform any -d "$tmp" "gsplat==$GSPLAT" "fussim==$FUSSIM"
-python3 -m pip download -q --no-deps --no-binary=:all: --no-build-isolation -d "$tmp" "fussim==$FUSSIM_SDIST"
+# The sdist's link from PyPI's simple index: `pip download` of an sdist runs its setup.py, which imports torch.
+python3 - "$FUSSIM_SDIST" "$tmp" <<'PYEOF'
+import re, sys, urllib.request
+version, dest = sys.argv[1], sys.argv[2]
+with urllib.request.urlopen("https://pypi.org/simple/fussim/", timeout=60) as r:
+    page = r.read().decode()
+(url,) = set(re.findall(rf'href="([^"#]*/fussim-{re.escape(version)}\.tar\.gz)', page))
+urllib.request.urlretrieve(url, f"{dest}/fussim-{version}.tar.gz")
+PYEOF
 cp "$tmp/gsplat-$GSPLAT-py3-none-any.whl" "$dest/"
 mkdir -p "$tmp/wheel" "$tmp/sdist"
 python3 -m zipfile -e "$tmp"/fussim-$FUSSIM-cp312-*.whl "$tmp/wheel"
