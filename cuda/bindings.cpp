@@ -43,6 +43,9 @@ at::Tensor tile_intersections(const at::Tensor &means2d, const at::Tensor &radii
 at::Tensor warp_masks(const at::Tensor &means2d, const at::Tensor &conics, const at::Tensor &opacities,
                       const at::Tensor &offsets, const at::Tensor &flatten_ids, int64_t C, int64_t W, int64_t H,
                       bool rows);
+std::vector<at::Tensor> trim_tile_lists(const at::Tensor &means2d, const at::Tensor &conics,
+                                        const at::Tensor &opacities, const at::Tensor &offsets,
+                                        const at::Tensor &flatten_ids, int64_t C, int64_t W, int64_t H);
 at::Tensor opacity_aware_radii(const at::Tensor &radii, const at::Tensor &conics,
                                const at::Tensor &opacities);
 at::Tensor sh_views_fwd(const at::Tensor &means, const at::Tensor &dc, const at::Tensor &rest,
@@ -79,6 +82,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "the plain render kernels' per-warp culling masks [entries] uint8, one per tile-list entry: bit w set "
           "when warp w's 8x4 pixel block of the entry's tile can composite its Gaussian (the box of its alpha >= "
           "1/255 ellipse; with rows, then each row of blocks against the ellipse's extent)");
+    m.def("trim_tile_lists", &bytesplat::trim_tile_lists,
+          "the tile lists without the entries whose rows warp mask is empty (no 8x4 block of the tile can "
+          "composite the Gaussian): (offsets, flatten_ids, masks), as long as the input lists, the lists in the "
+          "first offsets[-1] entries, in the same order");
     m.def("opacity_aware_radii", &bytesplat::opacity_aware_radii,
           "per-axis tile radii [C,N,2] int32 of the opacity-aware reach from the projection's radii [C,N], "
           "conics [C,N,3] and opacities [C,N] (bytesplat_ns/raster/tile_reach.py, the same result)");

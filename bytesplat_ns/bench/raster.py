@@ -22,7 +22,10 @@ Measured per Gaussian count (median ms over ``repeats`` after ``warmup``, CUDA e
   sort timed with the pass), and the split schedule on both kinds of list with the backward's per-warp cull
   also testing each row of warp blocks (``..._rows_cull``: ``FusedOptions(warp_cull_rows=True)``,
   raster/warp_masks.py), with its loss value and the 8x4 warp blocks per opacity-aware tile-list entry each
-  test keeps (``warp_blocks_per_entry_box`` / ``_rows``).
+  test keeps (``warp_blocks_per_entry_box`` / ``_rows``); the split schedule and the forward on the
+  opacity-aware lists trimmed of the entries no 8x4 block of their tile can composite (``..._trimmed``:
+  ``FusedOptions(trim_tile_lists=True)``, cuda/warp_masks.cu ``trim_tile_lists``; also with the rows cull),
+  with ``intersections_trimmed``, its loss value and the trimming's own time (``trim_tile_lists_cuda``).
 - ``full``: from the 3D Gaussians (projection, SH, binning, raster, loss, backward to the 3D
   parameters): gsplat ``rasterization`` + the same loss vs ``fused_render_loss``.
 - ``full_fused_raster_torch_loss``: ``rasterize_fused`` (our plain fwd/bwd kernels) + the torch
@@ -66,6 +69,7 @@ from bytesplat_ns.raster.fused import (
     rasterize_fused,
     splatfacto_loss_torch,
     tile_radii,
+    trim_tile_lists,
 )
 from bytesplat_ns.raster.options import CULL_ROWS
 from bytesplat_ns.raster.tile_reach import opacity_aware_radii
@@ -102,6 +106,7 @@ class StageInputs:
         self.m2, self.con, self.col, self.op = (t.contiguous() for t in (m2, con, col, op))
         self.offsets, self.fids = bin_tiles(self.m2, self.radii, self.depths, width, height)
         self._opacity_aware_bins = None
+        self._trimmed_bins = None
 
     def opacity_aware_bins(self):
         """The tile lists of the same 2D inputs binned into each Gaussian's opacity-aware reach
@@ -110,6 +115,13 @@ class StageInputs:
             reach = opacity_aware_radii(self.radii, self.con, self.op)
             self._opacity_aware_bins = bin_tiles(self.m2, reach, self.depths, self.W, self.H)
         return self._opacity_aware_bins
+
+    def trimmed_bins(self):
+        """:meth:`opacity_aware_bins` without the entries no 8x4 block of their tile can composite
+        (``FusedOptions.trim_tile_lists``, cuda/warp_masks.cu: shorter lists, the same render)."""
+        if self._trimmed_bins is None:
+            self._trimmed_bins = trim_tile_lists(self.m2, self.con, self.op, *self.opacity_aware_bins(), self.W, self.H)
+        return self._trimmed_bins
 
     def warp_blocks_per_entry(self, rows: bool) -> float:
         """8x4 warp blocks the plain backward visits per entry of the opacity-aware tile lists: those the box
@@ -131,16 +143,18 @@ class StageInputs:
 
     def fused_raster_loss(self, blocks_per_sm: int = 2, schedule: str = "one_launch", contribution: bool = False,
                           butterfly: bool = True, warp_cull=True, opacity_aware_tiles: bool = False,
-                          fast_exp: bool = False, bwd_pixels: int = 1, tile_order: str = "raster"):
+                          fast_exp: bool = False, bwd_pixels: int = 1, tile_order: str = "raster",
+                          trimmed: bool = False):
         """The fused loss (``schedule``: one_launch | two_launch | split): render + splatfacto loss +
         2D gradients (and the pruning score with ``contribution``), then autograd's hand-over.
         ``butterfly`` / ``warp_cull`` / ``fast_exp`` / ``bwd_pixels``: the backward reduction, the per-warp
         culling (a bool or a cull mode, ``options.CULL_*``), the falloff's form and the backward's pixels per
         thread (A/B runs);
-        ``opacity_aware_tiles``: on :meth:`opacity_aware_bins`; ``tile_order``: the split schedule's block order
+        ``opacity_aware_tiles``: on :meth:`opacity_aware_bins`; ``trimmed``: on :meth:`trimmed_bins`; ``tile_order``: the split schedule's block order
         (``raster.tiles.tile_order``, sorted inside the timed pass as in training)."""
         s = self.scene
-        offsets, fids = self.opacity_aware_bins() if opacity_aware_tiles else (self.offsets, self.fids)
+        offsets, fids = (self.trimmed_bins() if trimmed else self.opacity_aware_bins() if opacity_aware_tiles
+                         else (self.offsets, self.fids))
         loss, _, _, _, _ = _FusedLoss.apply(*self.leaves(), s["backgrounds"], s["gt"], offsets, fids,
                                             self.W, self.H, 0.2, False, None, blocks_per_sm, schedule, butterfly,
                                             warp_cull, contribution, fast_exp, bwd_pixels,
@@ -234,6 +248,16 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
         _safe(out, f"raster_loss_fused_split{tiles}_rows_cull", lambda tight=tight: time_ms(
             lambda: inp.fused_raster_loss(schedule="split", opacity_aware_tiles=tight, warp_cull=CULL_ROWS),
             warmup, repeats))
+    # A/B of trimming the opacity-aware lists (cuda/warp_masks.cu trim_tile_lists): shorter lists, the same loss;
+    # the trimming itself (two launches and a cumsum, once per step in training) timed apart
+    _safe(out, "intersections_trimmed", lambda: int(inp.trimmed_bins()[0][-1]))
+    _safe(out, "fused_split_trimmed_loss_value", lambda: inp.fused_raster_loss(schedule="split", trimmed=True).item())
+    _safe(out, "raster_loss_fused_split_trimmed", lambda: time_ms(
+        lambda: inp.fused_raster_loss(schedule="split", trimmed=True), warmup, repeats))
+    _safe(out, "raster_loss_fused_split_trimmed_rows_cull", lambda: time_ms(
+        lambda: inp.fused_raster_loss(schedule="split", trimmed=True, warp_cull=CULL_ROWS), warmup, repeats))
+    _safe(out, "trim_tile_lists_cuda", lambda: time_ms(
+        lambda: trim_tile_lists(m2, con, op, *inp.opacity_aware_bins(), W, H), warmup, repeats))
     for sched in ("two_launch", "split"):  # the pruning score gathered in the backward: what it costs
         _safe(out, f"raster_loss_fused_{sched}_contribution", lambda sched=sched: time_ms(
             lambda: inp.fused_raster_loss(schedule=sched, contribution=True), warmup, repeats))
@@ -280,10 +304,10 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
                                            options=FusedOptions(projection=projection))
         splatfacto_loss_torch(render, alpha, s["gt"], s["backgrounds"]).backward()
 
-    def fused_raster_fwd(warp_cull=True, fast_exp=False, tile_order="raster"):
+    def fused_raster_fwd(warp_cull=True, fast_exp=False, tile_order="raster", lists=(offsets, fids)):
         with torch.no_grad():
-            _RasterizeFused.apply(m2, con, col, op, s["backgrounds"], offsets, fids, W, H, False, warp_cull, True,
-                                  fast_exp, 1, tile_order_of(offsets, tile_order, W, H))
+            _RasterizeFused.apply(m2, con, col, op, s["backgrounds"], *lists, W, H, False, warp_cull, True,
+                                  fast_exp, 1, tile_order_of(lists[0], tile_order, W, H))
 
     if not raster_only:
         _safe(out, "full_fused", lambda: time_ms(fused_full, warmup, repeats))
@@ -295,6 +319,10 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
     _safe(out, "raster_fwd_fused_fast_exp", lambda: time_ms(lambda: fused_raster_fwd(fast_exp=True), warmup, repeats))
     _safe(out, "raster_fwd_fused_longest_first", lambda: time_ms(
         lambda: fused_raster_fwd(tile_order="longest_first"), warmup, repeats))
+    _safe(out, "raster_fwd_fused_opacity_tiles", lambda: time_ms(
+        lambda: fused_raster_fwd(lists=inp.opacity_aware_bins()), warmup, repeats))
+    _safe(out, "raster_fwd_fused_trimmed", lambda: time_ms(lambda: fused_raster_fwd(lists=inp.trimmed_bins()),
+                                                           warmup, repeats))
     _safe(out, "binning_cuda", lambda: time_ms(lambda: bin_tiles(m2, radii, depths, W, H), warmup, repeats))
     _safe(out, "binning_cuda_opacity_tiles", lambda: time_ms(
         lambda: bin_tiles(m2, opacity_aware_radii(radii, con, op), depths, W, H), warmup, repeats))

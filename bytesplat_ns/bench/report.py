@@ -96,7 +96,7 @@ def raster_table(steps: List[Dict]) -> List[str]:
     lines = _table(["step", "size", "Gaussians", "raster+loss fused ms", "gsplat ms", "speed-up",
                     "from 3D: render+loss+bwd fused ms", "gsplat ms", "speed-up"], rows)
     for table in (baseline_table(steps), opacity_tiles_table(steps), fast_exp_table(steps), bwd_2px_table(steps),
-                  rows_cull_table(steps)):
+                  rows_cull_table(steps), trimmed_table(steps)):
         lines += [""] + table if table else []
     return lines
 
@@ -150,6 +150,31 @@ def rows_cull_table(steps: List[Dict]) -> List[str]:
                                  _f(run.get("warp_blocks_per_entry_rows"))])
     return _table(["Gaussians", "warp blocks per entry: box", "rows", "raster+loss ms", "rows cull", "faster by",
                    "on opacity-aware lists ms", "rows cull", "faster by", "loss diff (rel.)"], rows) if rows else []
+
+
+def trimmed_table(steps: List[Dict]) -> List[str]:
+    """The opacity-aware tile lists as binned and trimmed of the entries no 8x4 block of their tile can
+    composite (``FusedOptions.trim_tile_lists``): entries, the trimming's time, the split schedule (also with
+    the rows cull) and the forward on each, and the two loss values' relative difference (summation order)."""
+    rows = []
+    for step in steps:
+        for run in step["result"]["runs"]:
+            if "intersections_trimmed" not in run:
+                continue
+            cells = [_count(run["num_gaussians"]), str(run.get("intersections_opacity_aware")),
+                     str(run["intersections_trimmed"]), _f(_ms(run.get("trim_tile_lists_cuda")))]
+            for default, variant in (("raster_loss_fused_split_opacity_tiles", "raster_loss_fused_split_trimmed"),
+                                     ("raster_loss_fused_split_opacity_tiles", "raster_loss_fused_split_trimmed_rows_cull"),
+                                     ("raster_fwd_fused_opacity_tiles", "raster_fwd_fused_trimmed")):
+                a, b = _ms(run.get(default)), _ms(run.get(variant))
+                cells += [_f(a), _f(b), _times(a, b)]
+            a, b = run.get("fused_split_opacity_tiles_loss_value"), run.get("fused_split_trimmed_loss_value")
+            cells.append(_f(abs(b - a) / abs(a) if isinstance(a, float) and isinstance(b, float) and a else None,
+                            "{:.1e}"))
+            rows.append(cells)
+    return _table(["Gaussians", "opacity-aware entries", "trimmed", "trimming ms", "raster+loss ms", "trimmed",
+                   "faster by", "raster+loss ms", "trimmed + rows cull", "faster by", "forward ms", "trimmed",
+                   "faster by", "loss diff (rel.)"], rows) if rows else []
 
 
 def opacity_tiles_table(steps: List[Dict]) -> List[str]:

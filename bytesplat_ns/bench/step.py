@@ -36,6 +36,8 @@ the gsplat of a ``--gsplat-site`` gets the same scene through a file, ``bench.sc
 - ``bytesplat-rows-cull``: ``bytesplat`` with the backward's per-warp cull also testing each row of warp
   blocks against each Gaussian's alpha >= 1/255 ellipse (``--pipeline.model.fused.warp-cull-rows True``,
   raster/warp_masks.py).
+- ``bytesplat-trim-lists``: ``bytesplat`` dropping the tile-list entries whose Gaussian reaches no 8x4 block
+  of their tile (``--pipeline.model.fused.trim-tile-lists True``, cuda/warp_masks.cu ``trim_tile_lists``).
 
 Reported per implementation: ``wall_ms`` (host clock over ``--repeats`` back-to-back steps, the
 GPU drained at both ends: what a training loop gets), the stages' spans (CUDA events at the stage
@@ -67,7 +69,7 @@ LEARNING_RATES = {"means": 1.6e-4, "scales": 5e-3, "quats": 1e-3, "features_dc":
 ADAM_EPS = 1e-15
 IMPLEMENTATIONS = ("splatfacto", "gsplat", "bytesplat", "bytesplat-visible", "bytesplat-square-tiles",
                    "bytesplat-reach-torch", "bytesplat-fast-exp", "bytesplat-bwd-2px", "bytesplat-levers",
-                   "bytesplat-longest-first", "bytesplat-rows-cull")
+                   "bytesplat-longest-first", "bytesplat-rows-cull", "bytesplat-trim-lists")
 
 # kernel name -> category; the first pattern that matches wins, "bwd"/"backward" in a name marks it backward
 KERNEL_CATEGORIES: Tuple[Tuple[str, str], ...] = (
@@ -241,18 +243,20 @@ class BytesplatStep(TrainingStep):
     """``raster.fused.fused_render_loss`` (default options) + sync-free statistics + DeviceAdam (our Adam kernel)."""
 
     def __init__(self, scene: Dict, visible_only: bool = False, square_tiles: bool = False, reach_torch: bool = False,
-                 fast_exp: bool = False, bwd_pixels: int = 1, tile_order: str = "raster", cull_rows: bool = False):
+                 fast_exp: bool = False, bwd_pixels: int = 1, tile_order: str = "raster", cull_rows: bool = False,
+                 trim_lists: bool = False):
         super().__init__(scene)
         from bytesplat_ns.raster.options import FusedOptions
 
         self.visible_only = visible_only
         self.options = FusedOptions(opacity_aware_tiles=not square_tiles, tile_reach="torch" if reach_torch else "cuda",
                                     fast_exp=fast_exp, bwd_pixels_per_thread=bwd_pixels, tile_order=tile_order,
-                                    warp_cull_rows=cull_rows)
+                                    warp_cull_rows=cull_rows, trim_tile_lists=trim_lists)
         tiles = "square tile boxes" if square_tiles else "opacity-aware tiles" + (", reach in torch" if reach_torch else "")
         tiles += (", falloff as 2^q" if fast_exp else "") + (", 2 pixels per thread in the backward" if bwd_pixels == 2 else "")
         tiles += ", longest tiles first" if tile_order == "longest_first" else ""
         tiles += ", rows warp cull" if cull_rows else ""
+        tiles += ", trimmed tile lists" if trim_lists else ""
         adam = "bytesplat Adam, visible Gaussians only" if visible_only else "bytesplat Adam"
         self.label = f"bytesplat (fused split, {tiles}) + {adam}"
         from bytesplat_ns.optim import DeviceAdam
@@ -307,6 +311,8 @@ def build_step(implementation: str, scene: Dict) -> TrainingStep:
         return BytesplatStep(scene, tile_order="longest_first")
     if implementation == "bytesplat-rows-cull":
         return BytesplatStep(scene, cull_rows=True)
+    if implementation == "bytesplat-trim-lists":
+        return BytesplatStep(scene, trim_lists=True)
     raise ValueError(f"unknown implementation {implementation!r} (choose from {IMPLEMENTATIONS})")
 
 

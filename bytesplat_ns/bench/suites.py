@@ -298,8 +298,9 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           "raster + loss and a whole step on a real capture (--data) trained for 30000 iterations, at its full "
           "resolution: fused vs gsplat 1.4.0 and 1.5.3 (installed at /tmp/gsplat-1.5.3 by scripts/gpu_setup.sh) with "
           "pytorch_msssim and fussim; steps: splatfacto's, gsplat 1.5.3's fastest, ours, ours with Adam on visible "
-          "Gaussians only, with square tile boxes, with the reach computed in torch, with the longest tiles first "
-          "and with the backward's rows warp cull (the raster step times both kinds of tile list); then the split schedule and gsplat + fussim kernel by "
+          "Gaussians only, with square tile boxes, with the reach computed in torch, with the longest tiles first, "
+          "with the backward's rows warp cull and with the tile lists trimmed (the raster step times both kinds of tile "
+          "list, and the trimmed ones); then the split schedule and gsplat + fussim kernel by "
           "kernel under Nsight Compute on the same Gaussians (issue slots, occupancy, DRAM bytes: what bounds each)",
           1,
           (Step("wallclock", _args("--data {data} --methods bytesplat --iterations 30000 --seeds 0 --offline-lpips "
@@ -308,7 +309,7 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
                                 f"fussim --gsplat-site {_GSPLAT_153}"), name="raster_trained"),
            Step("step", _args(f"--trained {_TRAINED_CAPTURE} --warmup 10 --repeats 50 --implementations splatfacto "
                               f"bytesplat bytesplat-visible bytesplat-square-tiles bytesplat-reach-torch "
-                              f"bytesplat-longest-first bytesplat-rows-cull --gsplat-site {_GSPLAT_153}"),
+                              f"bytesplat-longest-first bytesplat-rows-cull bytesplat-trim-lists --gsplat-site {_GSPLAT_153}"),
                 name="step_trained"),
            Step("dram", _args(f"--trained {_TRAINED_CAPTURE} --stages split gsplat-fussim --gsplat-site {_GSPLAT_153} "
                               "--kernels"), name="kernels_trained")),

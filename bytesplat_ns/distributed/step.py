@@ -263,12 +263,12 @@ def composite_records(
     m = means2d[None]
     absgrad = absgrad_sink is not None and m.requires_grad
     if compositor == "fused" and means2d.shape[0] > 0:
-        from bytesplat_ns.raster.fused import _RasterizeFused, bin_tiles, plain_kernel_switches, tile_radii
+        from bytesplat_ns.raster.fused import _RasterizeFused, plain_kernel_switches, tile_lists
 
         if not means2d.is_cuda or colors.shape[-1] != 3:
             raise ValueError("the fused compositor needs CUDA tensors and RGB colors")
-        offsets, flatten_ids = bin_tiles(m, tile_radii(radii[None], conics[None], opacities[None], options),
-                                         depths[None], width, height, tile_size, binning=options.binning)
+        offsets, flatten_ids = tile_lists(m, radii[None], depths[None], conics[None], opacities[None], width, height,
+                                          tile_size, options)
         render, alpha = _RasterizeFused.apply(
             m, conics[None], colors[None], opacities[None], None, offsets, flatten_ids, width, height, absgrad,
             *plain_kernel_switches(options, offsets, width, height, tile_size),
@@ -348,14 +348,14 @@ def _score_padded_views(
     """The one fused call of :func:`composite_views_fused_loss` on the views' padded fields
     (means2d [C,M,2], conics, colors, opacities, depths, radii; view j's records in its first
     ``rows[j]`` rows, ``orders[j]`` their permutation from the caller's order or None)."""
-    from bytesplat_ns.raster.fused import _check, _FusedLoss, bin_tiles, loss_tile_order, tile_radii
+    from bytesplat_ns.raster.fused import _check, _FusedLoss, loss_tile_order, tile_lists
 
     m, conics, colors, opacities, depths, radii = padded
     C = m.shape[0]
     _check(width, height, tile_size, m.device)
     absgrad = absgrad_sinks is not None and m.requires_grad
-    offsets, flatten_ids = bin_tiles(m, tile_radii(radii, conics, opacities, options), depths, width, height, tile_size,
-                                     known_intersections, options.binning)
+    offsets, flatten_ids = tile_lists(m, radii, depths, conics, opacities, width, height, tile_size, options,
+                                      known_intersections)
     # _FusedLoss scores the mean over the C views (they share the image size), so C x that is the sum
     loss, rgb, _, _, _ = _FusedLoss.apply(
         m, conics, colors, opacities, backgrounds.reshape(C, 3).detach().float(),

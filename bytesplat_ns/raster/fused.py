@@ -35,11 +35,13 @@ from bytesplat_ns.raster.options import DEFAULT_OPTIONS, SCHEDULES, FusedOptions
 from bytesplat_ns.raster.sh import ShCoefficients, stacked_coefficients
 from bytesplat_ns.raster.tile_reach import opacity_aware_radii
 from bytesplat_ns.raster.tiles import tile_order
+from bytesplat_ns.raster.warp_masks import trim_tile_lists_torch
 
 __all__ = [
     "DEFAULT_OPTIONS", "RENDER_BATCH", "SCHEDULES", "SSIM_WIN_SIGMA", "SSIM_WIN_SIZE", "TILE_SIZE",
     "FusedOptions", "bin_tiles", "bin_tiles_torch", "fused_render_loss", "project", "rasterize_fused",
     "render_2d_torch", "resolve_projection", "splatfacto_loss_torch", "ssim_window", "tile_intersections",
+    "tile_lists", "trim_tile_lists",
 ]
 
 
@@ -215,6 +217,37 @@ def tile_radii(radii: Tensor, conics: Tensor, opacities: Tensor, options: FusedO
     return opacity_aware_radii(radii, conics, opacities)
 
 
+@torch.no_grad()
+def trim_tile_lists(means2d: Tensor, conics: Tensor, opacities: Tensor, offsets: Tensor, flatten_ids: Tensor,
+                    width: int, height: int) -> Tuple[Tensor, Tensor]:
+    """The tile lists without the entries whose Gaussian reaches no 8x4 pixel block of their tile
+    (``FusedOptions.trim_tile_lists``; the rows test of ``raster.warp_masks``): ``cuda/warp_masks.cu`` on CUDA
+    tensors (no device read: the arrays keep their length, the lists are their first ``offsets[-1]``
+    entries), else its torch twin. Every list keeps its order, every image its pixels."""
+    C = means2d.shape[0]
+    m = means2d.detach().reshape(-1, 2).float().contiguous()
+    c = conics.detach().reshape(-1, 3).float().contiguous()
+    o = opacities.detach().reshape(-1).float().contiguous()
+    ops = _wrapper._optional_ops() if means2d.is_cuda else None
+    if ops is not None:
+        offsets, flatten_ids, _ = ops.trim_tile_lists(m, c, o, offsets, flatten_ids, C, int(width), int(height))
+    else:
+        offsets, flatten_ids, _ = trim_tile_lists_torch(m, c, o, offsets, flatten_ids, C, int(width), int(height))
+    return offsets, flatten_ids
+
+
+def tile_lists(means2d: Tensor, radii: Tensor, depths: Tensor, conics: Tensor, opacities: Tensor, width: int,
+               height: int, tile_size: int, options: FusedOptions,
+               known_total: Optional[int] = None) -> Tuple[Tensor, Tensor]:
+    """The tile lists the render kernels walk, as ``options`` asks: :func:`bin_tiles` into
+    :func:`tile_radii`, then with ``options.trim_tile_lists`` :func:`trim_tile_lists`."""
+    offsets, flatten_ids = bin_tiles(means2d, tile_radii(radii, conics, opacities, options), depths, width, height,
+                                     tile_size, known_total=known_total, binning=options.binning)
+    if options.trim_tile_lists:
+        offsets, flatten_ids = trim_tile_lists(means2d, conics, opacities, offsets, flatten_ids, width, height)
+    return offsets, flatten_ids
+
+
 def plain_kernel_switches(options: FusedOptions, offsets: Tensor, width: int, height: int, tile_size: int) -> Tuple:
     """The trailing switches of ``_RasterizeFused`` (the plain render kernels): the per-warp cull, butterfly
     reduction, falloff as 2^q, backward pixels per thread, and the blocks' tile order for these lists."""
@@ -296,8 +329,7 @@ def rasterize_fused(
         means, quats, scales, opacities, colors, viewmats, Ks, width, height,
         sh_degree=sh_degree, near_plane=near_plane, far_plane=far_plane, eps2d=eps2d, projection=options.projection,
     )
-    offsets, flatten_ids = bin_tiles(means2d, tile_radii(radii, conics, opac, options), depths, width, height,
-                                     tile_size, binning=options.binning)
+    offsets, flatten_ids = tile_lists(means2d, radii, depths, conics, opac, width, height, tile_size, options)
     switches = plain_kernel_switches(options, offsets, width, height, tile_size)
     render, alpha = _RasterizeFused.apply(
         means2d, conics, rgb, opac, backgrounds, offsets, flatten_ids, width, height, absgrad, *switches
@@ -371,8 +403,7 @@ def fused_render_loss(
         means, quats, scales, opacities, colors, viewmats, Ks, width, height,
         sh_degree=sh_degree, near_plane=near_plane, far_plane=far_plane, eps2d=eps2d, projection=options.projection,
     )
-    offsets, flatten_ids = bin_tiles(means2d, tile_radii(radii, conics, opac, options), depths, width, height,
-                                     tile_size, binning=options.binning)
+    offsets, flatten_ids = tile_lists(means2d, radii, depths, conics, opac, width, height, tile_size, options)
     loss, img, alpha, stats, contrib = _FusedLoss.apply(
         means2d, conics, rgb, opac, backgrounds.detach(), gt_images.detach(), offsets, flatten_ids,
         width, height, ssim_lambda, absgrad, capacity, blocks_per_sm, options.schedule, options.butterfly,

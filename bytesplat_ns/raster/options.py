@@ -68,6 +68,7 @@ class FusedOptions:
     fast_exp: bool = False
     bwd_pixels_per_thread: int = 1
     tile_order: TileOrder = "raster"
+    trim_tile_lists: bool = False
 
     def __post_init__(self):
         _check_choice("schedule", self.schedule, SCHEDULES)
@@ -76,7 +77,7 @@ class FusedOptions:
         _check_choice("binning", self.binning, BINNINGS)
         _check_choice("tile_reach", self.tile_reach, TILE_REACHES)
         _check_choice("tile_order", self.tile_order, TILE_ORDERS)
-        for field in ("warp_cull", "warp_cull_rows", "opacity_aware_tiles", "fast_exp"):
+        for field in ("warp_cull", "warp_cull_rows", "opacity_aware_tiles", "fast_exp", "trim_tile_lists"):
             if not isinstance(getattr(self, field), bool):
                 raise SettingError(f"fused.{field} must be true or false, got {getattr(self, field)!r}")
         if self.bwd_pixels_per_thread not in BWD_PIXELS_PER_THREAD or isinstance(self.bwd_pixels_per_thread, bool):
@@ -141,6 +142,12 @@ class FusedRasterConfig:
     """The order in which the plain rasterizer's blocks (the split schedule's and rasterize_fused's) take their
     tiles: raster (row by row) or longest_first (longest tile list first, so that no long tile is left for the
     last wave of blocks; one sort of the tile lengths per view batch). The same image and gradients."""
+    trim_tile_lists: bool = False
+    """After binning, drop each tile-list entry whose Gaussian's alpha >= 1/255 ellipse reaches no 8x4 pixel block
+    of the tile (the rows test of warp_cull_rows, cuda/warp_masks.cu trim_tile_lists: two launches and a cumsum per
+    view batch), so that every pass walks shorter lists: the binning's per-axis box still holds the tiles that a
+    thin Gaussian lying across the grid at an angle misses. Exact: the same image, and the same gradients up to
+    summation order. Off until timed on a GPU."""
     check_every: int = 0
     """Every this many training steps, compare the fused loss and gradients with the unfused (splatfacto) path
     and log the errors (model.fused_check_log; 0: off). Costs two extra steps each time."""
@@ -151,4 +158,4 @@ class FusedRasterConfig:
                             projection=self.projection, binning=self.binning,
                             opacity_aware_tiles=self.opacity_aware_tiles, tile_reach=self.tile_reach,
                             fast_exp=self.fast_exp, bwd_pixels_per_thread=self.bwd_pixels_per_thread,
-                            tile_order=self.tile_order)
+                            tile_order=self.tile_order, trim_tile_lists=self.trim_tile_lists)

@@ -14,7 +14,8 @@ non-finite values keep every warp, opacities below 1/255 none.
 
 The plain backward reads one byte per tile-list entry computed by ``cuda/warp_masks.cu``
 (``FusedOptions.warp_cull_rows``: with the rows test); the forward and the fused kernel compute the box
-inline (docs/fused_ssim.md, "Per-warp culling").
+inline (docs/fused_ssim.md, "Per-warp culling"). With ``FusedOptions.trim_tile_lists`` the entries whose
+rows mask is empty leave the tile lists before any pass walks them (:func:`trim_tile_lists_torch`).
 """
 
 from __future__ import annotations
@@ -105,3 +106,22 @@ def warp_masks_torch(means2d: Tensor, conics: Tensor, opacities: Tensor, offsets
     y0 = ((tile // tw) % math.ceil(H / TILE)) * TILE
     mask = warp_mask(m[g, 0], m[g, 1], o[g], cn[g, 0], cn[g, 1], cn[g, 2], x0, y0, ww=8, rows=rows)
     return mask.to(torch.uint8)
+
+
+def trim_tile_lists_torch(means2d: Tensor, conics: Tensor, opacities: Tensor, offsets: Tensor, flatten_ids: Tensor,
+                          C: int, W: int, H: int):
+    """cuda/warp_masks.cu's trim_tile_lists: the tile lists without the entries whose rows mask is empty (no 8x4
+    block of the tile can composite the Gaussian; dropping them changes no pixel), each list in its order.
+    Returns ``(offsets, flatten_ids, masks)`` like the lists given, the arrays exactly as long as the lists
+    (the kernel's may run on: only their first ``offsets[-1]`` entries are lists)."""
+    ntot = offsets.numel() - 1
+    total = int(offsets[-1])
+    flatten_ids = flatten_ids[:total]
+    masks = warp_masks_torch(means2d, conics, opacities, offsets, flatten_ids, C, W, H, rows=True)
+    keep = masks != 0
+    counts = (offsets[1:] - offsets[:-1]).long()
+    tile = torch.repeat_interleave(torch.arange(ntot, device=flatten_ids.device), counts.to(flatten_ids.device))
+    kept = torch.bincount(tile[keep], minlength=ntot)
+    new_offsets = torch.zeros(ntot + 1, dtype=offsets.dtype, device=offsets.device)
+    new_offsets[1:] = torch.cumsum(kept, 0).to(offsets.device, offsets.dtype)
+    return new_offsets, flatten_ids[keep], masks[keep]

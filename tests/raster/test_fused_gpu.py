@@ -358,6 +358,55 @@ def test_warp_masks_match_the_twin_and_keep_every_composited_warp(rows):
     assert int((need & ~cuda.long()).ne(0).sum()) == 0
 
 
+@pytest.mark.parametrize("schedule", [None, "split", "one_launch"])
+def test_trimmed_tile_lists_change_nothing(schedule):
+    """Dropping the tile-list entries whose Gaussian reaches no 8x4 block of their tile
+    (``FusedOptions.trim_tile_lists``, cuda/warp_masks.cu trim_tile_lists) leaves out only entries no
+    pixel composites: on the culling-edge scene's opacity-aware lists the lists get shorter and the kernels
+    give the same image bit for bit and the same gradients up to the order of the float atomics."""
+    from bytesplat_ns.raster.fused import bin_tiles, trim_tile_lists
+    from bytesplat_ns.raster.tile_reach import opacity_aware_radii
+    from tests.helpers.culling_scenes import culling_edge_scene_2d
+
+    sc = culling_edge_scene_2d(C=2, W=77, H=53, n=300, seed=15, device="cuda")
+    W, H = sc["width"], sc["height"]
+    offsets, fids = bin_tiles(sc["means2d"], opacity_aware_radii(sc["radii"], sc["conics"], sc["opacities"]),
+                              sc["depths"], W, H)
+    t_offsets, t_fids = trim_tile_lists(sc["means2d"], sc["conics"], sc["opacities"], offsets, fids, W, H)
+    assert t_fids.numel() == fids.numel() and int(t_offsets[-1]) < 0.95 * fids.numel()
+    _assert_same_run(_edge_scene_run(sc, t_offsets, t_fids, schedule, True, seed=16),
+                     _edge_scene_run(sc, offsets, fids, schedule, True, seed=16))
+
+
+def test_trim_tile_lists_keeps_the_entries_its_masks_keep_in_order():
+    """cuda/warp_masks.cu trim_tile_lists against the compaction of its own rows masks (the masks are held
+    against the twin and the pixels above): the same offsets, the kept entries in their order and their
+    masks, bit for bit; every entry with a composited pixel kept; lists followed by unused entries
+    (bin_tiles' known_total) trimmed the same."""
+    from bytesplat_ns.raster._wrapper import _ops
+    from bytesplat_ns.raster.fused import bin_tiles
+    from tests.helpers.culling_scenes import culling_edge_scene_2d, warp_hits_of_entries
+
+    sc = culling_edge_scene_2d(C=2, W=77, H=53, n=600, seed=13, device="cuda")
+    W, H = sc["width"], sc["height"]
+    offsets, fids = bin_tiles(sc["means2d"], sc["radii"], sc["depths"], W, H)
+    m, c, o = (sc[k].reshape(-1, d).contiguous().float() for k, d in (("means2d", 2), ("conics", 3), ("opacities", 1)))
+    o = o.reshape(-1)
+    masks = _ops().warp_masks(m, c, o, offsets, fids, 2, W, H, True)
+    keep = masks != 0
+    tile = torch.repeat_interleave(torch.arange(offsets.numel() - 1, device="cuda"), (offsets[1:] - offsets[:-1]).long())
+    expected = torch.zeros_like(offsets)
+    expected[1:] = torch.cumsum(torch.bincount(tile[keep], minlength=offsets.numel() - 1), 0)
+    tailed = torch.cat([fids, torch.full((5,), 2**30, dtype=fids.dtype, device="cuda")])
+    for ids in (fids, tailed):
+        t_offsets, t_fids, t_masks = _ops().trim_tile_lists(m, c, o, offsets, ids, 2, W, H)
+        total = int(t_offsets[-1])
+        assert torch.equal(t_offsets, expected) and total < fids.numel()
+        assert torch.equal(t_fids[:total], fids[keep]) and torch.equal(t_masks[:total], masks[keep])
+    need = warp_hits_of_entries(m.cpu(), c.cpu(), o.cpu(), offsets.cpu(), fids.cpu(), W, H)
+    assert bool(keep.cpu()[need != 0].all())
+
+
 @pytest.mark.parametrize("schedule", [None, "split"])
 def test_tile_order_changes_nothing(schedule):
     """With the blocks taking the longest tile lists first (``raster/tiles.py tile_order``, cuda/common.cuh

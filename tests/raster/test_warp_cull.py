@@ -212,3 +212,54 @@ def test_masks_of_binned_tile_lists_keep_every_composited_warp(rows):
         box = warp_masks_torch(m, c, o, offsets, fids, 2, W, H, False)
         assert int((masks.long() & ~box.long()).ne(0).sum()) == 0
         assert _kept_warps(masks.long()).sum() < 0.9 * _kept_warps(box.long()).sum()
+
+
+def test_trimmed_tile_lists_keep_every_composited_entry_in_order_and_the_image():
+    """trim_tile_lists_torch (the twin of cuda/warp_masks.cu trim_tile_lists) on the opacity-aware tile lists
+    of two views of culling-edge Gaussians: every entry with a pixel that composites its Gaussian stays, each
+    tile's list stays in its order, the lists get shorter, and the reference compositing of the trimmed lists
+    gives the same image bit for bit. Through ``fused.tile_lists`` (the switch the kernels' callers read)."""
+    from bytesplat_ns.raster._torch_impl import render_2d_torch
+    from bytesplat_ns.raster.fused import tile_lists
+    from bytesplat_ns.raster.options import FusedOptions
+    from tests.helpers.culling_scenes import culling_edge_scene_2d, warp_hits_of_entries
+
+    sc = culling_edge_scene_2d(C=2, W=77, H=53, n=400, seed=21)
+    W, H = sc["width"], sc["height"]
+    args = (sc["means2d"], sc["radii"], sc["depths"], sc["conics"], sc["opacities"], W, H, TILE)
+    offsets, fids = tile_lists(*args, FusedOptions(trim_tile_lists=False))
+    t_offsets, t_fids = tile_lists(*args, FusedOptions(trim_tile_lists=True))
+    assert t_fids.numel() == int(t_offsets[-1]) < 0.95 * fids.numel()
+    m, c, o = sc["means2d"].reshape(-1, 2), sc["conics"].reshape(-1, 3), sc["opacities"].reshape(-1)
+    need = warp_hits_of_entries(m, c, o, offsets, fids, W, H) != 0
+    ntiles = offsets.numel() - 1
+    for t in range(ntiles):
+        full = fids[offsets[t]:offsets[t + 1]].tolist()
+        kept = t_fids[t_offsets[t]:t_offsets[t + 1]].tolist()
+        it = iter(full)
+        assert all(g in it for g in kept), f"tile {t}: the trimmed list is not a subsequence of the list"
+        needed = fids[offsets[t]:offsets[t + 1]][need[offsets[t]:offsets[t + 1]]].tolist()
+        assert set(needed) <= set(kept), f"tile {t}: a composited entry was dropped"
+    bg = torch.rand(2, 3, generator=torch.Generator().manual_seed(3))
+    render = [render_2d_torch(sc["means2d"], sc["conics"], sc["colors"], sc["opacities"], bg, off, ids, W, H)
+              for off, ids in ((offsets, fids), (t_offsets, t_fids))]
+    for full, trimmed in zip(*render):
+        assert torch.equal(full, trimmed)
+
+
+def test_trimmed_tile_lists_ignore_what_follows_the_lists():
+    """A caller that knows its binning's total gets lists followed by unused entries (bin_tiles' known_total,
+    the sharded step): trimming reads the lists only, so the same lists with a tail trim the same."""
+    from bytesplat_ns.raster._torch_impl import bin_tiles_torch
+    from bytesplat_ns.raster.warp_masks import trim_tile_lists_torch
+    from tests.helpers.culling_scenes import culling_edge_scene_2d
+
+    sc = culling_edge_scene_2d(C=1, W=40, H=33, n=120, seed=22)
+    W, H = sc["width"], sc["height"]
+    offsets, fids = bin_tiles_torch(sc["means2d"], sc["radii"], sc["depths"], W, H, TILE)
+    m, c, o = sc["means2d"].reshape(-1, 2), sc["conics"].reshape(-1, 3), sc["opacities"].reshape(-1)
+    plain = trim_tile_lists_torch(m, c, o, offsets, fids, 1, W, H)
+    tailed = trim_tile_lists_torch(m, c, o, offsets, torch.cat([fids, torch.full((7,), 10**6, dtype=fids.dtype)]),
+                                   1, W, H)
+    for x, y in zip(plain, tailed):
+        assert torch.equal(x, y)
