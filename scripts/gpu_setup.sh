@@ -2,7 +2,8 @@
 #
 #   source scripts/gpu_setup.sh && bytesplat-bench suite raster-1080p --results-dir "$OUT/results"
 #   (device tool: carry [".whl", ".ext"] and, for the baselines, ".whl_bench"; SCENES="large medium" also
-#   generates those built-in scenes; `wait_baselines` before timing the baselines)
+#   generates those built-in scenes; `wait_baselines` before timing the baselines, or from a
+#   `bytesplat-bench queue` job, which does not source this script, scripts/wait_baselines.sh)
 #
 # 1. Environment: NVLink multicast off (NCCL_NVLS_ENABLE=0 and the torch/NVSHMEM switches: the lent
 #    machines do not support it), unbuffered output, the extension and scene caches under /tmp.
@@ -66,8 +67,12 @@ if [[ -n "$SO" ]]; then
 fi
 BASELINE_PIDS=""
 # Waits for the baselines' background builds; a bare `wait` (no builds running) would also wait for
-# the tee of this script's log, which never ends.
+# the tee of this script's log, which never ends. A process that did not source this script (a
+# `bytesplat-bench queue` job) runs scripts/wait_baselines.sh instead: each build holds a marker in
+# $BASELINE_BUILDS until it ends.
 wait_baselines() { [[ -z "$BASELINE_PIDS" ]] || wait $BASELINE_PIDS; }
+export BASELINE_BUILDS=${BASELINE_BUILDS:-/tmp/baseline-builds}
+mkdir -p "$BASELINE_BUILDS"
 for whl in .whl_bench/gsplat-*.whl; do
   [[ -f $whl ]] || continue
   v=$(basename "$whl" | cut -d- -f2); site=/tmp/gsplat-$v
@@ -76,9 +81,10 @@ for whl in .whl_bench/gsplat-*.whl; do
   if [[ -n "$SO" ]]; then gsplat_shim "$site/gsplat" "$SO"
   else
     stamp "gsplat $v: building its extension in the background (copied to \$OUT/gsplat-${v}_cuda.so)"
+    touch "$BASELINE_BUILDS/gsplat-$v"
     ( nice -n 10 env PYTHONPATH=$site:$PYTHONPATH TORCH_EXTENSIONS_DIR=/tmp/ext-gsplat-$v timeout 600 \
         $PY -c "import gsplat.cuda._backend as b; assert b._C is not None" > "/tmp/gsplat-$v.log" 2>&1 \
-      && cp "/tmp/ext-gsplat-$v/gsplat_cuda/gsplat_cuda.so" "$OUT/gsplat-${v}_cuda.so" ) &
+      && cp "/tmp/ext-gsplat-$v/gsplat_cuda/gsplat_cuda.so" "$OUT/gsplat-${v}_cuda.so"; rm -f "$BASELINE_BUILDS/gsplat-$v" ) &
     BASELINE_PIDS="$BASELINE_PIDS $!"
   fi
 done
@@ -89,8 +95,9 @@ if compgen -G ".whl_bench/fussim-*.tar.xz" > /dev/null; then
   if [[ -n "$SO" ]]; then cp "$SO" "$FUSSIM_SO"
   elif [[ -d .whl_bench/fussim_src ]]; then
     stamp "fussim: building its extension from its CUDA sources in the background (copied to \$OUT/fussim_cuda.so)"
+    touch "$BASELINE_BUILDS/fussim"
     ( timeout 600 $PY scripts/build_fussim.py .whl_bench/fussim_src /tmp/site > /tmp/fussim_build.log 2>&1 \
-      && cp "$FUSSIM_SO" "$OUT/fussim_cuda.so" ) &
+      && cp "$FUSSIM_SO" "$OUT/fussim_cuda.so"; rm -f "$BASELINE_BUILDS/fussim" ) &
     BASELINE_PIDS="$BASELINE_PIDS $!"
   fi
 fi

@@ -4,6 +4,7 @@ import json
 import lzma
 import tarfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -136,3 +137,23 @@ def test_start_checks_each_jobs_data_before_the_setup(tmp_path, capsys):
     assert q.main(["start", "--dir", str(queue_dir), "--repo", str(repo), "--setup", "true", job.format("fox"),
                    "wallclock --data $Q/data"]) == 0
     assert [j["state"] for j in _wait_done(queue_dir)["jobs"]] == ["failed", "failed"]  # no such commands here
+
+
+def test_wait_baselines_waits_for_the_setups_build_markers(tmp_path):
+    """A queue job does not source scripts/gpu_setup.sh, so it cannot `wait` on the setup's background builds:
+    scripts/wait_baselines.sh waits until their marker files are gone, and gives up (status 1) after WAIT_S."""
+    import os
+    import subprocess
+    import threading
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "wait_baselines.sh"
+    marker = tmp_path / "gsplat-1.5.3"
+    marker.touch()
+    env = dict(os.environ, BASELINE_BUILDS=str(tmp_path), WAIT_S="60")
+    threading.Timer(1.5, marker.unlink).start()
+    t0 = time.monotonic()
+    assert subprocess.run(["bash", str(script)], env=env, timeout=60).returncode == 0
+    assert time.monotonic() - t0 >= 1.0
+    marker.touch()
+    done = subprocess.run(["bash", str(script)], env=dict(env, WAIT_S="1"), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "gsplat-1.5.3" in done.stderr
