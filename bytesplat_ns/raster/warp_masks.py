@@ -108,16 +108,11 @@ def warp_masks_torch(means2d: Tensor, conics: Tensor, opacities: Tensor, offsets
     return mask.to(torch.uint8)
 
 
-def trim_tile_lists_torch(means2d: Tensor, conics: Tensor, opacities: Tensor, offsets: Tensor, flatten_ids: Tensor,
-                          C: int, W: int, H: int):
-    """cuda/warp_masks.cu's trim_tile_lists: the tile lists without the entries whose rows mask is empty (no 8x4
-    block of the tile can composite the Gaussian; dropping them changes no pixel), each list in its order.
-    Returns ``(offsets, flatten_ids, masks)`` like the lists given, the arrays exactly as long as the lists
-    (the kernel's may run on: only their first ``offsets[-1]`` entries are lists)."""
+def compact_tile_lists(offsets: Tensor, flatten_ids: Tensor, masks: Tensor):
+    """The tile lists (``offsets``, ``flatten_ids``, one mask byte per entry) without the entries whose mask is
+    empty, each list in its order: ``(offsets, flatten_ids, masks)``, the arrays as long as the lists. The
+    compaction half of cuda/warp_masks.cu's trim_tile_lists (the tests apply it to the kernel's own masks)."""
     ntot = offsets.numel() - 1
-    total = int(offsets[-1])
-    flatten_ids = flatten_ids[:total]
-    masks = warp_masks_torch(means2d, conics, opacities, offsets, flatten_ids, C, W, H, rows=True)
     keep = masks != 0
     counts = (offsets[1:] - offsets[:-1]).long()
     tile = torch.repeat_interleave(torch.arange(ntot, device=flatten_ids.device), counts.to(flatten_ids.device))
@@ -125,3 +120,14 @@ def trim_tile_lists_torch(means2d: Tensor, conics: Tensor, opacities: Tensor, of
     new_offsets = torch.zeros(ntot + 1, dtype=offsets.dtype, device=offsets.device)
     new_offsets[1:] = torch.cumsum(kept, 0).to(offsets.device, offsets.dtype)
     return new_offsets, flatten_ids[keep], masks[keep]
+
+
+def trim_tile_lists_torch(means2d: Tensor, conics: Tensor, opacities: Tensor, offsets: Tensor, flatten_ids: Tensor,
+                          C: int, W: int, H: int):
+    """cuda/warp_masks.cu's trim_tile_lists: the tile lists without the entries whose rows mask is empty (no 8x4
+    block of the tile can composite the Gaussian; dropping them changes no pixel), each list in its order.
+    Returns ``(offsets, flatten_ids, masks)`` like the lists given, the arrays exactly as long as the lists
+    (the kernel's may run on: only their first ``offsets[-1]`` entries are lists)."""
+    flatten_ids = flatten_ids[:int(offsets[-1])]
+    masks = warp_masks_torch(means2d, conics, opacities, offsets, flatten_ids, C, W, H, rows=True)
+    return compact_tile_lists(offsets, flatten_ids, masks)

@@ -379,12 +379,13 @@ def test_trimmed_tile_lists_change_nothing(schedule):
 
 
 def test_trim_tile_lists_keeps_the_entries_its_masks_keep_in_order():
-    """cuda/warp_masks.cu trim_tile_lists against the compaction of its own rows masks (the masks are held
-    against the twin and the pixels above): the same offsets, the kept entries in their order and their
-    masks, bit for bit; every entry with a composited pixel kept; lists followed by unused entries
-    (bin_tiles' known_total) trimmed the same."""
+    """cuda/warp_masks.cu trim_tile_lists against the twin's compaction (``compact_tile_lists``) of the kernel's
+    own rows masks (the masks are held against the twin and the pixels above): the same offsets, the kept
+    entries in their order and their masks, bit for bit; every entry with a composited pixel kept; lists
+    followed by unused entries (bin_tiles' known_total) trimmed the same."""
     from bytesplat_ns.raster._wrapper import _ops
     from bytesplat_ns.raster.fused import bin_tiles
+    from bytesplat_ns.raster.warp_masks import compact_tile_lists
     from tests.helpers.culling_scenes import culling_edge_scene_2d, warp_hits_of_entries
 
     sc = culling_edge_scene_2d(C=2, W=77, H=53, n=600, seed=13, device="cuda")
@@ -393,18 +394,15 @@ def test_trim_tile_lists_keeps_the_entries_its_masks_keep_in_order():
     m, c, o = (sc[k].reshape(-1, d).contiguous().float() for k, d in (("means2d", 2), ("conics", 3), ("opacities", 1)))
     o = o.reshape(-1)
     masks = _ops().warp_masks(m, c, o, offsets, fids, 2, W, H, True)
-    keep = masks != 0
-    tile = torch.repeat_interleave(torch.arange(offsets.numel() - 1, device="cuda"), (offsets[1:] - offsets[:-1]).long())
-    expected = torch.zeros_like(offsets)
-    expected[1:] = torch.cumsum(torch.bincount(tile[keep], minlength=offsets.numel() - 1), 0)
+    expected_offsets, expected_fids, expected_masks = compact_tile_lists(offsets, fids, masks)
     tailed = torch.cat([fids, torch.full((5,), 2**30, dtype=fids.dtype, device="cuda")])
     for ids in (fids, tailed):
         t_offsets, t_fids, t_masks = _ops().trim_tile_lists(m, c, o, offsets, ids, 2, W, H)
         total = int(t_offsets[-1])
-        assert torch.equal(t_offsets, expected) and total < fids.numel()
-        assert torch.equal(t_fids[:total], fids[keep]) and torch.equal(t_masks[:total], masks[keep])
+        assert torch.equal(t_offsets, expected_offsets) and total < fids.numel()
+        assert torch.equal(t_fids[:total], expected_fids) and torch.equal(t_masks[:total], expected_masks)
     need = warp_hits_of_entries(m.cpu(), c.cpu(), o.cpu(), offsets.cpu(), fids.cpu(), W, H)
-    assert bool(keep.cpu()[need != 0].all())
+    assert bool((masks != 0).cpu()[need != 0].all())
 
 
 @pytest.mark.parametrize("schedule", [None, "split"])
