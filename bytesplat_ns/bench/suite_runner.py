@@ -252,9 +252,13 @@ def run_suite(suite: Suite, out_dir: Path, results_dir: Path, data: Optional[Pat
     # --only runs of one suite may share results_dir at the same time: each reads, merges and writes
     # the document while holding its lock, so that none drops another's step
     with document_lock(path):
-        earlier = earlier_document(path, suite.name) if whole is not None else None
+        previous = earlier_document(path, suite.name)
+        earlier = previous if whole is not None else None
         if whole is not None:
             doc["steps"] = merge_earlier(doc["steps"], earlier, order)
+        if previous is not None and previous.get("notes"):
+            # the hand-written notes on how the suite measures (its baselines' provenance): a rerun keeps them
+            doc.setdefault("notes", previous["notes"])
         ok = {step["name"] for step in doc["steps"] if step["status"] == "ok"}
         # a matrix step's figures come from its pieces' files, in its folder; an earlier run's steps
         # are drawn too while their files are still in out_dir

@@ -103,6 +103,22 @@ def test_a_tiny_suite_runs_end_to_end_on_the_cpu(tmp_path):
     assert written["plots"] and all((tmp_path / "results" / p).is_file() for p in written["plots"])
 
 
+def test_a_rerun_of_a_whole_suite_keeps_the_documents_notes(tmp_path):
+    tiny = "--num-gaussians 300 --width 16 --height 16 --views 2 --warmup 1 --repeats 1 --device cpu --skip-gsplat"
+    suite = Suite("tiny-notes", "one CPU run", 0, (Step("distributed", tuple(tiny.split()), name="a"),))
+    results = tmp_path / "results"
+    first = suite_runner.run_suite(suite, tmp_path / "out", results, command="test", log=lambda *_: None)
+    assert "notes" not in first
+    path = results / "tiny-notes.json"
+    written = json.loads(path.read_text())
+    written["notes"] = ["how the baseline was installed"]
+    path.write_text(json.dumps(written))
+    again = suite_runner.run_suite(suite, tmp_path / "out", results, command="test", log=lambda *_: None)
+    assert again["notes"] == ["how the baseline was installed"]
+    assert json.loads(path.read_text())["notes"] == ["how the baseline was installed"]
+    assert again["date"] and [s["status"] for s in again["steps"]] == ["ok"]
+
+
 def test_wallclock_suites_list_their_runs_at_the_top_level():
     run = {"method": "bytesplat", "seed": 0, "iterations": 5000, "wall_s": 60.0, "steps_s": 30.0, "psnr": 28.1, "ssim": 0.88}
     steps = [{"name": "w", "result": {"benchmark": "bytesplat-bench wallclock", "runs": [run]}},
