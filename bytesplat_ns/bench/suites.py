@@ -81,6 +81,7 @@ _GSPLAT_153 = "/tmp/gsplat-1.5.3"  # where scripts/gpu_setup.sh installs the car
 _TRAINED_CAPTURE = "{work}/train/bytesplat-seed0/bytesplat/bytesplat/seed0"  # the train_30k step's run
 _VISIBLE_ONLY = "visible=bytesplat --pipeline.model.optimize-visible-only True"
 _FAST_EXP = "fast_exp=bytesplat --pipeline.model.fused.fast-exp True"
+_TRIMMED = "trimmed=bytesplat --pipeline.model.fused.trim-tile-lists True"
 _LEVERS = "levers=bytesplat --pipeline.model.fused.fast-exp True --pipeline.model.fused.bwd-pixels-per-thread 2"
 _RASTER_1080P = "--num-gaussians 1000000 4000000 --width 1920 --height 1080"
 _BUDGET_40 = "budget40=bytesplat --pipeline.model.budget-prune-fraction 0.4"
@@ -330,6 +331,12 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           "ns-train + ns-eval on a real capture (--data), 5000 iterations, 3 seeds, each pair back to back",
           1,
           _per_seed_on_capture(f"bytesplat '{_VISIBLE_ONLY}'", 5000, "wallclock", "seed{seed}"),
+          needs_data=True),
+    Suite("trimmed-lists",
+          "the trimmed tile lists (--pipeline.model.fused.trim-tile-lists True) against the default lists as a user "
+          "feels them: ns-train + ns-eval on a real capture (--data), 5000 iterations, 3 seeds, each pair back to back",
+          1,
+          _per_seed_on_capture(f"bytesplat '{_TRIMMED}'", 5000, "wallclock", "seed{seed}"),
           needs_data=True),
     Suite("sass-loops",
           "the compositing loops' instruction counts in the machine code for sm_90 (H100/H200), per kernel instance "
