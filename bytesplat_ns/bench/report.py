@@ -374,14 +374,15 @@ STEP_CATEGORIES = ("projection", "sh", "binning", "render", "loss", "optimizer",
 
 
 def step_table(steps: List[Dict]) -> List[str]:
-    """A whole training step per implementation: wall, GPU busy and host gaps, the stages' spans, the
-    GPU time per kernel category (forward + backward), and bytesplat's speed-up against each."""
+    """A whole training step per implementation: wall, GPU busy and host gaps, the host's time to issue a
+    step on an idle GPU (documents from before it was measured: "-"), the stages' spans, the GPU time per
+    kernel category (forward + backward), and bytesplat's speed-up against each."""
     rows = []
     for step in steps:
         for row in step["result"]["rows"]:
             if "wall_ms" not in row:
                 rows.append([_count(row["num_gaussians"]), row.get("name", "?"), f"error: {row.get('error')}"]
-                            + ["-"] * (4 + len(STEP_CATEGORIES)))
+                            + ["-"] * (5 + len(STEP_CATEGORIES)))
                 continue
             cats = row["kernel_categories_ms"]
             per = [sum(v for k, v in cats.items() if k == c or k.startswith(c + " ")) for c in STEP_CATEGORIES]
@@ -389,9 +390,9 @@ def step_table(steps: List[Dict]) -> List[str]:
             speedup = step["result"].get("speedups", {}).get(str(row["num_gaussians"]), {}).get(f"vs {row['implementation']}")
             scene = _count(row["num_gaussians"]) + (" trained" if row.get("scene", "synthetic") != "synthetic" else "")
             rows.append([scene, row["implementation"], _f(row["wall_ms"]), _f(row["gpu_busy_ms"]),
-                         _f(row["host_gaps_ms"]), stages, *(_f(v) for v in per),
+                         _f(row["host_gaps_ms"]), _f(row.get("host_issue_ms")), stages, *(_f(v) for v in per),
                          "-" if speedup is None else f"{speedup:.2f}x"])
-    return _table(["Gaussians", "step", "wall ms", "GPU busy ms", "host gaps ms", "stage spans ms",
+    return _table(["Gaussians", "step", "wall ms", "GPU busy ms", "host gaps ms", "host issue ms", "stage spans ms",
                    *(f"{c} ms" for c in STEP_CATEGORIES), "bytesplat faster by"], rows)
 
 

@@ -46,6 +46,8 @@ it), ``loss``, ``backward``, ``densification``, ``optimizer``) and, from a few s
 torch.profiler, the GPU's busy time per kernel category (projection, SH, binning, render, loss,
 optimizer, each forward and backward, and the rest: activations, copies, reductions). ``wall_ms``
 minus ``gpu_busy_ms`` is the time the GPU waited for the host (launches, Python, synchronisations).
+``host_issue_ms``: the median host time of one more step started on an idle GPU (its Python, launches and
+the waits of its device reads); near ``wall_ms``, the step is bound by its host side.
 """
 
 from __future__ import annotations
@@ -337,6 +339,22 @@ def kernel_times(step: TrainingStep, steps: int) -> Dict[str, float]:
     return out
 
 
+def host_issue_ms(step: Callable[["StageClock"], object], clock: "StageClock", steps: int,
+                  synchronize: Callable[[], None] = torch.cuda.synchronize) -> float:
+    """Median host time for ``step`` to return when it starts on an idle GPU: its Python, its launches and
+    the waits of any device read inside it. Near ``wall_ms``, the step is bound by its host side: a faster
+    kernel then shortens only the GPU's busy time, not the step."""
+    times = []
+    for _ in range(max(1, steps)):
+        synchronize()
+        start = time.perf_counter()
+        step(clock)
+        times.append((time.perf_counter() - start) * 1000.0)
+    synchronize()
+    clock.events.clear()
+    return statistics.median(times)
+
+
 def measure(step: TrainingStep, warmup: int, repeats: int, profile_steps: int) -> Dict:
     """``step``'s wall, stage spans and kernel categories (see the module docstring)."""
     clock = StageClock()
@@ -353,13 +371,15 @@ def measure(step: TrainingStep, warmup: int, repeats: int, profile_steps: int) -
     wall_ms = (time.perf_counter() - start) * 1000.0 / repeats
     spans = clock.steps()
     stages = {name: statistics.median(s[name] for s in spans) for name in spans[0]}
+    host_ms = host_issue_ms(step, clock, repeats)
     kernels = kernel_times(step, profile_steps)
     categories = categorize(kernels, profile_steps)
     busy = sum(categories.values())
     return {"implementation": step.label, "num_gaussians": int(step.params["means"].shape[0]),
             "loss_step0": loss0, "loss_last": float(losses[-1]), "steps_trained": max(1, warmup) + repeats,
             "wall_ms": wall_ms, "stages_ms": stages, "stages_sum_ms": sum(stages.values()),
-            "gpu_busy_ms": busy, "host_gaps_ms": max(0.0, wall_ms - busy), "kernel_categories_ms": categories,
+            "gpu_busy_ms": busy, "host_gaps_ms": max(0.0, wall_ms - busy), "host_issue_ms": host_ms,
+            "kernel_categories_ms": categories,
             "top_kernels_ms": {k: v / 1000.0 / profile_steps for k, v in sorted(kernels.items(), key=lambda kv: -kv[1])[:12]}}
 
 

@@ -143,3 +143,22 @@ def test_steps_train_the_same_scene_from_the_same_loss():
     assert "reach in torch" in rows[4]["implementation"]
     assert rows[4]["loss_step0"] == pytest.approx(ours["loss_step0"], rel=1e-7)  # the same tile lists
     assert "render bwd" in ours["kernel_categories_ms"] and "binning fwd" in ours["kernel_categories_ms"]
+
+
+def test_host_issue_time_starts_each_step_on_an_idle_device_and_takes_the_median(monkeypatch):
+    from bytesplat_ns.bench.step import StageClock, host_issue_ms
+
+    now = [100.0]
+    monkeypatch.setattr(step.time, "perf_counter", lambda: now[0])
+    calls, durations = [], iter([0.004, 0.001, 0.002])
+
+    def fake_step(clock):
+        calls.append("step")
+        clock.start()
+        now[0] += next(durations)
+
+    clock = StageClock(new_event=lambda: type("E", (), {"record": lambda self: None})())
+    ms = host_issue_ms(fake_step, clock, 3, synchronize=lambda: calls.append("sync"))
+    assert calls == ["sync", "step", "sync", "step", "sync", "step", "sync"]
+    assert ms == pytest.approx(2.0)  # the median of 4, 1 and 2 ms
+    assert clock.events == []
