@@ -2,7 +2,7 @@
 #
 #   source scripts/gpu_setup.sh && bytesplat-bench suite raster-1080p --results-dir "$OUT/results"
 #   (device tool: carry [".whl", ".ext"] and, for the baselines, ".whl_bench"; SCENES="large medium" also
-#   generates those built-in scenes; `wait_baselines` before timing the baselines, or from a
+#   generates those built-in scenes; `wait_baselines` before timing the baselines or a wall clock, or from a
 #   `bytesplat-bench queue` job, which does not source this script, scripts/wait_baselines.sh)
 #
 # 1. Environment: NVLink multicast off (NCCL_NVLS_ENABLE=0 and the torch/NVSHMEM switches: the lent

@@ -6,12 +6,15 @@ work started elsewhere (another job of ``bytesplat-bench queue`` alongside it, a
 and keeps the most it saw at once (the run's own process included): a run that had the GPU alone
 reads 1, and the results page treats a higher count like ``concurrent_runs`` (quality only). Where
 ``nvidia-smi`` lists no processes (some containers hide them) it reads 0: unknown, not alone.
+The same polls read the host's 1-minute load average (``host_load_max``, the highest seen): a step
+bound by its host side slows down when other work, such as a compiler, runs on the CPUs beside it.
 :func:`measures_the_method` is the one test of whether a run's wall clock counts: alone on the GPU,
 and none of the method's work skipped.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import threading
@@ -47,6 +50,14 @@ def query_compute_pids() -> Optional[Set[str]]:
     return {line.strip() for line in out.stdout.splitlines() if line.strip()}
 
 
+def host_load() -> Optional[float]:
+    """The host's 1-minute load average (runnable processes), None where the system has none."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
 class GpuProcessWatch:
     """``with GpuProcessWatch() as watch: ...``; then ``watch.most``: the largest number of compute
     processes seen at once, None where nothing could be queried. One query every ``interval`` seconds
@@ -54,9 +65,11 @@ class GpuProcessWatch:
     run has had time to start computing, and one when the run ends."""
 
     def __init__(self, interval: float = 10.0, first: float = 3.0,
-                 query: Callable[[], Optional[Set[str]]] = query_compute_pids):
-        self.interval, self.first, self.query = interval, first, query
+                 query: Callable[[], Optional[Set[str]]] = query_compute_pids,
+                 load: Callable[[], Optional[float]] = host_load):
+        self.interval, self.first, self.query, self.load = interval, first, query, load
         self.most: Optional[int] = None
+        self.host_load_max: Optional[float] = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
 
@@ -64,6 +77,9 @@ class GpuProcessWatch:
         pids = self.query()
         if pids is not None:
             self.most = max(self.most or 0, len(pids))
+        load = self.load()
+        if load is not None:
+            self.host_load_max = max(self.host_load_max or 0.0, load)
 
     def _poll(self) -> None:
         wait = self.first

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shlex
 import statistics
 import subprocess
@@ -185,6 +186,8 @@ def run_one(entry: MethodEntry, seed: int, args: argparse.Namespace, repeat: int
         "iterations": args.iterations, "concurrent_runs": args.parallel,
         # work outside this invocation shares the GPU too (gpu_sharing.py); None: no nvidia-smi
         "gpu_processes_max": gpu_watch.most,
+        # the host's load beside it (a busy host slows a host-bound step): highest 1-minute average seen
+        "host_load_max": gpu_watch.host_load_max, "host_cpus": os.cpu_count(),
         # tensorboard's image writes skipped (quality only): the wall clock is not what a user waits for
         "image_writes_skipped": args.skip_image_writes,
         "wall_s": wall_s, **breakdown(wall_s, launch, timings), **startup_fields(launch, timings),

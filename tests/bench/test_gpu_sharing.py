@@ -35,3 +35,19 @@ def test_only_runs_alone_and_complete_measure_the_method():
     assert not measures_the_method({"concurrent_runs": 2})
     assert not measures_the_method({"gpu_processes_max": 3})
     assert not measures_the_method({"concurrent_runs": 1, "gpu_processes_max": 1, "image_writes_skipped": True})
+
+
+def test_the_watch_keeps_the_highest_host_load_seen():
+    loads = iter([0.5, 17.25, 2.0])
+    watch = gpu_sharing.GpuProcessWatch(interval=0.05, first=0.0, query=lambda: {"1"},
+                                        load=lambda: next(loads, 1.0))
+    with watch:
+        time.sleep(0.5)
+    assert watch.host_load_max == 17.25
+
+
+def test_without_a_load_average_none_is_recorded():
+    with gpu_sharing.GpuProcessWatch(first=60.0, query=lambda: {"1"}, load=lambda: None) as watch:
+        pass
+    assert watch.host_load_max is None and watch.most == 1
+    assert gpu_sharing.host_load() is None or gpu_sharing.host_load() >= 0.0

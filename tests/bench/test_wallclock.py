@@ -7,6 +7,7 @@ compares two configurations of bytesplat instead (the tool treats each entry as 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -103,6 +104,8 @@ def test_two_configurations_end_to_end(tmp_path):
         assert sum(parts) == pytest.approx(run["wall_s"], abs=1e-6)
         assert all(part >= 0 for part in parts), run
         assert 0 <= run["exit_s"] <= run["other_s"]
+        # what else ran on the host beside it (the CPU's load average, Linux has one)
+        assert run["host_cpus"] == os.cpu_count() and run["host_load_max"] >= 0.0
         startup = [run["startup_interpreter_s"], run["startup_imports_s"], run["startup_setup_s"]]
         assert sum(startup) == pytest.approx(run["startup_s"], abs=1e-6) and min(startup) > 0
         # every phase ran: 3 steps, eval images at step 2, the final checkpoint, the writers
