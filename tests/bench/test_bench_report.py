@@ -295,3 +295,36 @@ def test_the_step_table_shows_the_hosts_issue_time_where_it_was_measured():
     assert "| 1k | older | 5.00 | 4.50 | 0.50 | - | rasterize+loss 4.00, optimizer 1.00 |" in lines[3]
     assert lines[3].endswith("| 1.25x |")
     assert all(line.count("|") == lines[0].count("|") for line in lines)  # the error row keeps the columns
+
+
+def test_the_permutation_p_value_counts_the_relabellings_at_least_as_far_apart():
+    # [1, 2] vs [3, 4]: of the 6 ways to pick two of four, {1, 2} and {3, 4} differ by 2 in their means
+    assert report.permutation_p([1.0, 2.0], [3.0, 4.0]) == pytest.approx(1 / 3)
+    assert report.permutation_p([5.0, 5.0], [5.0, 5.0, 5.0]) == 1.0
+    # too many relabellings to enumerate: seeded draws, the same answer every time
+    far, near = [30.0 + 0.01 * i for i in range(20)], [20.0 + 0.01 * i for i in range(20)]
+    assert report.permutation_p(far, near) == report.permutation_p(far, near) < 0.001
+    mixed = [20.0 + 0.5 * i for i in range(40)]
+    assert report.permutation_p(mixed[::2], mixed[1::2]) > 0.5
+
+
+def _capture_step(name, data, runs):
+    result = {"benchmark": "bytesplat-bench wallclock", "date": "2026-12-05 10:00 UTC", "runs": runs, "summary": {}}
+    if data is not None:
+        result["data"] = data
+    return {"name": name, "command": "bytesplat-bench wallclock --seeds 0 1 2", "status": "ok", "result": result}
+
+
+def test_quality_is_pooled_over_every_run_on_a_capture_against_splatfacto():
+    run = lambda method, psnr, it=30000: {"method": method, "seed": 0, "iterations": it, "psnr": psnr, "ssim": 0.9}  # noqa: E731
+    docs = [{"suite": "a", "steps": [_capture_step("s1", "/x/.data/fox", [run("bytesplat", 28.0), run("splatfacto", 29.0),
+                                                                           run("bytesplat", 27.0, 5000)])]},
+            {"suite": "b", "steps": [_capture_step("s2", "/y/fox", [run("bytesplat", 27.0), run("splatfacto", 30.0),
+                                                                    {"method": "bytesplat", "iterations": 30000}]),
+                                     _capture_step("builtin", None, [run("bytesplat", 40.0)])]}]
+    lines = report.pooled_quality_table(docs)
+    assert len(lines) == 2 + 3  # fox 5000 bytesplat, fox 30000 bytesplat and splatfacto; no built-in scene, no eval-less run
+    by_method = {line.split(" | ")[1:3][1]: line for line in lines[2:] if "| 30000 |" in line}
+    assert "| fox | 30000 | bytesplat | 2 | 27.50 | 27.50 | 0.71 | 27.00-28.00 | 0.9000 | -2.00 | 0.33 |" == by_method["bytesplat"]
+    assert by_method["splatfacto"].endswith("| - | - |")
+    assert "| fox | 5000 | bytesplat | 1 | 27.00 | 27.00 | - | 27.00-27.00 | 0.9000 | - | - |" in lines
