@@ -13,7 +13,10 @@
 # 3. gsplat's CUDA extension: a carried .ext/gsplat_cuda.so (built by an earlier run of the same
 #    machine kind) is loaded as gsplat.csrc, which gsplat tries before its ~3-minute JIT build; a
 #    fresh build is copied to $OUT, to be carried in .ext/ next time.
-# 4. JIT builds of gsplat and of our two extensions in parallel (and the SCENES alongside).
+# 4. JIT builds of gsplat and of our two extensions in parallel (and the SCENES alongside). Our two
+#    load from a carried .ext/bytesplat_jit.tar.xz (their .so files, unpacked into the cache, imported
+#    by their hashed names: raster/_build.py) when the sources, flags and torch are the same; modules
+#    built here go to $OUT/bytesplat_jit.tar.xz, to be carried in .ext/ next time.
 # 5. Benchmark-only baselines from a carried .whl_bench/ (never on PYTHONPATH for training): each
 #    gsplat-X.Y.Z wheel into /tmp/gsplat-X.Y.Z (`bytesplat-bench raster --gsplat-site /tmp/gsplat-X.Y.Z`
 #    puts it first in a child process), its extension from .ext/gsplat-X.Y.Z_cuda.so[.xz] or built in
@@ -103,7 +106,12 @@ if compgen -G ".whl_bench/fussim-*.tar.xz" > /dev/null; then
 fi
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+if [[ -f .ext/bytesplat_jit.tar.xz ]]; then
+  mkdir -p "$TORCH_EXTENSIONS_DIR" && tar -C "$TORCH_EXTENSIONS_DIR" -xJf .ext/bytesplat_jit.tar.xz \
+    && stamp "unpacked the carried builds of our kernels: $(tar -tJf .ext/bytesplat_jit.tar.xz | grep -c '\.so$') module(s)"
+fi
 stamp "JIT builds in parallel: gsplat, bytesplat's kernels and the sparse-grad kernels"
+touch /tmp/jit_builds_began
 ( timeout 420 $PY -c "import gsplat.cuda._backend as b; print('gsplat ext', b._C is not None, getattr(b._C, '__file__', ''))" > /tmp/gsplat_build.log 2>&1 ) &
 GSPLAT_BUILD_PID=$!
 ( timeout 420 $PY -c "
@@ -122,6 +130,12 @@ SCENES_PID=$!
 # wait on these only: a bare `wait` would also wait on the tee above
 wait $GSPLAT_BUILD_PID $FUSED_BUILD_PID $SPARSE_BUILD_PID $SCENES_PID $!
 tail -n 3 /tmp/gsplat_build.log /tmp/fused_build.log /tmp/sparse_build.log; [[ -n ${SCENES:-} ]] && tail -n 2 /tmp/scenes.log
+if grep -qs "^Building" /tmp/fused_build.log /tmp/sparse_build.log; then  # built here, not unpacked
+  # the modules built since the builds began (not older ones unpacked from a carry)
+  ( cd "$TORCH_EXTENSIONS_DIR" && find . -path './bytesplat_*/bytesplat_*.so' -newer /tmp/jit_builds_began -print0 \
+      | tar --null -T - -cJf "$OUT/bytesplat_jit.tar.xz.tmp" \
+    && mv "$OUT/bytesplat_jit.tar.xz.tmp" "$OUT/bytesplat_jit.tar.xz" ) &
+fi
 so=$TORCH_EXTENSIONS_DIR/gsplat_cuda/gsplat_cuda.so
 if [[ -f "$so" && -z "$(carried_so gsplat_cuda.so)" ]]; then cp "$so" "$OUT/"; fi
 true  # the caller's `source ... &&` sees this script's last status

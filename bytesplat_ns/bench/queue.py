@@ -36,7 +36,8 @@ state and the end of the logs of the running and failed ones, and writes to ``--
 and ``SUITES``, run folders left out), ``queue-logs.tar.xz`` (the queue's and the jobs' logs, and
 each run's ``train.log``, ``eval.log``, ``timings.json`` and ``config.yml``), ``queue-views.tar.xz``
 (each run's ``worst_view*.png``, when there are any) and, for each extension the setup built,
-``NAME.so.xz``, which ``scripts/gpu_setup.sh`` loads when carried in ``.ext/``.
+``NAME.so.xz``, which ``scripts/gpu_setup.sh`` loads when carried in ``.ext/``, and the setup's own
+``bytesplat_jit.tar.xz`` (our kernels' modules, when it built them), carried in ``.ext/`` the same way.
 On a machine where no queue was started (a fresh one: the last was given back) it says so at once
 and exits with status 3 instead of waiting.
 """
@@ -272,6 +273,11 @@ def collect(queue: Path, out: Path) -> List[Path]:
             with open(built, "rb") as src, lzma.open(packed.with_suffix(".tmp"), "wb", preset=6) as dst:
                 shutil.copyfileobj(src, dst)
             os.replace(packed.with_suffix(".tmp"), packed)
+        if packed.stat().st_size > MAX_RETURNED_BYTES:
+            print(f"queue: {packed.name} is over what the device returns; left out")
+        else:
+            written.append(Path(shutil.copy2(packed, out / packed.name)))
+    for packed in sorted((queue / "out").glob("*.tar.xz")):  # built modules the setup packed itself
         if packed.stat().st_size > MAX_RETURNED_BYTES:
             print(f"queue: {packed.name} is over what the device returns; left out")
         else:

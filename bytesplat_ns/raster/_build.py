@@ -5,7 +5,9 @@ render, fused loss, binning, SH of several views) and :data:`SPARSE_GRAD_KERNELS
 communicator's encoder/decoder, a separate small extension that builds in seconds).
 ``load_extension()`` compiles the rasterizer's sources with ``torch.utils.cpp_extension.load`` on first use for
 the current GPU's architecture, caches the result (``TORCH_EXTENSIONS_DIR``, else torch's default
-cache) and returns the module. Every reason it cannot (no CUDA device, no nvcc, a GPU older than
+cache) and returns the module. The build's name hashes everything it depends on (sources, headers,
+flags, the torch build), so a module of that name in the cache is imported as it is, without torch's
+ninja check: a module carried from another machine's build needs only its ``.so``. Every reason it cannot (no CUDA device, no nvcc, a GPU older than
 compute capability 7.0, a compiler error) raises :class:`CudaBuildError` with one message naming
 the cause. Only where the build runs is configured by the environment, as with gsplat: ``MAX_JOBS``
 (torch's ninja build) and ``TORCH_EXTENSIONS_DIR`` (the cache). Nothing in the environment changes the
@@ -117,6 +119,26 @@ def _check_device():
     return cc
 
 
+def import_built_module(name: str, build_dir: Path):
+    """The module ``build_dir/NAME.so`` as built earlier (here, or on another machine and unpacked into the
+    cache: ``scripts/gpu_setup.sh``), imported without torch's ninja check, or None when there is none or
+    it does not import (a partial file: the caller builds it again). The name's hash stands for the check:
+    it covers everything the build depends on (:meth:`JitExtension.name`), and the object files ninja
+    would compare need not be there."""
+    import importlib.util
+
+    path = build_dir / f"{name}.so"
+    if not path.is_file():
+        return None
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except (ImportError, OSError):
+        return None
+    return module
+
+
 class JitExtension:
     """One extension JIT-built from bundled sources in ``cuda/`` for the current GPU.
 
@@ -135,12 +157,17 @@ class JitExtension:
         return [d / s for s in self.sources]
 
     def name(self, arch: str) -> str:
+        """``PREFIX_ARCH_HASH``: the hash covers the sources, headers, both compilers' flags and the torch
+        build they link against, so a module of this name in the cache was built from exactly these."""
+        import torch
+
         h = hashlib.sha1()
         d = cuda_source_dir()
         for name in self.sources + self.headers:
             h.update(name.encode())
             h.update((d / name).read_bytes())
         h.update(" ".join(nvcc_flags(arch)).encode())
+        h.update(f"-O3 -std={cxx_std()} torch {torch.__version__} cuda {torch.version.cuda}".encode())
         return f"{self.prefix}_{arch}_{h.hexdigest()[:10]}"
 
     def load(self, verbose: bool = False):
@@ -167,6 +194,9 @@ class JitExtension:
         arch = f"{cc[0]}{cc[1]}"
         name = self.name(arch)
         build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))
+        built = import_built_module(name, build_dir)
+        if built is not None:
+            return built
         cached = any(build_dir.glob(f"{name}*.so")) or any(build_dir.glob(f"{name}*.pyd"))
         if not cached:
             print(f"Building {self.what} for sm_{arch} (first use, ~1 min) in {build_dir} ...", file=sys.stderr, flush=True)

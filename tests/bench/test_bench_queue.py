@@ -83,6 +83,12 @@ def test_queue_runs_detached_and_collects(tmp_path):
         assert q.main(["collect", "--dir", str(queue_dir), "--out", str(out)]) == 0
         with lzma.open(out / "ext_cuda.so.xz") as f:
             assert f.read() == b"\x7fELF" + bytes(1000)
+    # the modules of our kernels, which the setup packs itself, come back as they are
+    (queue_dir / "out" / "bytesplat_jit.tar.xz").write_bytes(b"packed modules")
+    (queue_dir / "out" / "bytesplat_jit.tar.xz.tmp").write_bytes(b"still packing")
+    assert q.main(["collect", "--dir", str(queue_dir), "--out", str(out)]) == 0
+    assert (out / "bytesplat_jit.tar.xz").read_bytes() == b"packed modules"
+    assert not (out / "bytesplat_jit.tar.xz.tmp").exists()
 
 
 def test_start_outside_a_checkout_is_one_clear_error(tmp_path, capsys):
