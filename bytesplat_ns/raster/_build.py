@@ -74,6 +74,11 @@ def cxx_std() -> str:
     return "c++20" if ver >= (2, 10) else "c++17"
 
 
+def cxx_flags() -> List[str]:
+    """The host compiler's flags for the bindings."""
+    return ["-O3", f"-std={cxx_std()}"]
+
+
 def nvcc_flags(arch: str) -> List[str]:
     return [
         "-O3",
@@ -167,7 +172,7 @@ class JitExtension:
             h.update(name.encode())
             h.update((d / name).read_bytes())
         h.update(" ".join(nvcc_flags(arch)).encode())
-        h.update(f"-O3 -std={cxx_std()} torch {torch.__version__} cuda {torch.version.cuda}".encode())
+        h.update(f"{' '.join(cxx_flags())} torch {torch.__version__} cuda {torch.version.cuda}".encode())
         return f"{self.prefix}_{arch}_{h.hexdigest()[:10]}"
 
     def load(self, verbose: bool = False):
@@ -208,7 +213,7 @@ class JitExtension:
             module = cpp_extension.load(
                 name=name,
                 sources=[str(p) for p in self.source_paths()],
-                extra_cflags=["-O3", f"-std={cxx_std()}"],
+                extra_cflags=cxx_flags(),
                 extra_cuda_cflags=nvcc_flags(arch),
                 extra_include_paths=[str(cuda_source_dir())],
                 build_directory=str(build_dir),
