@@ -10,10 +10,12 @@ cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
 
 if [[ "${1:-}" != "--no-system" ]] && command -v apt-get >/dev/null 2>&1 && [[ $(id -u) -eq 0 ]]; then
-    echo "[install] system packages: libusb-1.0-0 chromium ffmpeg nodejs npm"
+    echo "[install] system packages: libusb-1.0-0 chromium ffmpeg g++ nodejs npm"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends libusb-1.0-0 chromium fonts-dejavu-core ffmpeg >/dev/null
+    # the JIT builds of the CUDA kernels (nvcc's host compiler) and their CPU tests need a C++ compiler
+    command -v g++ >/dev/null 2>&1 || apt-get install -y -qq --no-install-recommends g++ >/dev/null
     # nodejs/npm from apt only when missing: a node installed another way keeps its own npm
     command -v npm >/dev/null 2>&1 || apt-get install -y -qq --no-install-recommends nodejs npm >/dev/null
 fi

@@ -6,8 +6,7 @@
 #   scripts/wait_baselines.sh && bytesplat-bench suite raster-baselines --data /tmp/gsplat-1.5.3 ...
 #
 # Wall-clock jobs wait too: the builds keep the host's CPUs busy, and a training step bound by its
-# host side slows down beside them (a 30000-iteration fox run took 191.6 s with a median step of
-# 5.15 ms while they built, 178.9 s and 4.70 ms in an earlier run; `wallclock` records host_load_max).
+# host side slows down beside them (`wallclock` records host_load_max; docs/wallclock.md).
 #
 # Gives up after WAIT_S seconds (default 900, past the builds' own 600 s timeout) with status 1.
 dir=${BASELINE_BUILDS:-/tmp/baseline-builds}

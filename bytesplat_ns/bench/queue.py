@@ -273,16 +273,18 @@ def collect(queue: Path, out: Path) -> List[Path]:
             with open(built, "rb") as src, lzma.open(packed.with_suffix(".tmp"), "wb", preset=6) as dst:
                 shutil.copyfileobj(src, dst)
             os.replace(packed.with_suffix(".tmp"), packed)
-        if packed.stat().st_size > MAX_RETURNED_BYTES:
-            print(f"queue: {packed.name} is over what the device returns; left out")
-        else:
-            written.append(Path(shutil.copy2(packed, out / packed.name)))
+        written += _copy_returnable(packed, out)
     for packed in sorted((queue / "out").glob("*.tar.xz")):  # built modules the setup packed itself
-        if packed.stat().st_size > MAX_RETURNED_BYTES:
-            print(f"queue: {packed.name} is over what the device returns; left out")
-        else:
-            written.append(Path(shutil.copy2(packed, out / packed.name)))
+        written += _copy_returnable(packed, out)
     return written
+
+
+def _copy_returnable(packed: Path, out: Path) -> List[Path]:
+    """``packed`` copied into ``out`` (as a one-item list), or nothing when the device would not return it."""
+    if packed.stat().st_size > MAX_RETURNED_BYTES:
+        print(f"queue: {packed.name} is over what the device returns; left out")
+        return []
+    return [Path(shutil.copy2(packed, out / packed.name))]
 
 
 def parser() -> argparse.ArgumentParser:

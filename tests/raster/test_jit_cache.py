@@ -19,7 +19,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("plus_one", &plus_one); }
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     if shutil.which("c++") is None and shutil.which("g++") is None:
-        pytest.fail("the JIT cache test needs a C++ compiler (install.sh installs build-essential)")
+        pytest.fail("the JIT cache test needs a C++ compiler (install.sh installs g++)")
     from torch.utils import cpp_extension
 
     root = tmp_path_factory.mktemp("jit")
