@@ -15,6 +15,7 @@ body (callbacks before, ``train_iteration``, callbacks after) and report
 
     python -m bytesplat_ns.bench.profile_train --scene large --warmup-iters 1000 --profile-iters 30 \\
         --methods splatfacto bytesplat:fused --out profile.json
+    bytesplat-bench profile --data .data/fox --methods bytesplat bytesplat@fused.trim_tile_lists=true
 """
 
 from __future__ import annotations
@@ -130,6 +131,9 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bytesplat-bench profile", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scene", default="large", choices=["small", "medium", "large"])
+    p.add_argument("--data", type=Path, default=None,
+                   help="a capture (nerfstudio or instant-ngp transforms.json) instead of the built-in scene, at its "
+                   "photos' own resolution (nerfstudio-data --downscale-factor 1, as the wall-clock suites)")
     p.add_argument("--methods", nargs="+", default=["splatfacto", "bytesplat:fused"])
     p.add_argument("--warmup-iters", type=int, default=1000)
     p.add_argument("--profile-iters", type=int, default=30)
@@ -150,9 +154,13 @@ def main(argv: Optional[List[str]] = None) -> Dict:
 
     def configure(config) -> None:
         config.pipeline.model.num_downscales = a.num_downscales
+        if a.data is not None:
+            config.pipeline.datamanager.dataparser.downscale_factor = 1
 
-    data = ensure_scene(SceneSpec(size=a.scene))
-    report = {"environment": environment(argv, "python -m bytesplat_ns.bench.profile_train"), "scene": a.scene, "runs": []}
+    data = a.data.resolve() if a.data is not None else ensure_scene(SceneSpec(size=a.scene))
+    scene = str(a.data) if a.data is not None else a.scene
+    report = {"benchmark": "bytesplat-bench profile", "environment": environment(argv, "python -m bytesplat_ns.bench.profile_train"),
+              "scene": scene, "warmup_iters": a.warmup_iters, "profile_iters": a.profile_iters, "runs": []}
     for entry in a.methods:
         label, config = method_from_entry(entry, configure)
         r = profile_method(label, config, data, a.warmup_iters, a.profile_iters, a.work_dir, a.seed, a.top)

@@ -338,6 +338,19 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           1,
           _per_seed_on_capture(f"bytesplat '{_TRIMMED}'", 5000, "wallclock", "seed{seed}"),
           needs_data=True),
+    Suite("host-time",
+          "where the time of a training step goes on the host: nerfstudio's training loop body on a real capture (--data, "
+          "full resolution from the start) under torch.profiler after 2000 iterations, with the default and with the "
+          "trimmed tile lists (host ops, GPU busy, synchronisations and where they come from); then the whole step "
+          "on 1M random Gaussians at 1080p (wall, GPU busy, host issue time): ours, ours with the trimmed lists, with "
+          "every opt-in render lever, and gsplat 1.5.3's fastest (installed at /tmp/gsplat-1.5.3 by scripts/gpu_setup.sh)",
+          1,
+          (Step("profile", _args("--data {data} --methods bytesplat bytesplat@fused.trim_tile_lists=true "
+                                 "--warmup-iters 2000 --profile-iters 50 --work-dir {work}/profile"), name="loop_capture"),
+           Step("step", _args(f"--num-gaussians 1000000 --width 1920 --height 1080 --warmup 10 --repeats 50 "
+                              f"--implementations bytesplat bytesplat-trim-lists bytesplat-trim-levers gsplat "
+                              f"--gsplat-site {_GSPLAT_153}"), name="step_1m")),
+          needs_data=True),
     Suite("sass-loops",
           "the compositing loops' instruction counts in the machine code for sm_90 (H100/H200), per kernel instance "
           "(no GPU: nvcc and cuobjdump)",

@@ -64,10 +64,13 @@ def method_config(name: str, rasterizer: Optional[str]):
 
 
 def set_model_option(model_config, item: str) -> None:
-    """``field=value`` on a model config, the value parsed to the field's current type."""
+    """``field=value`` on a model config, the value parsed to the field's current type; a dotted field
+    (``fused.trim_tile_lists=true``) names a field of a nested config."""
     key, sep, value = item.partition("=")
-    key = key.strip().replace("-", "_")
-    if not sep or not hasattr(model_config, key):
+    *parents, key = key.strip().replace("-", "_").split(".")
+    for parent in parents:
+        model_config = getattr(model_config, parent, None)
+    if not sep or model_config is None or not hasattr(model_config, key):
         raise SystemExit(f"bytesplat-bench train: unknown model option {item!r} (use field=value)")
     current = getattr(model_config, key)
     if isinstance(current, bool):

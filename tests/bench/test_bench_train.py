@@ -16,10 +16,14 @@ from bytesplat_ns.model import ByteSplatModelConfig
 def test_model_options_parse_to_the_field_type():
     cfg = ByteSplatModelConfig()
     for item in ("hw_prune=off", "tile-stats-every=50", "hw_prune_max_fraction=0.1", "use_scale_regularization=true",
-                 "budget_prune_steps=7500+15000"):
+                 "budget_prune_steps=7500+15000", "fused.trim-tile-lists=true"):
         set_model_option(cfg, item)
     assert (cfg.hw_prune, cfg.tile_stats_every, cfg.hw_prune_max_fraction, cfg.use_scale_regularization,
-            cfg.budget_prune_steps) == ("off", 50, 0.1, True, (7500, 15000))
+            cfg.budget_prune_steps, cfg.fused.trim_tile_lists) == ("off", 50, 0.1, True, (7500, 15000), True)
+    with pytest.raises(SystemExit, match="unknown model option"):
+        set_model_option(cfg, "fused.no_such_field=1")
+    with pytest.raises(SystemExit, match="unknown model option"):
+        set_model_option(cfg, "no_such_config.trim_tile_lists=1")
     with pytest.raises(SystemExit, match="unknown model option"):
         set_model_option(cfg, "no_such_field=1")
     with pytest.raises(SystemExit, match="unknown model option"):
@@ -77,6 +81,31 @@ def test_several_seeds_run_every_method_and_summarize(tmp_path):
     psnrs = [r["eval"]["psnr"] for r in report["runs"]]
     assert row["runs"] == 2 and row["psnr_mean"] == pytest.approx(sum(psnrs) / 2)
     assert row["psnr_std"] == pytest.approx(abs(psnrs[0] - psnrs[1]) / 2 ** 0.5)
+
+
+def test_profile_train_takes_a_capture_at_its_own_resolution(tmp_path, monkeypatch):
+    """bench.profile_train --data: the given scene (here the built-in small one's folder) through the
+    nerfstudio dataparser at downscale factor 1, and a nested model option from the entry."""
+    from bytesplat_ns.bench import profile_train
+    from bytesplat_ns.data.scene import SceneSpec, ensure_scene
+
+    profiled = []
+    real = profile_train.profile_method
+
+    def recording(label, config, data, *args):
+        parser = config.pipeline.datamanager.dataparser
+        profiled.append((data, parser.downscale_factor, config.pipeline.model.fused.trim_tile_lists))
+        return real(label, config, data, *args)
+
+    monkeypatch.setattr(profile_train, "profile_method", recording)
+    data = ensure_scene(SceneSpec(size="small"))
+    report = profile_train.main(["--data", str(data), "--methods", "bytesplat:reference@hw_prune=off,fused.trim_tile_lists=1",
+                                 "--warmup-iters", "2", "--profile-iters", "1", "--top", "3",
+                                 "--work-dir", str(tmp_path / "w")])
+    (run,) = report["runs"]
+    assert report["scene"] == str(data) and run["num_gaussians"] > 0
+    assert run["label"] == "bytesplat-reference-hw_prune-off-fused.trim_tile_lists-1"
+    assert profiled == [(data.resolve(), 1, True)]
 
 
 def test_sync_sources_counts_each_synchronising_line_per_iteration(monkeypatch):
