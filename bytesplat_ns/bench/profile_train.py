@@ -5,13 +5,17 @@ train ``--warmup-iters`` iterations through the real trainer (densification incl
 Gaussian count is a trained one), then run ``--profile-iters`` more iterations of the trainer's loop
 body (callbacks before, ``train_iteration``, callbacks after) and report
 
-- wall ms per iteration, and the GPU's busy ms per iteration (sum of kernel times): when wall is
-  well above busy, the step is bound by the host (Python, launches, synchronisations), not the GPU;
+- wall ms per iteration (mean, and the median and quartiles of each iteration's host time: the mean
+  carries the refine steps and garbage collections, counted apart in ``gc_pauses``), and the GPU's busy
+  ms per iteration (sum of kernel times): when wall is well above busy, the step is bound by the host
+  (Python, launches, synchronisations), not the GPU;
 - the ops with the largest host time and the largest device time, and the number of host-device
   synchronisations (``cudaStreamSynchronize``, ``cudaDeviceSynchronize``, blocking copies);
 - where those synchronisations come from (CUDA only): ``--profile-iters`` more iterations under
   torch's sync debug mode, each synchronising call counted at the innermost Python line outside
-  torch that made it (``sync_sources``).
+  torch that made it (``sync_sources``);
+- the Python functions with the most host time, their own and under them (``python_top``):
+  ``--profile-iters`` more iterations under cProfile.
 
     python -m bytesplat_ns.bench.profile_train --scene large --warmup-iters 1000 --profile-iters 30 \\
         --methods splatfacto bytesplat:fused --out profile.json
@@ -21,13 +25,18 @@ body (callbacks before, ``train_iteration``, callbacks after) and report
 from __future__ import annotations
 
 import argparse
+import contextlib
+import cProfile
+import gc
 import json
+import pstats
+import statistics
 import time
 import traceback
 import warnings
 from collections import Counter
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
 
@@ -91,10 +100,16 @@ def profile_method(label: str, config, data: Path, warmup: int, iters: int, work
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     sync()
     t = time.perf_counter()
-    for i in range(iters):  # timed without the profiler's own overhead
-        loop_body(trainer, step0 + i)
-    sync()
+    ends = []
+    with _gc_pauses() as pauses:
+        for i in range(iters):  # timed without the profiler's own overhead
+            loop_body(trainer, step0 + i)
+            ends.append(time.perf_counter())
+        sync()
     wall_ms = 1e3 * (time.perf_counter() - t) / iters
+    # each iteration's host time (the loop's one device read per step keeps the host at most a step ahead):
+    # the median leaves out the refine steps and garbage collections the mean carries
+    iteration_ms = [1e3 * (b - a) for a, b in zip([t] + ends[:-1], ends)]
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     with profile(activities=activities) as prof:
         for i in range(iters):
@@ -112,18 +127,76 @@ def profile_method(label: str, config, data: Path, warmup: int, iters: int, work
 
         sources = sync_sources(run_steps, iters)
         sync()
+    python_first = step0 + (3 if device == "cuda" else 2) * iters
+    python_top = python_functions(lambda: [loop_body(trainer, python_first + i) for i in range(iters)], iters, top)
+    sync()
     result = {
         "label": label,
         "num_gaussians": int(trainer.pipeline.model.num_points),
-        "profiled_steps": [step0, step0 + (3 if device == "cuda" else 2) * iters - 1],
+        "profiled_steps": [step0, python_first + iters - 1],
         "wall_ms_per_iteration": wall_ms,
+        "wall_ms_median": statistics.median(iteration_ms),
+        "wall_ms_quartiles": [float(q) for q in statistics.quantiles(iteration_ms, n=4)] if iters > 1 else [],
+        "gc_pauses": pauses,
         "device_busy_ms_per_iteration": busy_ms,
         "syncs_per_iteration": syncs,
         "sync_sources": sources,
         "top_host": _table(events, "self_cpu_time_total", top),
         "top_device": _table(events, "self_device_time_total", top) if device == "cuda" else [],
+        "python_top": python_top,
     }
     return result
+
+
+@contextlib.contextmanager
+def _gc_pauses():
+    """Yields a dict that ends up holding the garbage collections inside the block, per generation:
+    how many and their milliseconds (a full collection of a trainer's heap can take tens of them)."""
+    pauses: Dict[str, Dict[str, float]] = {}
+    began: List[float] = []
+
+    def callback(phase: str, info: Dict) -> None:
+        if phase == "start":
+            began.append(time.perf_counter())
+        elif began:
+            row = pauses.setdefault(f"gen{info['generation']}", {"count": 0, "ms": 0.0})
+            row["count"] += 1
+            row["ms"] += 1e3 * (time.perf_counter() - began.pop())
+
+    gc.callbacks.append(callback)
+    try:
+        yield pauses
+    finally:
+        gc.callbacks.remove(callback)
+
+
+def python_functions(run: Callable[[], object], iters: int, top: int) -> Dict[str, List[Dict]]:
+    """``run()`` under cProfile: the Python functions with the most time of their own (``self``) and with
+    the most time under them (``total``), per iteration. On a GPU the kernels run asynchronously, so this
+    is the host's time: interpreter, dispatch, launches and the waits of device reads. cProfile's own
+    overhead inflates every call alike; the ranking, not the absolute times, is the point."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    try:
+        run()
+    finally:
+        profiler.disable()
+    stats = pstats.Stats(profiler).stats  # {(file, line, name): (calls, primitive calls, self s, total s, callers)}
+
+    def rows(index: int) -> List[Dict]:
+        ranked = sorted(stats.items(), key=lambda item: item[1][index], reverse=True)[:top]
+        return [{"function": _function_name(key), "calls": value[1] / iters, "self_ms": 1e3 * value[2] / iters,
+                 "total_ms": 1e3 * value[3] / iters} for key, value in ranked]
+
+    return {"self": rows(2), "total": rows(3)}
+
+
+def _function_name(key) -> str:
+    """``package/module.py:LINE name`` from pstats' (file, line, name), built-ins as cProfile names them."""
+    filename, line, name = key
+    if filename == "~":
+        return name
+    return f"{'/'.join(Path(filename).parts[-2:])}:{line} {name}"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -167,7 +240,8 @@ def main(argv: Optional[List[str]] = None) -> Dict:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # the method's trainer is gone with profile_method's frame
         report["runs"].append(r)
-        print(f"{label}: {r['num_gaussians']} Gaussians, wall {r['wall_ms_per_iteration']:.2f} ms/it, "
+        print(f"{label}: {r['num_gaussians']} Gaussians, wall {r['wall_ms_per_iteration']:.2f} ms/it "
+              f"(median {r['wall_ms_median']:.2f}, garbage collections {r['gc_pauses']}), "
               f"GPU busy {r['device_busy_ms_per_iteration']:.2f} ms/it, syncs/it {r['syncs_per_iteration']}", flush=True)
         for row in r["top_host"][:12]:
             print(f"   host {row['host_ms'] / a.profile_iters:7.3f} ms/it  x{row['calls'] / a.profile_iters:5.1f}  {row['name'][:70]}")
@@ -175,6 +249,9 @@ def main(argv: Optional[List[str]] = None) -> Dict:
             print(f"    dev {row['device_ms'] / a.profile_iters:7.3f} ms/it  x{row['calls'] / a.profile_iters:5.1f}  {row['name'][:70]}")
         for row in r["sync_sources"][:12]:
             print(f"   sync x{row['per_iteration']:5.2f}/it  {row['where']}")
+        for row in r["python_top"]["self"][:12]:
+            print(f"     py {row['self_ms']:7.3f} ms/it self, {row['total_ms']:7.3f} total  x{row['calls']:5.1f}  "
+                  f"{row['function'][:70]}")
         if a.out:
             a.out.parent.mkdir(parents=True, exist_ok=True)
             a.out.write_text(json.dumps(report, indent=1))

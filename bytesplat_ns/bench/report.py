@@ -387,17 +387,20 @@ def step_table(steps: List[Dict]) -> List[str]:
         for row in step["result"]["rows"]:
             if "wall_ms" not in row:
                 rows.append([_count(row["num_gaussians"]), row.get("name", "?"), f"error: {row.get('error')}"]
-                            + ["-"] * (5 + len(STEP_CATEGORIES)))
+                            + ["-"] * (6 + len(STEP_CATEGORIES)))
                 continue
             cats = row["kernel_categories_ms"]
             per = [sum(v for k, v in cats.items() if k == c or k.startswith(c + " ")) for c in STEP_CATEGORIES]
             stages = ", ".join(f"{k} {v:.2f}" for k, v in row["stages_ms"].items())
+            host_stages = ", ".join(f"{k} {v:.2f}" for k, v in row.get("host_issue_stages_ms", {}).items()) or "-"
             speedup = step["result"].get("speedups", {}).get(str(row["num_gaussians"]), {}).get(f"vs {row['implementation']}")
             scene = _count(row["num_gaussians"]) + (" trained" if row.get("scene", "synthetic") != "synthetic" else "")
             rows.append([scene, row["implementation"], _f(row["wall_ms"]), _f(row["gpu_busy_ms"]),
-                         _f(row["host_gaps_ms"]), _f(row.get("host_issue_ms")), stages, *(_f(v) for v in per),
+                         _f(row["host_gaps_ms"]), _f(row.get("host_issue_ms")), host_stages, stages,
+                         *(_f(v) for v in per),
                          "-" if speedup is None else f"{speedup:.2f}x"])
-    return _table(["Gaussians", "step", "wall ms", "GPU busy ms", "host gaps ms", "host issue ms", "stage spans ms",
+    return _table(["Gaussians", "step", "wall ms", "GPU busy ms", "host gaps ms", "host issue ms",
+                   "host issue by stage ms", "stage spans ms",
                    *(f"{c} ms" for c in STEP_CATEGORIES), "bytesplat faster by"], rows)
 
 

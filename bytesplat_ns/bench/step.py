@@ -112,16 +112,32 @@ def categorize(kernel_us: Dict[str, float], steps: int) -> Dict[str, float]:
 
 
 class StageClock:
-    """CUDA events at stage boundaries: ``start()``, then ``mark(stage)`` after each stage's launches."""
+    """CUDA events at stage boundaries: ``start()``, then ``mark(stage)`` after each stage's launches; each
+    boundary also stamps the host's clock (``host_stages``: where the host's time goes)."""
 
     def __init__(self, new_event: Callable[[], "torch.cuda.Event"] = lambda: torch.cuda.Event(enable_timing=True)):
         self.new_event = new_event
         self.events: List[Tuple[str, torch.cuda.Event]] = []
+        self.host: List[Tuple[str, float]] = []
 
     def _record(self, name: str) -> None:
         event = self.new_event()
         event.record()
         self.events.append((name, event))
+        self.host.append((name, time.perf_counter()))
+
+    def host_stages(self) -> List[Dict[str, float]]:
+        """Per step, each stage's host milliseconds (from the boundary before it to its own), then clears:
+        the time to issue the stage's launches and to wait for any device read inside it."""
+        out: List[Dict[str, float]] = []
+        for (_, a), (name, b) in zip(self.host, self.host[1:]):
+            if name == "":
+                continue
+            if not out or name in out[-1]:
+                out.append({})
+            out[-1][name] = 1e3 * (b - a)
+        self.host.clear()
+        return out
 
     def start(self) -> None:
         self._record("")
@@ -139,6 +155,7 @@ class StageClock:
                 out.append({})
             out[-1][name] = a.elapsed_time(b)
         self.events.clear()
+        self.host.clear()
         return out
 
 
@@ -344,11 +361,13 @@ def kernel_times(step: TrainingStep, steps: int) -> Dict[str, float]:
 
 
 def host_issue_ms(step: Callable[["StageClock"], object], clock: "StageClock", steps: int,
-                  synchronize: Callable[[], None] = torch.cuda.synchronize) -> float:
+                  synchronize: Callable[[], None] = torch.cuda.synchronize) -> Tuple[float, Dict[str, float]]:
     """Median host time for ``step`` to return when it starts on an idle GPU: its Python, its launches and
-    the waits of any device read inside it. Near ``wall_ms``, the step is bound by its host side: a faster
-    kernel then shortens only the GPU's busy time, not the step."""
+    the waits of any device read inside it; and the median of each stage's share (``StageClock.host_stages``).
+    Near ``wall_ms``, the step is bound by its host side: a faster kernel then shortens only the GPU's busy
+    time, not the step."""
     times = []
+    clock.host.clear()
     for _ in range(max(1, steps)):
         synchronize()
         start = time.perf_counter()
@@ -356,7 +375,9 @@ def host_issue_ms(step: Callable[["StageClock"], object], clock: "StageClock", s
         times.append((time.perf_counter() - start) * 1000.0)
     synchronize()
     clock.events.clear()
-    return statistics.median(times)
+    spans = clock.host_stages()
+    stages = {name: statistics.median(s[name] for s in spans if name in s) for name in spans[0]} if spans else {}
+    return statistics.median(times), stages
 
 
 def measure(step: TrainingStep, warmup: int, repeats: int, profile_steps: int) -> Dict:
@@ -375,7 +396,7 @@ def measure(step: TrainingStep, warmup: int, repeats: int, profile_steps: int) -
     wall_ms = (time.perf_counter() - start) * 1000.0 / repeats
     spans = clock.steps()
     stages = {name: statistics.median(s[name] for s in spans) for name in spans[0]}
-    host_ms = host_issue_ms(step, clock, repeats)
+    host_ms, host_stages = host_issue_ms(step, clock, repeats)
     kernels = kernel_times(step, profile_steps)
     categories = categorize(kernels, profile_steps)
     busy = sum(categories.values())
@@ -383,6 +404,7 @@ def measure(step: TrainingStep, warmup: int, repeats: int, profile_steps: int) -
             "loss_step0": loss0, "loss_last": float(losses[-1]), "steps_trained": max(1, warmup) + repeats,
             "wall_ms": wall_ms, "stages_ms": stages, "stages_sum_ms": sum(stages.values()),
             "gpu_busy_ms": busy, "host_gaps_ms": max(0.0, wall_ms - busy), "host_issue_ms": host_ms,
+            "host_issue_stages_ms": host_stages,
             "kernel_categories_ms": categories,
             "top_kernels_ms": {k: v / 1000.0 / profile_steps for k, v in sorted(kernels.items(), key=lambda kv: -kv[1])[:12]}}
 

@@ -286,14 +286,17 @@ def _step_row(name, wall, **extra):
 
 
 def test_the_step_table_shows_the_hosts_issue_time_where_it_was_measured():
-    step = {"name": "s", "result": {"rows": [_step_row("bytesplat", 4.0, host_issue_ms=3.9), _step_row("older", 5.0),
+    step = {"name": "s", "result": {"rows": [_step_row("bytesplat", 4.0, host_issue_ms=3.9,
+                                                       host_issue_stages_ms={"rasterize+loss": 3.0, "optimizer": 0.9}),
+                                             _step_row("older", 5.0),
                                              {"name": "broken", "num_gaussians": 1000, "error": "boom"}],
                                     "speedups": {"1000": {"vs older": 1.25}}}}
     lines = report.step_table([step])
     header = lines[0].split("|")
     assert "host issue ms" in lines[0] and header.index(" host issue ms ") == header.index(" host gaps ms ") + 1
-    assert "| 1k | bytesplat | 4.00 | 3.50 | 0.50 | 3.90 | rasterize+loss 3.00, optimizer 1.00 |" in lines[2]
-    assert "| 1k | older | 5.00 | 4.50 | 0.50 | - | rasterize+loss 4.00, optimizer 1.00 |" in lines[3]
+    assert ("| 1k | bytesplat | 4.00 | 3.50 | 0.50 | 3.90 | rasterize+loss 3.00, optimizer 0.90 "
+            "| rasterize+loss 3.00, optimizer 1.00 |") in lines[2]
+    assert "| 1k | older | 5.00 | 4.50 | 0.50 | - | - | rasterize+loss 4.00, optimizer 1.00 |" in lines[3]
     assert lines[3].endswith("| 1.25x |")
     assert all(line.count("|") == lines[0].count("|") for line in lines)  # the error row keeps the columns
 

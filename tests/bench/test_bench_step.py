@@ -155,10 +155,15 @@ def test_host_issue_time_starts_each_step_on_an_idle_device_and_takes_the_median
     def fake_step(clock):
         calls.append("step")
         clock.start()
-        now[0] += next(durations)
+        took = next(durations)
+        now[0] += took / 4
+        clock.mark("render")  # a quarter of the step
+        now[0] += 3 * took / 4
+        clock.mark("optimizer")
 
     clock = StageClock(new_event=lambda: type("E", (), {"record": lambda self: None})())
-    ms = host_issue_ms(fake_step, clock, 3, synchronize=lambda: calls.append("sync"))
+    ms, stages = host_issue_ms(fake_step, clock, 3, synchronize=lambda: calls.append("sync"))
     assert calls == ["sync", "step", "sync", "step", "sync", "step", "sync"]
     assert ms == pytest.approx(2.0)  # the median of 4, 1 and 2 ms
-    assert clock.events == []
+    assert stages == pytest.approx({"render": 0.5, "optimizer": 1.5})  # each stage's median
+    assert clock.events == [] and clock.host == []

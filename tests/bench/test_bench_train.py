@@ -63,8 +63,15 @@ def test_profile_train_reports_host_and_device_time(tmp_path):
     (run,) = json.loads(out.read_text())["runs"]
     assert run == report["runs"][0]
     assert run["label"] == "bytesplat-reference-hw_prune-off" and run["num_gaussians"] > 0
-    assert run["profiled_steps"] == [3, 6]  # after the warm-up's steps 0..2, two timed then two profiled
+    # after the warm-up's steps 0..2: two timed, two under torch.profiler, two under cProfile
+    assert run["profiled_steps"] == [3, 8]
     assert run["wall_ms_per_iteration"] > 0 and run["device_busy_ms_per_iteration"] == 0
+    assert run["wall_ms_median"] > 0 and len(run["wall_ms_quartiles"]) == 3 and isinstance(run["gc_pauses"], dict)
+    python = run["python_top"]
+    assert len(python["self"]) == len(python["total"]) == 5
+    # the loop body is the outermost function profiled: under it is every iteration's whole time
+    assert any(r["function"].endswith(" loop_body") and r["calls"] == 1.0 for r in python["total"])
+    assert python["total"][0]["total_ms"] >= max(r["self_ms"] for r in python["self"]) > 0
     assert len(run["top_host"]) == 5 and all(r["name"].startswith("aten::") or r["calls"] > 0 for r in run["top_host"])
     assert run["top_device"] == []
     assert report["environment"]["command"].startswith("python -m bytesplat_ns.bench.profile_train --scene small")
@@ -106,6 +113,22 @@ def test_profile_train_takes_a_capture_at_its_own_resolution(tmp_path, monkeypat
     assert report["scene"] == str(data) and run["num_gaussians"] > 0
     assert run["label"] == "bytesplat-reference-hw_prune-off-fused.trim_tile_lists-1"
     assert profiled == [(data.resolve(), 1, True)]
+
+
+def test_gc_pauses_counts_the_collections_inside_the_block():
+    import gc
+
+    from bytesplat_ns.bench.profile_train import _gc_pauses
+
+    with _gc_pauses() as pauses:
+        gc.collect()
+        gc.collect(0)
+    assert pauses["gen2"]["count"] == 1 and pauses["gen0"]["count"] >= 1 and pauses["gen2"]["ms"] > 0
+    before = len(gc.callbacks)
+    with _gc_pauses() as outside:
+        pass
+    gc.collect()
+    assert outside == {} and len(gc.callbacks) == before
 
 
 def test_sync_sources_counts_each_synchronising_line_per_iteration(monkeypatch):
@@ -161,5 +184,5 @@ def test_fused_training_step_never_waits_for_the_gpu(tmp_path):
     report = profile_main(["--scene", "small", "--methods", "bytesplat:fused", "--warmup-iters", "20",
                            "--profile-iters", "5", "--top", "3", "--work-dir", str(tmp_path / "w")])
     (run,) = report["runs"]
-    assert run["profiled_steps"] == [20, 34]  # no refine step (every 100 from 500) among them
+    assert run["profiled_steps"] == [20, 39]  # no refine step (every 100 from 500) among them
     assert run["sync_sources"] == [], run["sync_sources"]
