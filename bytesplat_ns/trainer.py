@@ -32,6 +32,7 @@ from bytesplat_ns.checkpoints import (  # noqa: F401  (re-exported: the sharded 
 from bytesplat_ns.divergence import DivergenceGuard
 from bytesplat_ns.errors import BytesplatError
 from bytesplat_ns.eval_logging import EVAL_METRICS_GROUP, EvalImageLogger, tensorboard_writers
+from bytesplat_ns.optim import OnePassOptimizers
 
 
 @dataclass
@@ -69,6 +70,11 @@ class ByteSplatTrainerConfig(TrainerConfig):
     non-blocking copy and written a logged step later (or when training ends), instead of one
     add_scalar each (a GPU wait, a protobuf and a slot of tensorboard's 10-event queue each, ~5 ms a
     logged step on the H200 machine). Same tags, steps and values (bytesplat_ns/event_writers.py)."""
+    optimizer_steps_in_one_pass: bool = True
+    """Clear the gradients and step bytesplat's Adam optimizers in one pass per training step (one launch for
+    every step count, one kernel per tensor) instead of nerfstudio's loop through each optimizer's GradScaler
+    and torch step wrapper: the same updates with less host time. Gradient scaling (AMP), clipping
+    (max_norm) and other optimizers take nerfstudio's way (bytesplat_ns/optim.py OnePassOptimizers)."""
     freeze_heap_after_setup: bool = True
     """When training starts, freeze every object the start-up created (torch, nerfstudio, the data), so
     that training's full garbage collections scan only what training creates (gc.freeze; under ns-train
@@ -212,6 +218,8 @@ class ByteSplatTrainer(Trainer):
         event_writers.retire_event_writers()  # an earlier trainer's, in this process
         super().setup(test_mode=test_mode)
         config = self.config
+        if config.optimizer_steps_in_one_pass:
+            self.optimizers = OnePassOptimizers.adopt(self.optimizers)
         if not (config.timing_scalars_every_step and config.learning_rates_every_step) or config.batched_tensorboard_scalars:
             event_writers.adopt_tensorboard_writers(config.logging.steps_per_log, config.timing_scalars_every_step,
                                                     config.batched_tensorboard_scalars, config.learning_rates_every_step)

@@ -82,6 +82,7 @@ _TRAINED_CAPTURE = "{work}/train/bytesplat-seed0/bytesplat/bytesplat/seed0"  # t
 _VISIBLE_ONLY = "visible=bytesplat --pipeline.model.optimize-visible-only True"
 _FAST_EXP = "fast_exp=bytesplat --pipeline.model.fused.fast-exp True"
 _TRIMMED = "trimmed=bytesplat --pipeline.model.fused.trim-tile-lists True"
+_PER_OPTIMIZER = "per_optimizer=bytesplat --optimizer-steps-in-one-pass False"
 _LEVERS = "levers=bytesplat --pipeline.model.fused.fast-exp True --pipeline.model.fused.bwd-pixels-per-thread 2"
 _RASTER_1080P = "--num-gaussians 1000000 4000000 --width 1920 --height 1080"
 _BUDGET_40 = "budget40=bytesplat --pipeline.model.budget-prune-fraction 0.4"
@@ -350,6 +351,16 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
            Step("step", _args(f"--num-gaussians 1000000 --width 1920 --height 1080 --warmup 10 --repeats 50 "
                               f"--implementations bytesplat bytesplat-trim-lists bytesplat-trim-levers gsplat "
                               f"--gsplat-site {_GSPLAT_153}"), name="step_1m")),
+          needs_data=True),
+    Suite("one-pass-optimizers",
+          "the optimizers' calls in one pass per step (the trainer's --optimizer-steps-in-one-pass, default) against "
+          "nerfstudio's loop over each optimizer: nerfstudio's training loop body on a real capture (--data, full "
+          "resolution from the start) under the profilers after 2000 iterations, then ns-train + ns-eval, 5000 "
+          "iterations, 3 seeds, each pair back to back",
+          1,
+          (Step("profile", _args("--data {data} --methods bytesplat bytesplat@trainer.optimizer_steps_in_one_pass=false "
+                                 "--warmup-iters 2000 --profile-iters 100 --work-dir {work}/profile"), name="loop_capture"),)
+          + _per_seed_on_capture(f"bytesplat '{_PER_OPTIMIZER}'", 5000, "wallclock", "seed{seed}"),
           needs_data=True),
     Suite("sass-loops",
           "the compositing loops' instruction counts in the machine code for sm_90 (H100/H200), per kernel instance "

@@ -86,14 +86,19 @@ def set_model_option(model_config, item: str) -> None:
 
 def method_from_entry(entry: str, configure: Optional[Callable] = None):
     """``method[:rasterizer][@field=value,...]`` -> (label, config); ``configure(config)`` (the
-    command's options for every method) runs before the entry's own field=value overrides."""
+    command's options for every method) runs before the entry's own field=value overrides. A field
+    is the model config's, or with ``trainer.`` in front the trainer config's
+    (``trainer.optimizer_steps_in_one_pass=false``)."""
     spec, _, overrides = entry.partition("@")
     name, _, rasterizer = spec.partition(":")
     config = method_config(name, rasterizer or None)
     if configure is not None:
         configure(config)
     for item in filter(None, overrides.split(",")):
-        set_model_option(config.pipeline.model, item)
+        if item.startswith("trainer."):
+            set_model_option(config, item[len("trainer."):])
+        else:
+            set_model_option(config.pipeline.model, item)
     label = entry.replace(":", "-").replace("@", "-").replace(",", "-").replace("=", "-")
     return label, config
 

@@ -30,6 +30,16 @@ def test_model_options_parse_to_the_field_type():
         set_model_option(cfg, "hw_prune")
 
 
+def test_an_entry_sets_model_and_trainer_fields():
+    from bytesplat_ns.bench.train import method_from_entry
+
+    label, config = method_from_entry("bytesplat@trainer.optimizer_steps_in_one_pass=false,fused.fast_exp=true")
+    assert config.optimizer_steps_in_one_pass is False and config.pipeline.model.fused.fast_exp is True
+    assert label == "bytesplat-trainer.optimizer_steps_in_one_pass-false-fused.fast_exp-true"
+    with pytest.raises(SystemExit, match="unknown model option"):
+        method_from_entry("bytesplat@trainer.no_such_field=1")
+
+
 def test_unknown_method_is_one_clear_error():
     from bytesplat_ns.bench.train import method_from_entry
 

@@ -110,6 +110,29 @@ def test_splatfacto_groups_in_one_optimizer_and_params_without_grad(kernel_calls
     assert ours.state[a[1]]["step"].item() == 5.0
 
 
+def test_one_pass_over_several_optimizers_is_each_ones_own_step(kernel_calls):
+    """optim.step_in_one_pass (the trainer's default): bit for bit what each DeviceAdam's own step gives."""
+    from bytesplat_ns.optim import step_in_one_pass
+
+    shapes = [(4097, 3), (4097, 4), (4097, 15, 3), (4097, 1)]
+    a = [_param(s, seed=i) for i, s in enumerate(shapes)]
+    b = [_param(s, seed=i) for i, s in enumerate(shapes)]
+    own = [DeviceAdam([p], lr=1e-2 * (k + 1), eps=EPS) for k, p in enumerate(a)]
+    passed = [DeviceAdam([p], lr=1e-2 * (k + 1), eps=EPS, betas=(0.9, 0.999)) for k, p in enumerate(b)]
+    for i in range(4):
+        for params in (a, b):
+            for k, p in enumerate(params):
+                gen = torch.Generator(device="cuda").manual_seed(1000 * i + k)
+                p.grad = torch.randn(p.shape, generator=gen, device="cuda")
+        for opt in own:
+            opt.step()
+        step_in_one_pass(passed)
+    assert len(kernel_calls) == 2 * 4 * len(shapes)
+    for x, y, o, q in zip(a, b, own, passed):
+        assert torch.equal(x, y)
+        assert all(torch.equal(o.state[x][k], q.state[y][k]) for k in ("step", "exp_avg", "exp_avg_sq"))
+
+
 def _roundtrip(state_dict):
     buf = io.BytesIO()
     torch.save(state_dict, buf)  # as a checkpoint file
