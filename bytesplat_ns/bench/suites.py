@@ -356,11 +356,15 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           "the optimizers' calls in one pass per step (the trainer's --optimizer-steps-in-one-pass, default) against "
           "nerfstudio's loop over each optimizer: nerfstudio's training loop body on a real capture (--data, full "
           "resolution from the start) under the profilers after 2000 iterations, then ns-train + ns-eval, 5000 "
-          "iterations, 3 seeds, each pair back to back",
+          "iterations, 3 seeds, each pair back to back; then seeds 3-5 of both for quality, the six runs at once",
           1,
           (Step("profile", _args("--data {data} --methods bytesplat bytesplat@trainer.optimizer_steps_in_one_pass=false "
                                  "--warmup-iters 2000 --profile-iters 100 --work-dir {work}/profile"), name="loop_capture"),)
-          + _per_seed_on_capture(f"bytesplat '{_PER_OPTIMIZER}'", 5000, "wallclock", "seed{seed}"),
+          + _per_seed_on_capture(f"bytesplat '{_PER_OPTIMIZER}'", 5000, "wallclock", "seed{seed}")
+          # quality only (the six runs share the GPU): seeds 3-5 of both
+          + (Step("wallclock", _args(f"--data {{data}} --methods bytesplat '{_PER_OPTIMIZER}' --iterations 5000 "
+                                     "--seeds 3 4 5 --parallel 6 --offline-lpips --work-dir {work}/seeds"),
+                  name="quality_seeds"),),
           needs_data=True),
     Suite("sass-loops",
           "the compositing loops' instruction counts in the machine code for sm_90 (H100/H200), per kernel instance "
