@@ -23,6 +23,7 @@ import json
 import math
 import os
 import random
+import re
 import shlex
 import statistics
 import sys
@@ -489,9 +490,40 @@ def sass_table(steps: List[Dict]) -> List[str]:
          "spill accesses in the loop(s)", "instructions", "compositing loop(s)", "fewer than with expf"], rows)
 
 
+def _python_function(name: str) -> str:
+    """A profiled function's short name: ``file:line name`` -> name; cProfile's built-ins
+    (``<method 'run_backward' of '...' objects>``, ``<built-in method torch.isfinite>``) -> run_backward, torch.isfinite."""
+    quoted = re.match(r"<method '([^']+)'", name)
+    if quoted:
+        return quoted.group(1)
+    builtin = re.match(r"<built-in method (\S+?)>?$", name)
+    if builtin:
+        return builtin.group(1)
+    return name.split(" ")[-1]
+
+
+def profile_table(steps: List[Dict]) -> List[str]:
+    """nerfstudio's training loop body per method entry (``bytesplat-bench profile``): each iteration's host
+    time (median, quartiles, mean), the GPU's busy time, the host-device waits per iteration and the Python
+    functions with the most time of their own (cProfile, which inflates them: read the ranking)."""
+    rows = []
+    for step in steps:
+        for run in step["result"]["runs"]:
+            quartiles = run.get("wall_ms_quartiles") or []
+            spread = f"{quartiles[0]:.2f}-{quartiles[2]:.2f}" if len(quartiles) == 3 else "-"
+            syncs = sum(run.get("syncs_per_iteration", {}).values())
+            python = run.get("python_top", {}).get("self", [])[:3]
+            top = "; ".join(f"{_python_function(r['function'])} {r['self_ms']:.2f}" for r in python) or "-"
+            rows.append([run["label"], _count(run["num_gaussians"]), _f(run.get("wall_ms_median")), spread,
+                         _f(run["wall_ms_per_iteration"]), _f(run["device_busy_ms_per_iteration"]), _f(syncs),
+                         top])
+    return _table(["method", "Gaussians", "iteration ms (median)", "quartiles", "mean", "GPU busy ms",
+                   "host-device waits per iteration", "most Python time of their own (cProfile ms)"], rows)
+
+
 TABLES = {"raster": raster_table, "train": train_table, "distributed": distributed_table,
           "wallclock": wallclock_table, "quality": quality_table, "step": step_table, "dram": dram_table,
-          "sass": sass_table}
+          "sass": sass_table, "profile": profile_table}
 
 
 def _kind(result) -> Optional[str]:
@@ -503,6 +535,8 @@ def _kind(result) -> Optional[str]:
         return "dram"
     if isinstance(result, dict) and result.get("benchmark") == "bytesplat-bench sass":
         return "sass"
+    if isinstance(result, dict) and result.get("benchmark") == "bytesplat-bench profile":
+        return "profile"
     if isinstance(result, dict) and {"baseline", "runs", "summary"} <= set(result) \
             and all("psnr_diff_mean" in row for row in result["summary"].values()):
         return "quality"

@@ -349,7 +349,7 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           (Step("profile", _args("--data {data} --methods bytesplat bytesplat@fused.trim_tile_lists=true "
                                  "--warmup-iters 2000 --profile-iters 50 --work-dir {work}/profile"), name="loop_capture"),
            Step("step", _args(f"--num-gaussians 1000000 --width 1920 --height 1080 --warmup 10 --repeats 50 "
-                              f"--implementations bytesplat bytesplat-trim-lists bytesplat-trim-levers gsplat "
+                              f"--implementations bytesplat bytesplat-trim-lists bytesplat-trim-levers "
                               f"--gsplat-site {_GSPLAT_153}"), name="step_1m")),
           needs_data=True),
     Suite("one-pass-optimizers",

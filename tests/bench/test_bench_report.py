@@ -332,3 +332,17 @@ def test_quality_is_pooled_over_every_run_on_a_capture_against_splatfacto():
     assert "| fox | 30000 | bytesplat | 2 | 27.50 | 27.50 | 0.71 | 27.00-28.00 | 0.9000 | -2.00 | 0.33 |" == by_method["bytesplat"]
     assert by_method["splatfacto"].endswith("| - | - |")
     assert "| fox | 5000 | bytesplat | 1 | 27.00 | 27.00 | - | 27.00-27.00 | 0.9000 | - | - |" in lines
+
+
+def test_profile_runs_get_a_table_of_the_loop_bodys_host_time():
+    run = {"label": "bytesplat", "num_gaussians": 200_000, "wall_ms_per_iteration": 5.0, "wall_ms_median": 4.0,
+           "wall_ms_quartiles": [3.8, 4.0, 4.7], "device_busy_ms_per_iteration": 2.5,
+           "syncs_per_iteration": {"cudaStreamSynchronize": 1.0, "cudaDeviceSynchronize": 0.04},
+           "python_top": {"self": [{"function": "<method 'run_backward' of 'torch._C._EngineBase' objects>", "self_ms": 1.0},
+                                   {"function": "<built-in method bytesplat_cuda_90_x.bin_tiles>", "self_ms": 0.5},
+                                   {"function": "bytesplat_ns/model.py:103 viewmat", "self_ms": 0.4}], "total": []}}
+    step = {"name": "loop", "status": "ok", "result": {"benchmark": "bytesplat-bench profile", "runs": [run]}}
+    assert report._kind(step["result"]) == "profile"
+    lines = report.profile_table([step])
+    assert lines[2] == ("| bytesplat | 200k | 4.00 | 3.80-4.70 | 5.00 | 2.50 | 1.04 | run_backward 1.00; "
+                        "bytesplat_cuda_90_x.bin_tiles 0.50; viewmat 0.40 |")
