@@ -1,8 +1,10 @@
 """Stop a diverged run loudly, without a host-device synchronisation per step.
 
-Each step folds "the loss is finite" into a flag that stays on the device; the flag (and every
-parameter group) is read only every ``interval`` steps and before each checkpoint, so a NaN run
-ends within ``interval`` steps and never writes a NaN checkpoint.
+Each step adds its loss into a running sum that stays on the device (one launch): the sum is finite
+exactly when every loss in it is (a NaN or an infinity stays in any sum; training losses are far
+from float32's overflow). The sum (and every parameter group) is read only every ``interval`` steps
+and before each checkpoint, so a NaN run ends within ``interval`` steps and never writes a NaN
+checkpoint.
 """
 
 from __future__ import annotations
@@ -23,13 +25,13 @@ class DivergenceError(BytesplatError):
 class DivergenceGuard:
     def __init__(self, interval: int):
         self.interval = max(1, int(interval))
-        self._loss_finite: Optional[torch.Tensor] = None
-        self._first_step: Optional[int] = None  # first step folded into the flag since the last check
+        self._loss_sum: Optional[torch.Tensor] = None
+        self._first_step: Optional[int] = None  # first step added into the sum since the last check
 
     def observe(self, step: int, loss: torch.Tensor) -> None:
-        """Fold this step's loss into the device-side flag (no synchronisation)."""
-        finite = torch.isfinite(loss.detach()).all()
-        self._loss_finite = finite if self._loss_finite is None else self._loss_finite & finite
+        """Add this step's loss into the device-side sum (no synchronisation)."""
+        loss = loss.detach()
+        self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
         if self._first_step is None:
             self._first_step = step
 
@@ -38,7 +40,8 @@ class DivergenceGuard:
 
     def check(self, step: int, param_groups: Dict[str, List[torch.Tensor]]) -> None:
         """Read the flag and the parameters (synchronises); a clear error if anything is non-finite."""
-        flag, first, self._loss_finite, self._first_step = self._loss_finite, self._first_step, None, None
+        total, first, self._loss_sum, self._first_step = self._loss_sum, self._first_step, None, None
+        flag = torch.isfinite(total).all() if total is not None else None
         groups_finite = {name: torch.stack([torch.isfinite(p.detach()).all() for p in params]).all()
                          for name, params in param_groups.items() if params}
         everything = list(groups_finite.values()) + ([flag] if flag is not None else [])

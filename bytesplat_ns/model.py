@@ -30,7 +30,7 @@ from nerfstudio.utils.rich_utils import CONSOLE
 from pytorch_msssim import SSIM
 from scipy.spatial import cKDTree
 
-from bytesplat_ns.data.datamanager import host_image_size
+from bytesplat_ns.data.datamanager import host_image_size, viewmat_from_camera_to_world, world_to_camera
 from bytesplat_ns.errors import BytesplatError
 from bytesplat_ns.gaussian_budget import BudgetSettings, GaussianBudget, summed_over_views, view_blending_weights
 from bytesplat_ns.image_metrics import Lpips, psnr
@@ -100,23 +100,6 @@ class ByteSplatModelConfig(SplatfactoModelConfig):
     0: splatfacto's schedule whatever the image size."""
 
 
-def viewmat_from_camera_to_world(camera_to_world: torch.Tensor) -> torch.Tensor:
-    """[C,3,4] nerfstudio (OpenGL) camera-to-world -> [C,4,4] OpenCV world-to-camera.
-
-    Plain torch on purpose: splatfacto ``torch.compile``s this, which costs a C++ toolchain and
-    seconds of compile on CPU for a handful of multiplies.
-    """
-    # flip y, z (negating columns, not multiplying by a tensor built on the host: no device copy)
-    rotation = torch.cat([camera_to_world[:, :3, :1], -camera_to_world[:, :3, 1:3]], dim=2)
-    translation = camera_to_world[:, :3, 3:4]
-    rotation_inv = rotation.transpose(1, 2)
-    viewmat = torch.zeros(camera_to_world.shape[0], 4, 4, device=camera_to_world.device, dtype=camera_to_world.dtype)
-    viewmat[:, :3, :3] = rotation_inv
-    viewmat[:, :3, 3:4] = -rotation_inv @ translation
-    viewmat[:, 3, 3] = 1.0
-    return viewmat
-
-
 def intrinsics_matrices(camera: Cameras) -> torch.Tensor:
     """``camera.get_intrinsics_matrices()`` [*,3,3], built on the device the camera's tensors are on.
     nerfstudio's fills a CPU tensor element by element: for a camera on the GPU, four read-backs
@@ -143,6 +126,10 @@ class ByteSplatModel(SplatfactoModel):
     """splatfacto with a pluggable rasterizer (reference / gsplat / fused) that also runs on CPU."""
 
     config: ByteSplatModelConfig
+    # Whether this training step's metrics dict gets the image metrics (PSNR): nerfstudio's trainer writes
+    # the dict only on logged steps, and bytesplat's trainer says which step is one (trainer.py); True
+    # wherever nobody says (every step, as splatfacto).
+    training_metrics_wanted: bool = True
 
     def get_training_callbacks(self, training_callback_attributes):
         cameras = getattr(getattr(getattr(training_callback_attributes.pipeline, "datamanager", None),
@@ -361,7 +348,10 @@ class ByteSplatModel(SplatfactoModel):
 
         intrinsics, width, height = self._intrinsics_and_size(camera, self._get_downscale_factor())
         self.last_size = (height, width)
-        viewmat = viewmat_from_camera_to_world(camera_to_world.to(self.device))
+        # a training camera's matrix, made once by the datamanager, where no camera optimizer moves it
+        viewmat = world_to_camera(camera) if self.training and self.camera_optimizer.config.mode == "off" else None
+        if viewmat is None:
+            viewmat = viewmat_from_camera_to_world(camera_to_world.to(self.device))
 
         colors, sh_degree = self._colors_and_sh_degree(gaussians)
         raster_args = (
@@ -531,11 +521,13 @@ class ByteSplatModel(SplatfactoModel):
                 self._run_fused_step(outputs, batch)
         if not self.training:
             return super().get_metrics_dict(outputs, batch)
-        # splatfacto's training metrics, with a PSNR that does not wait for the GPU
-        gt_rgb = self.composite_with_background(self.get_gt_img(batch["image"]), outputs["background"])
-        metrics_dict = {"psnr": training_psnr(outputs["rgb"], gt_rgb)}
-        if self.config.color_corrected_metrics:
-            metrics_dict["cc_psnr"] = training_psnr(color_correct(outputs["rgb"], gt_rgb), gt_rgb)
+        # splatfacto's training metrics, with a PSNR that does not wait for the GPU, on the steps that log them
+        metrics_dict = {}
+        if self.training_metrics_wanted:
+            gt_rgb = self.composite_with_background(self.get_gt_img(batch["image"]), outputs["background"])
+            metrics_dict["psnr"] = training_psnr(outputs["rgb"], gt_rgb)
+            if self.config.color_corrected_metrics:
+                metrics_dict["cc_psnr"] = training_psnr(color_correct(outputs["rgb"], gt_rgb), gt_rgb)
         metrics_dict["gaussian_count"] = self.num_points
         self.camera_optimizer.get_metrics_dict(metrics_dict)
         return metrics_dict

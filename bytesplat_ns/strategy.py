@@ -41,17 +41,32 @@ class SyncFreeDefaultStrategy(DefaultStrategy):
         for key in ("width", "height", "n_cameras", "radii", self.key_for_gradient):
             assert key in info, f"{key} is required but missing."
         means2d = info[self.key_for_gradient]
-        grads = (means2d.absgrad if self.absgrad else means2d.grad).clone()  # [C, N, 2]
-        grads[..., 0] *= info["width"] / 2.0 * info["n_cameras"]
-        grads[..., 1] *= info["height"] / 2.0 * info["n_cameras"]
+        grads = means2d.absgrad if self.absgrad else means2d.grad  # [C, N, 2]
+        # gsplat scales the two components in place by these float32-exact factors: one multiply here
+        norms = (grads * self._pixel_scale(info, grads.device)).norm(dim=-1)
         n = len(list(params.values())[0])
         for key in ("grad2d", "count") + (("radii",) if self.refine_scale2d_stop_iter > 0 else ()):
             if state[key] is None:
                 state[key] = torch.zeros(n, device=grads.device)
         radii = info["radii"]  # [C, N]
         visible = radii > 0.0
-        state["grad2d"] += torch.where(visible, grads.norm(dim=-1), 0.0).sum(0)
-        state["count"] += visible.sum(0, dtype=torch.float32)
+        if visible.shape[0] == 1:  # one camera (every training step): the sums over it are its values
+            state["grad2d"] += torch.where(visible[0], norms[0], 0.0)
+            state["count"] += visible[0]
+        else:
+            state["grad2d"] += torch.where(visible, norms, 0.0).sum(0)
+            state["count"] += visible.sum(0, dtype=torch.float32)
         if self.refine_scale2d_stop_iter > 0:  # the state is >= 0: a 0 for "not visible" leaves it as it is
             screen = torch.where(visible, radii / float(max(info["width"], info["height"])), 0.0).amax(0)
             torch.maximum(state["radii"], screen, out=state["radii"])
+
+    def _pixel_scale(self, info: Dict[str, Any], device: torch.device) -> torch.Tensor:
+        """[2] float32 on ``device``: gsplat's factors from normalised to pixel gradients, (width/2, height/2)
+        times the number of cameras; made once per image size, camera count and device (a tensor built
+        from host numbers every step would be a host-to-device copy every step)."""
+        key = (info["width"], info["height"], info["n_cameras"], device)
+        cache = self.__dict__.setdefault("_pixel_scales", {})
+        if key not in cache:
+            cache[key] = torch.tensor([info["width"] / 2.0 * info["n_cameras"], info["height"] / 2.0 * info["n_cameras"]],
+                                      dtype=torch.float32, device=device)
+        return cache[key]

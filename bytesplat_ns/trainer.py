@@ -32,6 +32,7 @@ from bytesplat_ns.checkpoints import (  # noqa: F401  (re-exported: the sharded 
 from bytesplat_ns.divergence import DivergenceGuard
 from bytesplat_ns.errors import BytesplatError
 from bytesplat_ns.eval_logging import EVAL_METRICS_GROUP, EvalImageLogger, tensorboard_writers
+from bytesplat_ns.model import ByteSplatModel
 from bytesplat_ns.optim import OnePassOptimizers
 
 
@@ -206,6 +207,11 @@ class ByteSplatTrainer(Trainer):
         self.divergence_guard.check(step, self.pipeline.get_param_groups())
 
     def train_iteration(self, step: int):
+        model = getattr(self.pipeline, "model", None)
+        if isinstance(model, ByteSplatModel):
+            # nerfstudio's loop writes the metrics dict only on these steps (Trainer.train)
+            wanted = step_check(step, self.config.logging.steps_per_log, run_at_zero=True)
+            object.__setattr__(model, "training_metrics_wanted", wanted)  # a plain attribute: not Module's slow path
         loss, loss_dict, metrics_dict = super().train_iteration(step)
         self.divergence_guard.observe(step, loss)
         if self.divergence_guard.due(step):

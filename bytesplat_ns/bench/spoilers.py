@@ -101,7 +101,8 @@ class ViewProbe:
 def colour_renderer(model, camera, backend: str) -> Callable[[Tensor], Tensor]:
     """``render(colors)`` of the model's Gaussians from ``camera`` at its full resolution ([1,H,W,3],
     no background), as the Gaussian budget renders them."""
-    from bytesplat_ns.model import intrinsics_matrices, viewmat_from_camera_to_world
+    from bytesplat_ns.data.datamanager import viewmat_from_camera_to_world
+    from bytesplat_ns.model import intrinsics_matrices
     from bytesplat_ns.raster import rasterize
 
     with torch.no_grad():
@@ -122,7 +123,7 @@ def colour_renderer(model, camera, backend: str) -> Callable[[Tensor], Tensor]:
 
 def camera_geometry(cameras, device) -> Dict[str, Tensor]:
     """Centres [C,3] and OpenCV world-to-camera matrices [C,4,4] of nerfstudio cameras."""
-    from bytesplat_ns.model import viewmat_from_camera_to_world
+    from bytesplat_ns.data.datamanager import viewmat_from_camera_to_world
 
     c2w = cameras.camera_to_worlds.to(device).float()
     return {"centres": c2w[:, :3, 3], "viewmats": viewmat_from_camera_to_world(c2w)}

@@ -13,7 +13,7 @@ log scales, logit opacities, SH split into features_dc/features_rest). The camer
 from the run's own datamanager, rebuilt from config.yml (so the dataparser puts them in the frame the
 model was trained in; that frame is checked against dataparser_transforms.json), train split, each
 image undistorted as nerfstudio's FullImageDatamanager does. The view matrix is the model's own
-conversion (``bytesplat_ns.model.viewmat_from_camera_to_world``), the background the model's eval
+conversion (``bytesplat_ns.data.datamanager.viewmat_from_camera_to_world``), the background the model's eval
 background. ``scale`` renders a view at another resolution: intrinsics scaled as nerfstudio's
 ``Cameras.rescale_output_resolution`` does (size floored), ground truth resized (bilinear).
 
@@ -166,7 +166,7 @@ class TrainedRun:
     def view(self, index: int, scale: float = 1.0) -> Tuple[Tensor, Tensor, int, int, Tensor]:
         """Train view ``index``: (viewmat [4,4] OpenCV world-to-camera, K [3,3], width, height,
         ground truth [H,W,3] in [0,1] over the model's background), at ``scale`` x its resolution."""
-        from bytesplat_ns.model import viewmat_from_camera_to_world
+        from bytesplat_ns.data.datamanager import viewmat_from_camera_to_world
 
         if not 0 <= index < self.num_views:
             raise BytesplatError(f"View {index} is out of range: the run in {self.run_dir} has {self.num_views} "

@@ -5,7 +5,9 @@ copy per camera field, each a full stream synchronisation), and the model then r
 back with ``.item()`` (two more). On a scene the GPU trains in a few milliseconds per step, those
 stalls are a large share of the iteration (`bytesplat-bench profile`). Here the training cameras are
 copied to the device once and sliced there, and each training camera carries its image size as
-host integers (``HOST_SIZE_KEY`` in its metadata) so the model never has to ask the GPU.
+host integers (``HOST_SIZE_KEY`` in its metadata) so the model never has to ask the GPU, and its
+world-to-camera matrix, made on the device once per training image (``WORLD_TO_CAMERA_KEY``: ten
+small tensor operations the model would otherwise launch every step).
 
 The images are decoded and undistorted once, when first cached, by ``cache_workers`` threads.
 """
@@ -18,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, Optional, Tuple, Type
 
+import torch
 from nerfstudio.cameras.cameras import Cameras
 from nerfstudio.data.datamanagers import full_images_datamanager
 from nerfstudio.data.datamanagers.full_images_datamanager import FullImageDatamanager, FullImageDatamanagerConfig
@@ -27,11 +30,36 @@ from bytesplat_ns.errors import BytesplatError
 
 # metadata key of a training camera: its full-resolution (width, height) as Python ints
 HOST_SIZE_KEY = "bytesplat_host_size"
+WORLD_TO_CAMERA_KEY = "bytesplat_world_to_camera"
 
 
 def host_image_size(camera: Cameras) -> Optional[Tuple[int, int]]:
     """(width, height) at full resolution when the camera carries them on the host, else None."""
     return (camera.metadata or {}).get(HOST_SIZE_KEY)
+
+
+def viewmat_from_camera_to_world(camera_to_world: torch.Tensor) -> torch.Tensor:
+    """[C,3,4] nerfstudio (OpenGL) camera-to-world -> [C,4,4] OpenCV world-to-camera.
+
+    Plain torch on purpose: splatfacto ``torch.compile``s this, which costs a C++ toolchain and
+    seconds of compile on CPU for a handful of multiplies.
+    """
+    # flip y, z (negating columns, not multiplying by a tensor built on the host: no device copy)
+    rotation = torch.cat([camera_to_world[:, :3, :1], -camera_to_world[:, :3, 1:3]], dim=2)
+    translation = camera_to_world[:, :3, 3:4]
+    rotation_inv = rotation.transpose(1, 2)
+    viewmat = torch.zeros(camera_to_world.shape[0], 4, 4, device=camera_to_world.device, dtype=camera_to_world.dtype)
+    viewmat[:, :3, :3] = rotation_inv
+    viewmat[:, :3, 3:4] = -rotation_inv @ translation
+    viewmat[:, 3, 3] = 1.0
+    return viewmat
+
+
+def world_to_camera(camera: Cameras) -> Optional[torch.Tensor]:
+    """A training camera's [1,4,4] world-to-camera matrix as the datamanager made it, once per training image
+    (``viewmat_from_camera_to_world`` of its camera-to-world; ``next_train`` puts it in the camera's metadata);
+    None for any other camera."""
+    return (camera.metadata or {}).get(WORLD_TO_CAMERA_KEY)
 
 
 @dataclass
@@ -66,6 +94,7 @@ class BytesplatDatamanager(FullImageDatamanager):
     _device_cameras: Optional[Cameras] = None
     _device_cameras_of: Optional[Cameras] = None
     _host_sizes: Tuple[Tuple[int, int], ...] = ()
+    _world_to_camera: Optional[Dict[int, torch.Tensor]] = None  # per training image, with the device cameras
 
     def __init__(self, *args, **kwargs):
         try:
@@ -101,6 +130,7 @@ class BytesplatDatamanager(FullImageDatamanager):
                                          (int(h) for h in cameras.height.reshape(-1).tolist())))
             self._device_cameras = cameras.to(self.device)
             self._device_cameras_of = cameras
+            self._world_to_camera = {}
         assert self._device_cameras is not None
         return self._device_cameras
 
@@ -121,4 +151,10 @@ class BytesplatDatamanager(FullImageDatamanager):
         camera.metadata = dict(camera.metadata or {})
         camera.metadata["cam_idx"] = image_idx
         camera.metadata[HOST_SIZE_KEY] = self._host_sizes[image_idx]
+        # made once per image, by the same call the model would make every step (the same values)
+        assert self._world_to_camera is not None  # made with the device cameras
+        viewmat = self._world_to_camera.get(image_idx)
+        if viewmat is None:
+            viewmat = self._world_to_camera[image_idx] = viewmat_from_camera_to_world(camera.camera_to_worlds)
+        camera.metadata[WORLD_TO_CAMERA_KEY] = viewmat
         return camera, data

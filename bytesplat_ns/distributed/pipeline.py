@@ -354,7 +354,7 @@ class ShardedPipeline(VanillaPipeline):
 
     def _camera_views(self, indices: List[int], cams) -> Views:
         """The batch's cameras as ``Views`` (no images yet)."""
-        from bytesplat_ns.model import viewmat_from_camera_to_world
+        from bytesplat_ns.data.datamanager import viewmat_from_camera_to_world
 
         model = self.model
         # rescaled and read on the host, then two copies to the device (not one blocking copy per

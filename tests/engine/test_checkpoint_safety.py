@@ -104,6 +104,17 @@ def test_divergence_guard_names_the_step_and_the_group_and_reads_the_flag_only_w
         guard.check(7, params)
 
 
+def test_divergence_guard_sees_opposite_infinities_in_one_window():
+    """The guard sums the window's losses on the device: +inf and -inf make NaN, still caught."""
+    guard = DivergenceGuard(interval=3)
+    for step, value in ((1, float("inf")), (2, -float("inf")), (3, 0.5)):
+        guard.observe(step, torch.tensor(value))
+    with pytest.raises(DivergenceError, match="between steps 1 and 3"):
+        guard.check(3, {"means": [torch.zeros(2)]})
+    guard.observe(4, torch.tensor(1e30))  # large but finite: no error
+    guard.check(4, {"means": [torch.zeros(2)]})
+
+
 # ---- through the CLIs ------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,13 @@ from gsplat.strategy import DefaultStrategy
 from nerfstudio.cameras.cameras import Cameras, CameraType
 from nerfstudio.data.datamanagers.full_images_datamanager import FullImageDatamanager
 
-from bytesplat_ns.data.datamanager import HOST_SIZE_KEY, BytesplatDatamanagerConfig, host_image_size
+from bytesplat_ns.data.datamanager import (
+    HOST_SIZE_KEY,
+    BytesplatDatamanagerConfig,
+    host_image_size,
+    viewmat_from_camera_to_world,
+    world_to_camera,
+)
 from bytesplat_ns.data.scene import SceneSpec, generate_scene
 from bytesplat_ns.strategy import SyncFreeDefaultStrategy
 
@@ -94,6 +100,7 @@ def test_training_cameras_equal_nerfstudios_and_carry_their_size(scene):
     theirs = _datamanager(scene, FullImageDatamanager)
     assert type(theirs) is FullImageDatamanager
     theirs.train_unseen_cameras = list(ours.train_unseen_cameras)  # the same (seeded) order
+    seen = {}
     for step in range(len(ours.train_unseen_cameras) + 2):  # across the re-shuffle at the end of an epoch
         cam, data = ours.next_train(step)
         ref_cam, ref_data = theirs.next_train(step)
@@ -103,7 +110,13 @@ def test_training_cameras_equal_nerfstudios_and_carry_their_size(scene):
         for name in ("camera_to_worlds", "fx", "fy", "cx", "cy", "width", "height", "camera_type"):
             assert torch.equal(getattr(cam, name), getattr(ref_cam, name)), name
         assert host_image_size(cam) == (int(ref_cam.width), int(ref_cam.height)) == (SPEC.width, SPEC.height)
+        # the world-to-camera matrix: what the model computed from the camera every step, made once per image
+        viewmat = world_to_camera(cam)
+        assert torch.equal(viewmat, viewmat_from_camera_to_world(ref_cam.camera_to_worlds))
+        assert viewmat is seen.setdefault(cam.metadata["cam_idx"], viewmat)
+    assert len(seen) == len(ours.train_dataset)  # one matrix per training image, each made once
     assert host_image_size(ours.train_cameras[0:1]) is None  # the dataset's cameras are left as they are
+    assert world_to_camera(ours.train_cameras[0:1]) is None
 
 
 @pytest.mark.parametrize("scale_factor", [1, 2, 3, 4.0])
@@ -126,7 +139,7 @@ def test_model_intrinsics_and_size_match_rescale_output_resolution(scale_factor)
 
 
 def test_viewmat_equals_the_flip_by_multiplication():
-    from bytesplat_ns.model import viewmat_from_camera_to_world
+    from bytesplat_ns.data.datamanager import viewmat_from_camera_to_world
 
     c2w = torch.randn(3, 3, 4)
     rotation = c2w[:, :3, :3] * torch.tensor([1.0, -1.0, -1.0])
@@ -137,7 +150,7 @@ def test_viewmat_equals_the_flip_by_multiplication():
 
 
 def test_rigid_camera_centers_equal_the_inverse():
-    from bytesplat_ns.model import viewmat_from_camera_to_world
+    from bytesplat_ns.data.datamanager import viewmat_from_camera_to_world
     from bytesplat_ns.raster.projection import camera_centers, rigid_camera_centers
 
     q, _ = torch.linalg.qr(torch.randn(4, 3, 3, dtype=torch.float64))

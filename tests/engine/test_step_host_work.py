@@ -1,6 +1,8 @@
-"""The trainer's one-pass optimizer calls (optim.OnePassOptimizers, step_in_one_pass; no GPU needed):
-the same updates and state as each optimizer's own step, nerfstudio's way wherever gradients are
-scaled or clipped or an optimizer cannot take the pass, and the trainer switch that adopts it.
+"""Host work the training step no longer does, with the same results (no GPU needed): the trainer's
+one-pass optimizer calls (optim.OnePassOptimizers, step_in_one_pass: the same updates and state as each
+optimizer's own step, nerfstudio's way wherever gradients are scaled or clipped or an optimizer cannot
+take the pass, and the trainer switch that adopts it), the world-to-camera matrix the datamanager makes
+once per training image, and the training PSNR only on the steps nerfstudio logs.
 
 As in test_adam_kernel.py, CPU tensors stand in for the kernel's operands and a torch twin of
 cuda/adam.cu for the kernel; test_adam_kernel_gpu.py holds the one pass against the real kernel."""
@@ -134,3 +136,39 @@ def test_the_trainer_switch_adopts_the_one_pass(tmp_path):
         trainer.train()  # two steps through the trainer's loop
         assert trainer.pipeline.model.num_points > 0
     assert kinds == {True: OnePassOptimizers, False: Optimizers}
+
+
+@pytest.mark.parametrize("camera_optimizer", ["off", "SO3xR3"])
+def test_training_steps_take_the_datamanagers_matrix_and_log_step_metrics(tmp_path, monkeypatch, camera_optimizer):
+    """Through the trainer's loop (CPU, built-in scene): the model renders training views with the world-to-camera
+    matrix the datamanager made once per image, unless a camera optimizer moves the cameras; the training
+    PSNR is computed on the steps nerfstudio logs (every steps_per_log, and step 0) and only there."""
+    from nerfstudio.configs.method_configs import all_methods
+
+    from bytesplat_ns import model as model_module
+    from bytesplat_ns.bench.train import setup_trainer
+    from bytesplat_ns.data.scene import SceneSpec, ensure_scene
+
+    config = copy.deepcopy(all_methods["bytesplat"])
+    config.pipeline.model.camera_optimizer.mode = camera_optimizer
+    config.logging.steps_per_log = 3
+    trainer, _ = setup_trainer(f"steps-{camera_optimizer}", config, ensure_scene(SceneSpec(size="small")), 7,
+                               tmp_path, 0, "cpu")
+    computed, metrics = [], []
+    real_viewmat = model_module.viewmat_from_camera_to_world
+    monkeypatch.setattr(model_module, "viewmat_from_camera_to_world",
+                        lambda c2w: computed.append(1) or real_viewmat(c2w))
+    real_metrics = type(trainer.pipeline.model).get_metrics_dict
+
+    def recording(model, outputs, batch):
+        out = real_metrics(model, outputs, batch)
+        if model.training:
+            metrics.append(sorted(out))
+        return out
+
+    monkeypatch.setattr(type(trainer.pipeline.model), "get_metrics_dict", recording)
+    trainer.train()
+    assert len(metrics) == 7
+    assert len(computed) == (0 if camera_optimizer == "off" else 7)
+    logged = [step for step, keys in enumerate(metrics) if "psnr" in keys]
+    assert logged == [0, 3, 6] and all("gaussian_count" in keys for keys in metrics)
