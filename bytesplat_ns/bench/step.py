@@ -63,7 +63,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -129,13 +129,7 @@ class StageClock:
     def host_stages(self) -> List[Dict[str, float]]:
         """Per step, each stage's host milliseconds (from the boundary before it to its own), then clears:
         the time to issue the stage's launches and to wait for any device read inside it."""
-        out: List[Dict[str, float]] = []
-        for (_, a), (name, b) in zip(self.host, self.host[1:]):
-            if name == "":
-                continue
-            if not out or name in out[-1]:
-                out.append({})
-            out[-1][name] = 1e3 * (b - a)
+        out = _per_step(self.host, lambda a, b: 1e3 * (b - a))
         self.host.clear()
         return out
 
@@ -147,16 +141,23 @@ class StageClock:
 
     def steps(self) -> List[Dict[str, float]]:
         """Per step (from one ``start`` to the next), each stage's milliseconds; call after a sync."""
-        out: List[Dict[str, float]] = []
-        for (_, a), (name, b) in zip(self.events, self.events[1:]):
-            if name == "":
-                continue
-            if not out or name in out[-1]:
-                out.append({})
-            out[-1][name] = a.elapsed_time(b)
+        out = _per_step(self.events, lambda a, b: a.elapsed_time(b))
         self.events.clear()
         self.host.clear()
         return out
+
+
+def _per_step(marks: List[Tuple[str, Any]], span: Callable[[Any, Any], float]) -> List[Dict[str, float]]:
+    """Stage boundaries ``(stage, mark)`` (``""`` where a step starts) -> per step, each stage's
+    ``span(mark before it, its mark)``."""
+    out: List[Dict[str, float]] = []
+    for (_, a), (name, b) in zip(marks, marks[1:]):
+        if name == "":
+            continue
+        if not out or name in out[-1]:
+            out.append({})
+        out[-1][name] = span(a, b)
+    return out
 
 
 def initial_params(scene: Dict) -> Dict[str, torch.nn.Parameter]:
