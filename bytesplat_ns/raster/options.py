@@ -113,7 +113,8 @@ class FusedRasterConfig:
     """With warp_cull, in the plain backward: after the box of the alpha >= 1/255 ellipse, test each row of warp
     blocks against the ellipse's own x-extent over that row's pixels (masks computed once per pass,
     cuda/warp_masks.cu), so that a thin Gaussian lying across a tile at an angle reaches only the blocks it
-    crosses (exact). Off until timed on a GPU."""
+    crosses (exact). Off: raster + loss 1.06-1.11x on the trained fox capture, but the whole step 3.81 against
+    3.73 ms, its host side longer (suite trained-capture, docs/configuration.md)."""
     bwd_reduce: BwdReduce = "butterfly"
     """Warp reduction of the backward kernels: butterfly (reduce-scatter) or shuffle (one warp sum per component)."""
     projection: Projection = "auto"
@@ -147,7 +148,9 @@ class FusedRasterConfig:
     of the tile (the rows test of warp_cull_rows, cuda/warp_masks.cu trim_tile_lists: two launches and a cumsum per
     view batch), so that every pass walks shorter lists: the binning's per-axis box still holds the tiles that a
     thin Gaussian lying across the grid at an angle misses. Exact: the same image, and the same gradients up to
-    summation order. Off until timed on a GPU."""
+    summation order. Off: raster + loss 1.30x on the trained fox capture, but the step's host side grows and in
+    ns-train the median step gained less than the runs spread (suites trained-capture, trimmed-lists, host-time;
+    docs/wallclock.md)."""
     check_every: int = 0
     """Every this many training steps, compare the fused loss and gradients with the unfused (splatfacto) path
     and log the errors (model.fused_check_log; 0: off). Costs two extra steps each time."""
