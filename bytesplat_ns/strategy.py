@@ -12,8 +12,8 @@ Densification, pruning and resets are gsplat's own code.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any, Dict
+from dataclasses import dataclass, field, fields
+from typing import Any, Dict, Tuple
 
 import torch
 from gsplat.strategy import DefaultStrategy
@@ -21,6 +21,9 @@ from gsplat.strategy import DefaultStrategy
 
 @dataclass
 class SyncFreeDefaultStrategy(DefaultStrategy):
+    # (width, height, cameras, device) -> _pixel_scale's tensor
+    _pixel_scales: Dict[Tuple[int, int, int, torch.device], torch.Tensor] = field(default_factory=dict, init=False,
+                                                                                    repr=False)
     @classmethod
     def like(cls, strategy: DefaultStrategy) -> "SyncFreeDefaultStrategy":
         """The same settings as ``strategy`` (a gsplat DefaultStrategy)."""
@@ -65,7 +68,7 @@ class SyncFreeDefaultStrategy(DefaultStrategy):
         times the number of cameras; made once per image size, camera count and device (a tensor built
         from host numbers every step would be a host-to-device copy every step)."""
         key = (info["width"], info["height"], info["n_cameras"], device)
-        cache = self.__dict__.setdefault("_pixel_scales", {})
+        cache = self._pixel_scales
         if key not in cache:
             cache[key] = torch.tensor([info["width"] / 2.0 * info["n_cameras"], info["height"] / 2.0 * info["n_cameras"]],
                                       dtype=torch.float32, device=device)
