@@ -36,10 +36,9 @@ the gsplat of a ``--gsplat-site`` gets the same scene through a file, ``bench.sc
 - ``bytesplat-rows-cull``: ``bytesplat`` with the backward's per-warp cull also testing each row of warp
   blocks against each Gaussian's alpha >= 1/255 ellipse (``--pipeline.model.fused.warp-cull-rows True``,
   raster/warp_masks.py).
-- ``bytesplat-trim-lists``: ``bytesplat`` dropping the tile-list entries whose Gaussian reaches no 8x4 block
-  of their tile (``--pipeline.model.fused.trim-tile-lists True``, cuda/warp_masks.cu ``trim_tile_lists``).
-- ``bytesplat-trim-levers``: ``bytesplat-trim-lists`` with ``bytesplat-levers``' falloff as 2^q and two pixels per
-  backward thread: every opt-in lever of the render at once.
+- ``bytesplat-untrimmed``: ``bytesplat`` walking the tile lists as binned, without dropping the entries whose
+  Gaussian reaches no 8x4 block of their tile (``--pipeline.model.fused.trim-tile-lists False``; the default
+  trims them, cuda/warp_masks.cu ``trim_tile_lists``).
 
 Reported per implementation: ``wall_ms`` (host clock over ``--repeats`` back-to-back steps, the
 GPU drained at both ends: what a training loop gets), the stages' spans (CUDA events at the stage
@@ -73,7 +72,7 @@ LEARNING_RATES = {"means": 1.6e-4, "scales": 5e-3, "quats": 1e-3, "features_dc":
 ADAM_EPS = 1e-15
 IMPLEMENTATIONS = ("splatfacto", "gsplat", "bytesplat", "bytesplat-visible", "bytesplat-square-tiles",
                    "bytesplat-reach-torch", "bytesplat-fast-exp", "bytesplat-bwd-2px", "bytesplat-levers",
-                   "bytesplat-longest-first", "bytesplat-rows-cull", "bytesplat-trim-lists", "bytesplat-trim-levers")
+                   "bytesplat-longest-first", "bytesplat-rows-cull", "bytesplat-untrimmed")
 
 # kernel name -> category; the first pattern that matches wins, "bwd"/"backward" in a name marks it backward
 KERNEL_CATEGORIES: Tuple[Tuple[str, str], ...] = (
@@ -266,7 +265,7 @@ class BytesplatStep(TrainingStep):
 
     def __init__(self, scene: Dict, visible_only: bool = False, square_tiles: bool = False, reach_torch: bool = False,
                  fast_exp: bool = False, bwd_pixels: int = 1, tile_order: str = "raster", cull_rows: bool = False,
-                 trim_lists: bool = False):
+                 trim_lists: bool = True):
         super().__init__(scene)
         from bytesplat_ns.raster.options import FusedOptions
 
@@ -333,10 +332,8 @@ def build_step(implementation: str, scene: Dict) -> TrainingStep:
         return BytesplatStep(scene, tile_order="longest_first")
     if implementation == "bytesplat-rows-cull":
         return BytesplatStep(scene, cull_rows=True)
-    if implementation == "bytesplat-trim-lists":
-        return BytesplatStep(scene, trim_lists=True)
-    if implementation == "bytesplat-trim-levers":
-        return BytesplatStep(scene, trim_lists=True, fast_exp=True, bwd_pixels=2)
+    if implementation == "bytesplat-untrimmed":
+        return BytesplatStep(scene, trim_lists=False)
     raise ValueError(f"unknown implementation {implementation!r} (choose from {IMPLEMENTATIONS})")
 
 

@@ -82,6 +82,8 @@ _TRAINED_CAPTURE = "{work}/train/bytesplat-seed0/bytesplat/bytesplat/seed0"  # t
 _VISIBLE_ONLY = "visible=bytesplat --pipeline.model.optimize-visible-only True"
 _FAST_EXP = "fast_exp=bytesplat --pipeline.model.fused.fast-exp True"
 _TRIMMED = "trimmed=bytesplat --pipeline.model.fused.trim-tile-lists True"
+_GSPLAT_BACKEND = "gsplat_backend=bytesplat --pipeline.model.rasterizer gsplat"
+_UNTRIMMED = "untrimmed=bytesplat --pipeline.model.fused.trim-tile-lists False"
 _PER_OPTIMIZER = "per_optimizer=bytesplat --optimizer-steps-in-one-pass False"
 _LEVERS = "levers=bytesplat --pipeline.model.fused.fast-exp True --pipeline.model.fused.bwd-pixels-per-thread 2"
 _RASTER_1080P = "--num-gaussians 1000000 4000000 --width 1920 --height 1080"
@@ -281,7 +283,10 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           "before, each alone) at once without tensorboard's image writes; the 30% budget on the built-in large scene, seeds 0 and 2, at once; "
           "then bytesplat on the capture, seeds 6-11, the six runs at once, each with the Gaussians that spoil its worst "
           "view found, described and followed back through its checkpoints, one per 1000 steps (bytesplat-bench "
-          "spoilers); splatfacto the same, seeds 6-8, three at once",
+          "spoilers); splatfacto the same, seeds 6-8, three at once; and at 5000 iterations, where seed 5 spoils a "
+          "view in every bytesplat variant run so far: splatfacto and bytesplat on gsplat's rasterizer (its kernels "
+          "and splatfacto's loss, bytesplat's data, optimizer and densification), seeds 3-6, the eight runs at once; "
+          "then splatfacto's seed 5 three more times, at once",
           1,
           (Step("wallclock", _args("--data {data} --methods bytesplat --iterations 30000 --seeds 5 3 4 --parallel 3 --skip-image-writes "
                                    "--eval-rasterizers gsplat --offline-lpips --work-dir {work}/capture"),
@@ -294,15 +299,21 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
                               "--spoilers", "--offline-lpips", "--work-dir", "{work}/spoilers"), name="capture_spoilers"),
            Step("wallclock", ("--data", "{data}", "--methods", "splatfacto --steps-per-save 1000", "--iterations", "30000",
                               "--seeds", "6", "7", "8", "--parallel", "3", "--skip-image-writes", "--spoilers",
-                              "--offline-lpips", "--work-dir", "{work}/spoilers"), name="capture_spoilers_splatfacto")),
+                              "--offline-lpips", "--work-dir", "{work}/spoilers"), name="capture_spoilers_splatfacto"),
+           Step("wallclock", _args(f"--data {{data}} --methods splatfacto '{_GSPLAT_BACKEND}' --iterations 5000 "
+                                   "--seeds 3 4 5 6 --parallel 8 --skip-image-writes --offline-lpips --work-dir {work}/5k"),
+                name="capture_5k_seeds"),
+           Step("wallclock", _args("--data {data} --methods splatfacto --iterations 5000 --seeds 5 --repeats 3 --parallel 3 "
+                                   "--skip-image-writes --offline-lpips --work-dir {work}/5k-seed5"),
+                name="capture_5k_seed5_splatfacto")),
           needs_data=True),
     Suite("trained-capture",
           "raster + loss and a whole step on a real capture (--data) trained for 30000 iterations, at its full "
           "resolution: fused vs gsplat 1.4.0 and 1.5.3 (installed at /tmp/gsplat-1.5.3 by scripts/gpu_setup.sh) with "
           "pytorch_msssim and fussim; steps: splatfacto's, gsplat 1.5.3's fastest, ours, ours with Adam on visible "
           "Gaussians only, with square tile boxes, with the reach computed in torch, with the longest tiles first, "
-          "with the backward's rows warp cull and with the tile lists trimmed (the raster step times both kinds of tile "
-          "list, and the trimmed ones); then the split schedule and gsplat + fussim kernel by "
+          "with the backward's rows warp cull and on the tile lists as binned, untrimmed (the raster step times both "
+          "kinds of tile list, and the trimmed ones); then the split schedule and gsplat + fussim kernel by "
           "kernel under Nsight Compute on the same Gaussians (issue slots, occupancy, DRAM bytes: what bounds each)",
           1,
           (Step("wallclock", _args("--data {data} --methods bytesplat --iterations 30000 --seeds 0 --offline-lpips "
@@ -311,7 +322,7 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
                                 f"fussim --gsplat-site {_GSPLAT_153}"), name="raster_trained"),
            Step("step", _args(f"--trained {_TRAINED_CAPTURE} --warmup 10 --repeats 50 --implementations splatfacto "
                               f"bytesplat bytesplat-visible bytesplat-square-tiles bytesplat-reach-torch "
-                              f"bytesplat-longest-first bytesplat-rows-cull bytesplat-trim-lists --gsplat-site {_GSPLAT_153}"),
+                              f"bytesplat-longest-first bytesplat-rows-cull bytesplat-untrimmed --gsplat-site {_GSPLAT_153}"),
                 name="step_trained"),
            Step("dram", _args(f"--trained {_TRAINED_CAPTURE} --stages split gsplat-fussim --gsplat-site {_GSPLAT_153} "
                               "--kernels"), name="kernels_trained")),
@@ -334,22 +345,24 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           _per_seed_on_capture(f"bytesplat '{_VISIBLE_ONLY}'", 5000, "wallclock", "seed{seed}"),
           needs_data=True),
     Suite("trimmed-lists",
-          "the trimmed tile lists (--pipeline.model.fused.trim-tile-lists True) against the default lists as a user "
-          "feels them: ns-train + ns-eval on a real capture (--data), 5000 iterations, 3 seeds, each pair back to back",
+          "the trimmed tile lists (--pipeline.model.fused.trim-tile-lists, the default since 2026-12-05) against the "
+          "lists as binned, as a user feels them: ns-train + ns-eval on a real capture (--data), 5000 iterations, 3 "
+          "seeds, each pair back to back (the runs from before trimming was the default name the untrimmed arm bytesplat)",
           1,
-          _per_seed_on_capture(f"bytesplat '{_TRIMMED}'", 5000, "wallclock", "seed{seed}"),
+          _per_seed_on_capture(f"'{_UNTRIMMED}' '{_TRIMMED}'", 5000, "wallclock", "seed{seed}"),
           needs_data=True),
     Suite("host-time",
           "where the time of a training step goes on the host: nerfstudio's training loop body on a real capture (--data, "
-          "full resolution from the start) under torch.profiler after 2000 iterations, with the default and with the "
-          "trimmed tile lists (host ops, GPU busy, synchronisations and where they come from); then the whole step "
-          "on 1M random Gaussians at 1080p (wall, GPU busy, host issue time): ours, ours with the trimmed lists, with "
+          "full resolution from the start) under torch.profiler after 2000 iterations, with the tile lists as binned and "
+          "trimmed (the default; host ops, GPU busy, synchronisations and where they come from); then the whole step "
+          "on 1M random Gaussians at 1080p (wall, GPU busy, host issue time): ours, ours on the lists as binned, with "
           "every opt-in render lever, and gsplat 1.5.3's fastest (installed at /tmp/gsplat-1.5.3 by scripts/gpu_setup.sh)",
           1,
-          (Step("profile", _args("--data {data} --methods bytesplat bytesplat@fused.trim_tile_lists=true "
+          (Step("profile", _args("--data {data} --methods bytesplat@fused.trim_tile_lists=false "
+                                 "bytesplat@fused.trim_tile_lists=true "
                                  "--warmup-iters 2000 --profile-iters 50 --work-dir {work}/profile"), name="loop_capture"),
            Step("step", _args(f"--num-gaussians 1000000 --width 1920 --height 1080 --warmup 10 --repeats 50 "
-                              f"--implementations bytesplat bytesplat-trim-lists bytesplat-trim-levers "
+                              f"--implementations bytesplat bytesplat-untrimmed bytesplat-levers "
                               f"--gsplat-site {_GSPLAT_153}"), name="step_1m")),
           needs_data=True),
     Suite("one-pass-optimizers",

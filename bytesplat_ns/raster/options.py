@@ -68,7 +68,7 @@ class FusedOptions:
     fast_exp: bool = False
     bwd_pixels_per_thread: int = 1
     tile_order: TileOrder = "raster"
-    trim_tile_lists: bool = False
+    trim_tile_lists: bool = True
 
     def __post_init__(self):
         _check_choice("schedule", self.schedule, SCHEDULES)
@@ -143,14 +143,14 @@ class FusedRasterConfig:
     """The order in which the plain rasterizer's blocks (the split schedule's and rasterize_fused's) take their
     tiles: raster (row by row) or longest_first (longest tile list first, so that no long tile is left for the
     last wave of blocks; one sort of the tile lengths per view batch). The same image and gradients."""
-    trim_tile_lists: bool = False
+    trim_tile_lists: bool = True
     """After binning, drop each tile-list entry whose Gaussian's alpha >= 1/255 ellipse reaches no 8x4 pixel block
     of the tile (the rows test of warp_cull_rows, cuda/warp_masks.cu trim_tile_lists: two launches and a cumsum per
     view batch), so that every pass walks shorter lists: the binning's per-axis box still holds the tiles that a
     thin Gaussian lying across the grid at an angle misses. Exact: the same image, and the same gradients up to
-    summation order. Off: raster + loss 1.30x on the trained fox capture, but the step's host side grows and in
-    ns-train the median step gained less than the runs spread (suites trained-capture, trimmed-lists, host-time;
-    docs/wallclock.md)."""
+    summation order. On: raster + loss 1.30x on the trained fox capture, the loop body's host time no longer
+    (suites trained-capture, host-time); false: the binned lists as they are, for isotropic scenes (random
+    Gaussians gain about as much as the trimming costs, docs/wallclock.md)."""
     check_every: int = 0
     """Every this many training steps, compare the fused loss and gradients with the unfused (splatfacto) path
     and log the errors (model.fused_check_log; 0: off). Costs two extra steps each time."""

@@ -138,6 +138,13 @@ def test_baseline_pairs_get_their_own_table_against_the_fused_schedule():
     lines = raster_table([{"name": "s", "result": {"width": 1920, "height": 1080, "runs": [run]}}])
     row = next(line for line in lines if "fussim" in line)
     assert "| 1M | 1.5.3 | fussim | 5.00 | 2.50x | 10.00 | 2.50x | 4.50 | 3.00x | 2.0e-07 |" in row
+    # and where the fused split also ran on the trimmed lists (the default), those with the trimming's time added
+    run.update({"raster_loss_fused_split_trimmed": {"median_ms": 1.3}, "trim_tile_lists_cuda": {"median_ms": 0.2}})
+    lines = raster_table([{"name": "s", "result": {"width": 1920, "height": 1080, "runs": [run]}}])
+    row = next(line for line in lines if "fussim" in line)
+    assert "| 1M | 1.5.3 | fussim | 5.00 | 2.50x | 10.00 | 2.50x | 4.50 | 3.00x | 1.50 | 3.00x | 2.0e-07 |" in row
+    error_row = next(line for line in lines if "boom" in line)
+    assert error_row.count("|") == row.count("|")
 
 
 def test_opacity_aware_tiles_get_their_own_table_against_the_square_boxes():
