@@ -113,8 +113,8 @@ class FusedRasterConfig:
     """With warp_cull, in the plain backward: after the box of the alpha >= 1/255 ellipse, test each row of warp
     blocks against the ellipse's own x-extent over that row's pixels (masks computed once per pass,
     cuda/warp_masks.cu), so that a thin Gaussian lying across a tile at an angle reaches only the blocks it
-    crosses (exact). Off: raster + loss 1.06-1.11x on the trained fox capture, but the whole step 3.81 against
-    3.73 ms, its host side longer (suite trained-capture, docs/configuration.md)."""
+    crosses (exact). Off: on the trained fox capture raster + loss 1.11x on the untrimmed lists but none on the
+    default trimmed ones, the whole step 4.45 against 4.10 ms (suite trained-capture, docs/configuration.md)."""
     bwd_reduce: BwdReduce = "butterfly"
     """Warp reduction of the backward kernels: butterfly (reduce-scatter) or shuffle (one warp sum per component)."""
     projection: Projection = "auto"
