@@ -83,6 +83,11 @@ _VISIBLE_ONLY = "visible=bytesplat --pipeline.model.optimize-visible-only True"
 _FAST_EXP = "fast_exp=bytesplat --pipeline.model.fused.fast-exp True"
 _TRIMMED = "trimmed=bytesplat --pipeline.model.fused.trim-tile-lists True"
 _GSPLAT_BACKEND = "gsplat_backend=bytesplat --pipeline.model.rasterizer gsplat"
+# gsplat's rasterizer and splatfacto's optimizer path: torch's Adam (foreach, as splatfacto's), each stepped by
+# nerfstudio's loop; what still differs from splatfacto is bytesplat's data and densification statistics
+_GSPLAT_TORCH_ADAM = ("gsplat_torch_adam=bytesplat --pipeline.model.rasterizer gsplat --optimizer-steps-in-one-pass False "
+                      + " ".join(f"--optimizers.{group}.optimizer.implementation torch"
+                                 for group in ("means", "scales", "quats", "features_dc", "features_rest", "opacities")))
 _UNTRIMMED = "untrimmed=bytesplat --pipeline.model.fused.trim-tile-lists False"
 _PER_OPTIMIZER = "per_optimizer=bytesplat --optimizer-steps-in-one-pass False"
 _LEVERS = "levers=bytesplat --pipeline.model.fused.fast-exp True --pipeline.model.fused.bwd-pixels-per-thread 2"
@@ -286,7 +291,8 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           "spoilers); splatfacto the same, seeds 6-8, three at once; and at 5000 iterations, where seed 5 spoils a "
           "view in every bytesplat variant run so far: splatfacto and bytesplat on gsplat's rasterizer (its kernels "
           "and splatfacto's loss, bytesplat's data, optimizer and densification), seeds 3-6, the eight runs at once; "
-          "then splatfacto's seed 5 three more times, at once",
+          "then splatfacto's seed 5 three more times, at once; then seed 5 twice each on gsplat's rasterizer, and on it "
+          "with torch's Adam stepped through nerfstudio's loop as well (the four runs at once)",
           1,
           (Step("wallclock", _args("--data {data} --methods bytesplat --iterations 30000 --seeds 5 3 4 --parallel 3 --skip-image-writes "
                                    "--eval-rasterizers gsplat --offline-lpips --work-dir {work}/capture"),
@@ -305,7 +311,11 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
                 name="capture_5k_seeds"),
            Step("wallclock", _args("--data {data} --methods splatfacto --iterations 5000 --seeds 5 --repeats 3 --parallel 3 "
                                    "--skip-image-writes --offline-lpips --work-dir {work}/5k-seed5"),
-                name="capture_5k_seed5_splatfacto")),
+                name="capture_5k_seed5_splatfacto"),
+           Step("wallclock", _args(f"--data {{data}} --methods '{_GSPLAT_BACKEND}' '{_GSPLAT_TORCH_ADAM}' --iterations 5000 "
+                                   "--seeds 5 --repeats 2 --parallel 4 --skip-image-writes --offline-lpips "
+                                   "--work-dir {work}/5k-seed5-bisect"),
+                name="capture_5k_seed5_bisect")),
           needs_data=True),
     Suite("trained-capture",
           "raster + loss and a whole step on a real capture (--data) trained for 30000 iterations, at its full "
