@@ -116,7 +116,7 @@ def test_training_loss_render_and_gradients_are_unchanged(torch_ops, schedule): 
     for tight in (False, True):
         p = _params(scene)
         loss, rgb, alpha, info = F.fused_render_loss(*_args(p, scene), gt, bg, sh_degree=2, options=FusedOptions(
-            schedule=schedule, opacity_aware_tiles=tight))
+            schedule=schedule, opacity_aware_tiles=tight, trim_tile_lists=False))  # the lists as binned
         info["means2d"].retain_grad()
         loss.backward()
         results.append((loss, rgb, alpha, info, p))
@@ -136,7 +136,8 @@ def test_eval_render_is_unchanged(torch_ops):  # noqa: F811
     for tight in (False, True):
         with torch.no_grad():
             render, alpha, info = F.rasterize_fused(*_args(_params(scene), scene), sh_degree=2,
-                                                    options=FusedOptions(opacity_aware_tiles=tight))
+                                                    options=FusedOptions(opacity_aware_tiles=tight,
+                                                                         trim_tile_lists=False))
         renders.append((render, alpha, info["flatten_ids"].numel()))
     assert rel_err(renders[1][0], renders[0][0]) <= 1e-6 and rel_err(renders[1][1], renders[0][1]) <= 1e-6
     assert renders[1][2] < renders[0][2]
