@@ -326,7 +326,7 @@ __device__ __forceinline__ void composite_slots(
 // Newton step, within an ulp or so of the rounded quotient in 3 instructions, where IEEE division
 // takes a longer sequence and a branch to its slow path. The backward recovers T with it once per
 // composited Gaussian and pixel: raster + loss at 4M Gaussians 7.24 -> 6.58 ms on an H200
-// (git tag lab-notebook-final:docs/benchmarks.md, "The backward's reciprocal and the loss kernel's region"); the GPU tests
+// (commit 8757b9f, docs/benchmarks.md, "The backward's reciprocal and the loss kernel's region"); the GPU tests
 // hold its gradients against the reference's float division.
 __device__ __forceinline__ float rcp_unit(float x) {
     float r;

@@ -7,7 +7,7 @@
 // loads clamp(render) and gt over region +- 10 px and runs loss_grad_region (cuda/ssim_tile.cuh, the
 // code the fused kernel runs on its 16x16 tile), then multiplies by torch.clamp's mask on the raw
 // render. A 32x32 region computes 42x42 SSIM centers for 1024 pixels where a 16x16 tile computes
-// 26x26 for 256: 42% fewer instructions at 1080p (Nsight Compute; git tag lab-notebook-final:docs/benchmarks.md, "The
+// 26x26 for 256: 42% fewer instructions at 1080p (Nsight Compute; commit 8757b9f, docs/benchmarks.md, "The
 // backward's reciprocal and the loss kernel's region").
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>

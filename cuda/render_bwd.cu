@@ -90,7 +90,7 @@ __device__ __forceinline__ PixelBwd pixel_bwd_state(const BwdArgs &a, int x, int
 
 // 5 blocks per SM (at most 48 registers, was 61 and 4 blocks): Nsight Compute found this kernel
 // issue-bound with no eligible warp in 21% of cycles at 50% occupancy; 5 blocks measured 2.7% faster
-// at 4M Gaussians, 6 (40 registers, spilling) 2.1% (git tag lab-notebook-final:docs/benchmarks.md, "Per-warp culling").
+// at 4M Gaussians, 6 (40 registers, spilling) 2.1% (commit 8757b9f, docs/benchmarks.md, "Per-warp culling").
 template <bool ABS, bool BUTTERFLY, bool CONTRIB, bool FASTEXP>
 __global__ void __launch_bounds__(kBlock, 5) render_bwd_kernel(const BwdArgs a) {
     const BwdBlock blk = bwd_block<kBlock>(a, kBatch * kAccComps);

@@ -126,7 +126,7 @@ class KdCells:
         Runs where the points are: migration locates every Gaussian twice per pixel step, and the
         host round trip it replaces (a float64 copy of all means, then CPU kernels competing with the
         other ranks' threads) was one of the two changes that took the pixel step under nerfstudio's
-        launcher from 180-360 to 25-34 ms (git tag lab-notebook-final:docs/benchmarks.md, "Training quality on two GPUs"). A fixed number of levels (the tree's
+        launcher from 180-360 to 25-34 ms (commit 8757b9f, docs/benchmarks.md, "Training quality on two GPUs"). A fixed number of levels (the tree's
         depth) instead of "until every point is in a leaf" reads nothing back; float64 keeps the
         comparisons with the (float64) splits exact."""
         dev = points.device

@@ -43,7 +43,7 @@ def cpu_threads_per_rank(ranks_on_host: int, cpu_count: Optional[int] = None) ->
     per core and they fight over the cores in every CPU op. On two H200s the pixel step, which has
     CPU work between its kernels, took 180-360 ms under that launcher and 24.6 ms under torchrun;
     with the cores split (and ``KdCells.locate`` on the GPU) it took 25-34 ms under the launcher
-    (2026-11-30; git tag lab-notebook-final:docs/benchmarks.md). An explicit ``OMP_NUM_THREADS`` wins; otherwise the cores
+    (2026-11-30; commit 8757b9f, docs/benchmarks.md). An explicit ``OMP_NUM_THREADS`` wins; otherwise the cores
     are split evenly."""
     if ranks_on_host <= 1 or os.environ.get("OMP_NUM_THREADS"):
         return None

@@ -380,7 +380,7 @@ class _PaddedViewFields(torch.autograd.Function):
     order (so in global-id order), then zero rows up to M. One batched cat of whole rows and one
     copy per field, and one cat per source in the backward: the per-view cats and per-field pads it
     replaces were about 36 launches for four views, between the step's one host read and its first
-    render, where the GPU waits for the host (the 1M two-GPU step; git tag lab-notebook-final:docs/benchmarks.md)."""
+    render, where the GPU waits for the host (the 1M two-GPU step; commit 8757b9f, docs/benchmarks.md)."""
 
     @staticmethod
     def forward(ctx, spans: Sequence[Sequence[Span]], D: int, *tables: Tensor):  # type: ignore[override]
