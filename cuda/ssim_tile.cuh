@@ -39,6 +39,10 @@ struct SsimRegion {
     static constexpr bool kStrips = kPixels > 1;
     static constexpr int kStripCen = kStrips ? 7 : 1;  // centers per strip (forward passes)
     static constexpr int kStripPix = kStrips ? 8 : 1;  // pixel columns per strip (backward horizontal pass)
+    // The halo's loads per thread, and how many are in flight at once: all of them (one latency
+    // instead of eleven per channel) where the registers allow.
+    static constexpr int kLoads = (kRegW * kRegH + kBlock - 1) / kBlock;
+    static constexpr int kLoadBatch = kStrips ? kLoads : 1;
     static_assert(kCenW % kStripCen == 0 && kCenH % kStripCen == 0 && RW % kStripPix == 0, "whole strips");
 
     // Region pixel (column, row) of this thread's pixel k < kPixels.
@@ -89,17 +93,31 @@ __device__ __forceinline__ void loss_grad_region(const Prm &P, int cam, int X, i
     // the fused kernel always compiled it)
 #pragma unroll(R::kPixels > 1 ? 3 : 1)
     for (int c = 0; c < 3; ++c) {
-        for (int i = threadIdx.x; i < kRegW * kRegH; i += kBlock) {
-            const int gx = X0 + i % kRegW, gy = Y0 + i / kRegW;
-            float xv = 0.f, yv = 0.f;
-            if (gx >= 0 && gx < P.W && gy >= 0 && gy < P.H) {
-                const int64_t q = 3 * (img + (int64_t)gy * P.W + gx) + c;
-                // one-launch: written by other blocks of this launch, so bypass L1
-                xv = clamp01(__ldcg(P.rgb + q));
-                yv = P.gt[q];
+        // x and y over the region +- 10 px, kLoadBatch loads per thread issued before the first store
+        constexpr int kN = kRegW * kRegH, LB = R::kLoadBatch;
+        for (int i0 = threadIdx.x; i0 < kN; i0 += LB * kBlock) {
+            float xr[LB], yr[LB];
+#pragma unroll
+            for (int j = 0; j < LB; ++j) {
+                const int i = i0 + j * kBlock;
+                const int gx = X0 + i % kRegW, gy = Y0 + i / kRegW;
+                xr[j] = 0.f;
+                yr[j] = 0.f;
+                if ((LB == 1 || i < kN) && gx >= 0 && gx < P.W && gy >= 0 && gy < P.H) {
+                    const int64_t q = 3 * (img + (int64_t)gy * P.W + gx) + c;
+                    // one-launch: written by other blocks of this launch, so bypass L1
+                    xr[j] = __ldcg(P.rgb + q);
+                    yr[j] = P.gt[q];
+                }
             }
-            s_x[i] = xv;
-            s_y[i] = yv;
+#pragma unroll
+            for (int j = 0; j < LB; ++j) {
+                const int i = i0 + j * kBlock;
+                if (LB == 1 || i < kN) {
+                    s_x[i] = clamp01(xr[j]);
+                    s_y[i] = yr[j];
+                }
+            }
         }
         __syncthreads();
         // Horizontal window sums of x, y, x^2, y^2, xy for every row and center column.
@@ -240,7 +258,13 @@ __device__ __forceinline__ void loss_grad_region(const Prm &P, int cam, int X, i
                 const float d = xv - yv;
                 const float sgn = d > 0.f ? 1.f : (d < 0.f ? -1.f : 0.f);
                 const float g = P.w_l1 * sgn - P.w_ssim * dS;
-                dl[k][c] = g;
+                if (R::kPixels > 1) {
+                    dl[k][c] = g;  // the channel loop is unrolled: c is a constant
+                } else {           // rolled: constant indices keep dl in registers
+                    if (c == 0) dl[k][0] = g;
+                    else if (c == 1) dl[k][1] = g;
+                    else dl[k][2] = g;
+                }
             }
         }
         __syncthreads();  // s_x/s_y/s_h are reused by the next channel
