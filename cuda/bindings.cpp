@@ -37,9 +37,7 @@ std::vector<at::Tensor> loss_grad(const at::Tensor &render, const at::Tensor &gt
                                   const at::Tensor &window, bool clamp_inclusive);
 std::vector<at::Tensor> bin_tiles(const at::Tensor &means2d, const at::Tensor &radii,
                                   const at::Tensor &depths, int64_t width, int64_t height,
-                                  int64_t tile_size, int64_t known_total,
-                                  const c10::optional<at::Tensor> &conics,
-                                  const c10::optional<at::Tensor> &opacities);
+                                  int64_t tile_size, int64_t known_total);
 at::Tensor tile_intersections(const at::Tensor &means2d, const at::Tensor &radii, int64_t width,
                               int64_t height, int64_t tile_size);
 at::Tensor warp_masks(const at::Tensor &means2d, const at::Tensor &conics, const at::Tensor &opacities,
@@ -75,11 +73,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "splatfacto loss gradient dL/d render + per-tile loss partials (split schedule)");
     m.def("bin_tiles", &bytesplat::bin_tiles,
           "per-tile Gaussian lists sorted by depth (offsets, flatten_ids); known_total >= 0: the "
-          "number of tile intersections, when the caller knows it (no device read; an upper bound "
-          "is exact too); conics [C*N,3] and opacities [C*N]: the lists trimmed as trim_tile_lists does",
+          "number of tile intersections, when the caller knows it (no device read)",
           py::arg("means2d"), py::arg("radii"), py::arg("depths"), py::arg("width"),
-          py::arg("height"), py::arg("tile_size"), py::arg("known_total") = -1,
-          py::arg("conics") = py::none(), py::arg("opacities") = py::none());
+          py::arg("height"), py::arg("tile_size"), py::arg("known_total") = -1);
     m.def("tile_intersections", &bytesplat::tile_intersections,
           "tiles reached per camera [C] int64 (what bin_tiles' total is, per camera)");
     m.def("warp_masks", &bytesplat::warp_masks,

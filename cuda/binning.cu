@@ -11,10 +11,6 @@
 // range; 3. write (tile << 32 | depth bits, gid) pairs in gid order; 4. stable radix sort of the
 // pairs over the bits actually used; 5. tile offsets from the sorted keys.
 //
-// With conics and opacities, each Gaussian reaches only the tiles of its box where its rows mask
-// (warp_mask with rows, as cuda/warp_masks.cu's trim_tile_lists) is not empty: the lists trim_tile_lists
-// would leave, made before the sort (fewer pairs to sort, no compaction after it).
-//
 // Step 2's total is read back to size the pairs: the one device read of binning. A caller that
 // already knows the total (the sharded step gathers every sender's `tile_intersections` with its
 // record counts) passes it and the read is skipped. Should it ever be wrong, nothing is written
@@ -26,8 +22,6 @@
 
 #include <climits>
 #include <vector>
-
-#include "render.cuh"  // plain::kWarpWidth, warp_mask (common.cuh): the trimming's rows test
 
 namespace bytesplat {
 
@@ -64,18 +58,6 @@ __device__ __forceinline__ Box tile_box(float mx, float my, int32_t radius_x, in
     return b;
 }
 
-// The trimming's test (conics == nullptr: none): whether Gaussian i can be composited at some 8x4 pixel
-// block of tile (tx, ty), the entries trim_tile_lists keeps. Needs 16-pixel tiles (checked on the host).
-struct Trim {
-    const float *conics = nullptr, *opacities = nullptr;
-    __device__ __forceinline__ bool keeps(int64_t i, float2 m, int64_t tx, int64_t ty) const {
-        if (conics == nullptr) return true;
-        const float *c = conics + 3 * i;
-        return warp_mask<plain::kWarpWidth>(m.x, m.y, opacities[i], c[0], c[1], c[2], (int)(tx * kTile),
-                                            (int)(ty * kTile), true) != 0u;
-    }
-};
-
 // Gaussian i's radii along x and y: `axes` (1 or 2) int32 per Gaussian.
 __device__ __forceinline__ int2 radii_of(const int32_t *__restrict__ radii, int64_t i, int axes) {
     return make_int2(radii[i * axes], radii[i * axes + axes - 1]);
@@ -83,7 +65,7 @@ __device__ __forceinline__ int2 radii_of(const int32_t *__restrict__ radii, int6
 
 __global__ void count_kernel(int64_t CN, const float2 *__restrict__ means2d,
                              const int32_t *__restrict__ radii, int axes, float inv_ts, int64_t tw,
-                             int64_t th, const Trim trim, int64_t *__restrict__ counts) {
+                             int64_t th, int64_t *__restrict__ counts) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= CN) return;
     const int2 rad = radii_of(radii, i, axes);
@@ -92,15 +74,7 @@ __global__ void count_kernel(int64_t CN, const float2 *__restrict__ means2d,
         return;
     }
     const float2 m = means2d[i];
-    const Box b = tile_box(m.x, m.y, rad.x, rad.y, inv_ts, tw, th);
-    if (trim.conics == nullptr) {
-        counts[i] = b.count();
-        return;
-    }
-    int64_t n = 0;
-    for (int64_t y = b.y0; y < b.y1; ++y)
-        for (int64_t x = b.x0; x < b.x1; ++x) n += trim.keeps(i, m, x, y) ? 1 : 0;
-    counts[i] = n;
+    counts[i] = tile_box(m.x, m.y, rad.x, rad.y, inv_ts, tw, th).count();
 }
 
 // One thread per flattened Gaussian; its slots [cum[i] - count, cum[i]) follow gid order, which
@@ -108,7 +82,7 @@ __global__ void count_kernel(int64_t CN, const float2 *__restrict__ means2d,
 __global__ void emit_kernel(int64_t CN, int64_t N, const float2 *__restrict__ means2d,
                             const int32_t *__restrict__ radii, int axes,
                             const float *__restrict__ depths,
-                            float inv_ts, int64_t tw, int64_t th, const Trim trim,
+                            float inv_ts, int64_t tw, int64_t th,
                             const int64_t *__restrict__ cum, int64_t M,
                             uint64_t *__restrict__ keys, int32_t *__restrict__ vals) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -117,13 +91,13 @@ __global__ void emit_kernel(int64_t CN, int64_t N, const float2 *__restrict__ me
     if (rad.x <= 0 || rad.y <= 0) return;
     const float2 m = means2d[i];
     const Box b = tile_box(m.x, m.y, rad.x, rad.y, inv_ts, tw, th);
-    if (b.count() == 0) return;
-    int64_t slot = i == 0 ? 0 : cum[i - 1];
+    const int64_t n = b.count();
+    if (n == 0) return;
+    int64_t slot = cum[i] - n;
     const uint64_t depth_bits = (uint64_t)__float_as_uint(depths[i]);
     const int64_t cam_base = (i / N) * tw * th;
     for (int64_t y = b.y0; y < b.y1; ++y) {
         for (int64_t x = b.x0; x < b.x1 && slot < M; ++x) {
-            if (!trim.keeps(i, m, x, y)) continue;
             const uint64_t tile = (uint64_t)(cam_base + y * tw + x);
             keys[slot] = (tile << 32) | depth_bits;
             vals[slot] = (int32_t)i;
@@ -172,16 +146,16 @@ inline float inv_tile(int64_t tile_size) { return (float)(1.0 / (double)tile_siz
 // 1: [C,N] radii (the same along x and y); 2: [C,N,2] (x, y).
 inline int radius_axes(const at::Tensor &radii) { return radii.dim() == 3 ? 2 : 1; }
 
-// counts [C*N] int64: the tiles each flattened Gaussian reaches (with `trim`, those it keeps).
+// counts [C*N] int64: the tiles each flattened Gaussian reaches.
 at::Tensor tile_counts(const at::Tensor &means2d, const at::Tensor &radii, int64_t width,
-                       int64_t height, int64_t tile_size, cudaStream_t stream, const Trim &trim = Trim{}) {
+                       int64_t height, int64_t tile_size, cudaStream_t stream) {
     const int64_t CN = radii.size(0) * radii.size(1);
     const int64_t tw = (width + tile_size - 1) / tile_size, th = (height + tile_size - 1) / tile_size;
     at::Tensor counts = at::empty({CN}, radii.options().dtype(at::kLong));
     if (CN == 0) return counts;
     count_kernel<<<blocks_for(CN), kBinThreads, 0, stream>>>(
         CN, reinterpret_cast<const float2 *>(means2d.data_ptr<float>()), radii.data_ptr<int32_t>(),
-        radius_axes(radii), inv_tile(tile_size), tw, th, trim, counts.data_ptr<int64_t>());
+        radius_axes(radii), inv_tile(tile_size), tw, th, counts.data_ptr<int64_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return counts;
 }
@@ -200,24 +174,8 @@ at::Tensor tile_intersections(const at::Tensor &means2d, const at::Tensor &radii
 
 std::vector<at::Tensor> bin_tiles(const at::Tensor &means2d, const at::Tensor &radii,
                                   const at::Tensor &depths, int64_t width, int64_t height,
-                                  int64_t tile_size, int64_t known_total,
-                                  const c10::optional<at::Tensor> &conics,
-                                  const c10::optional<at::Tensor> &opacities) {
+                                  int64_t tile_size, int64_t known_total) {
     check_inputs(means2d, radii, width, height, tile_size);
-    TORCH_CHECK(conics.has_value() == opacities.has_value(), "bytesplat: trimming needs both conics and opacities");
-    Trim trim;
-    if (conics.has_value()) {
-        const int64_t CN = radii.size(0) * radii.size(1);
-        for (const at::Tensor *t : {&*conics, &*opacities}) {
-            TORCH_CHECK(t->is_cuda() && t->scalar_type() == at::kFloat && t->is_contiguous(),
-                        "bytesplat: conics and opacities must be contiguous float32 CUDA tensors");
-        }
-        TORCH_CHECK(conics->numel() == 3 * CN && opacities->numel() == CN,
-                    "bytesplat: conics [C*N,3] and opacities [C*N] like the radii");
-        TORCH_CHECK(tile_size == kTile, "bytesplat: trimmed binning works on 16x16 tiles, got ", tile_size);
-        trim.conics = conics->data_ptr<float>();
-        trim.opacities = opacities->data_ptr<float>();
-    }
     TORCH_CHECK(depths.is_cuda() && depths.dim() == 2 && depths.size(0) == radii.size(0) &&
                     depths.size(1) == radii.size(1),
                 "bytesplat: depths must be [C,N] like radii, on the GPU");
@@ -237,7 +195,7 @@ std::vector<at::Tensor> bin_tiles(const at::Tensor &means2d, const at::Tensor &r
     if (CN == 0) return {offsets, at::empty({0}, i32)};
 
     const auto *m2 = reinterpret_cast<const float2 *>(means2d.data_ptr<float>());
-    at::Tensor cum = at::cumsum(tile_counts(means2d, radii, width, height, tile_size, stream, trim), 0);
+    at::Tensor cum = at::cumsum(tile_counts(means2d, radii, width, height, tile_size, stream), 0);
     const bool known = known_total >= 0;
     // one sync, as the torch twin, unless the caller knows the total
     const int64_t M = known ? known_total : cum[CN - 1].item<int64_t>();
@@ -253,7 +211,7 @@ std::vector<at::Tensor> bin_tiles(const at::Tensor &means2d, const at::Tensor &r
     auto *keys_p = reinterpret_cast<uint64_t *>(keys.data_ptr<int64_t>());
     emit_kernel<<<blocks_for(CN), kBinThreads, 0, stream>>>(
         CN, N, m2, radii.data_ptr<int32_t>(), radius_axes(radii), depths.data_ptr<float>(),
-        inv_tile(tile_size), tw, th, trim,
+        inv_tile(tile_size), tw, th,
         cum.data_ptr<int64_t>(), M, keys_p, vals.data_ptr<int32_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
 

@@ -332,10 +332,6 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
     reach_kernel = FusedOptions(tile_reach="cuda")  # the reach from cuda/tile_reach.cu: the same lists
     _safe(out, "binning_cuda_opacity_tiles_reach_kernel", lambda: time_ms(
         lambda: bin_tiles(m2, tile_radii(radii, con, op, reach_kernel), depths, W, H), warmup, repeats))
-    # the same lists trimmed by the binning itself (FusedOptions.trim_tile_lists): against the row above plus
-    # trim_tile_lists_cuda, the trimming after it
-    _safe(out, "binning_cuda_trimmed", lambda: time_ms(
-        lambda: bin_tiles(m2, tile_radii(radii, con, op, reach_kernel), depths, W, H, trim=(con, op)), warmup, repeats))
     _safe(out, "binning_torch", lambda: time_ms(lambda: bin_tiles_torch(m2, radii, depths, W, H), warmup, repeats))
     if gsplat_ok:
         _safe(out, "binning_gsplat", lambda: time_ms(inp.gsplat_binning, warmup, repeats))

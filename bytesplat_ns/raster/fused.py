@@ -164,7 +164,7 @@ def _binning_on_gpu(means2d: Tensor, radii: Tensor, binning: str):
 @torch.no_grad()
 def bin_tiles(
     means2d: Tensor, radii: Tensor, depths: Tensor, width: int, height: int, tile_size: int = TILE_SIZE,
-    known_total: Optional[int] = None, binning: str = "cuda", trim: Optional[Tuple[Tensor, Tensor]] = None,
+    known_total: Optional[int] = None, binning: str = "cuda",
 ) -> Tuple[Tensor, Tensor]:
     """Tile lists in gsplat's order: a Gaussian reaches the tiles its radius box touches; each
     tile's list is sorted front to back by camera depth (ties in Gaussian order). ``radii`` [C,N]
@@ -179,26 +179,16 @@ def bin_tiles(
 
     ``binning="cuda"``: CUDA tensors use our kernel (``cuda/binning.cu``, identical result, ~4x
     faster on an H200); ``"torch"`` (``FusedOptions.binning``) forces :func:`bin_tiles_torch`.
-
-    ``trim``: ``(conics, opacities)`` of the same Gaussians: the lists :func:`trim_tile_lists` leaves
-    (``FusedOptions.trim_tile_lists``), made by the binning itself on CUDA tensors, so fewer pairs are
-    sorted and nothing is compacted after it; ``known_total`` may then be the untrimmed count (an
-    upper bound: the arrays run on past the lists, which are their first ``offsets[-1]`` entries).
     """
     ops = _binning_on_gpu(means2d, radii, binning)
     if ops is not None:
-        c, o = ((trim[0].detach().reshape(-1, 3).float().contiguous(), trim[1].detach().reshape(-1).float().contiguous())
-                if trim is not None else (None, None))
         return tuple(ops.bin_tiles(
             means2d.detach().float().contiguous(),
             radii.to(torch.int32).contiguous(),
             depths.detach().float().contiguous(),
-            int(width), int(height), int(tile_size), -1 if known_total is None else int(known_total), c, o,
+            int(width), int(height), int(tile_size), -1 if known_total is None else int(known_total),
         ))
-    offsets, flatten_ids = bin_tiles_torch(means2d, radii, depths, width, height, tile_size, known_total)
-    if trim is not None:
-        offsets, flatten_ids = trim_tile_lists(means2d, trim[0], trim[1], offsets, flatten_ids, width, height)
-    return offsets, flatten_ids
+    return bin_tiles_torch(means2d, radii, depths, width, height, tile_size, known_total)
 
 
 @torch.no_grad()
@@ -250,10 +240,12 @@ def tile_lists(means2d: Tensor, radii: Tensor, depths: Tensor, conics: Tensor, o
                height: int, tile_size: int, options: FusedOptions,
                known_total: Optional[int] = None) -> Tuple[Tensor, Tensor]:
     """The tile lists the render kernels walk, as ``options`` asks: :func:`bin_tiles` into
-    :func:`tile_radii`, trimmed as :func:`trim_tile_lists` would with ``options.trim_tile_lists``."""
-    trim = (conics, opacities) if options.trim_tile_lists else None
-    return bin_tiles(means2d, tile_radii(radii, conics, opacities, options), depths, width, height, tile_size,
-                     known_total=known_total, binning=options.binning, trim=trim)
+    :func:`tile_radii`, then with ``options.trim_tile_lists`` :func:`trim_tile_lists`."""
+    offsets, flatten_ids = bin_tiles(means2d, tile_radii(radii, conics, opacities, options), depths, width, height,
+                                     tile_size, known_total=known_total, binning=options.binning)
+    if options.trim_tile_lists:
+        offsets, flatten_ids = trim_tile_lists(means2d, conics, opacities, offsets, flatten_ids, width, height)
+    return offsets, flatten_ids
 
 
 def plain_kernel_switches(options: FusedOptions, offsets: Tensor, width: int, height: int, tile_size: int) -> Tuple:

@@ -405,31 +405,6 @@ def test_trim_tile_lists_keeps_the_entries_its_masks_keep_in_order():
     assert bool((masks != 0).cpu()[need != 0].all())
 
 
-def test_trimmed_binning_gives_the_trimmed_lists():
-    """bin_tiles with ``trim`` (cuda/binning.cu: the rows test in the count and emit passes) gives the lists
-    trim_tile_lists leaves after the plain binning, bit for bit, on square and opacity-aware boxes, with
-    the total read back and with the untrimmed total given as an upper bound (lists followed by sentinels)."""
-    from bytesplat_ns.raster.fused import bin_tiles, tile_intersections, trim_tile_lists
-    from bytesplat_ns.raster.tile_reach import opacity_aware_radii
-    from tests.helpers.culling_scenes import culling_edge_scene_2d
-
-    sc = culling_edge_scene_2d(C=2, W=77, H=53, n=600, seed=17, device="cuda")
-    W, H = sc["width"], sc["height"]
-    trim = (sc["conics"], sc["opacities"])
-    for radii in (sc["radii"], opacity_aware_radii(sc["radii"], sc["conics"], sc["opacities"])):
-        offsets, fids = bin_tiles(sc["means2d"], radii, sc["depths"], W, H)
-        expected_offsets, expected_fids = trim_tile_lists(sc["means2d"], *trim, offsets, fids, W, H)
-        total = int(expected_offsets[-1])
-        assert 0 < total < fids.numel()
-        got_offsets, got_fids = bin_tiles(sc["means2d"], radii, sc["depths"], W, H, trim=trim)
-        assert torch.equal(got_offsets, expected_offsets) and got_fids.numel() == total
-        assert torch.equal(got_fids, expected_fids[:total])
-        bound = int(tile_intersections(sc["means2d"], radii, W, H).sum())
-        got_offsets, got_fids = bin_tiles(sc["means2d"], radii, sc["depths"], W, H, known_total=bound, trim=trim)
-        assert torch.equal(got_offsets, expected_offsets) and got_fids.numel() == bound
-        assert torch.equal(got_fids[:total], expected_fids[:total])
-
-
 @pytest.mark.parametrize("schedule", [None, "split"])
 def test_tile_order_changes_nothing(schedule):
     """With the blocks taking the longest tile lists first (``raster/tiles.py tile_order``, cuda/common.cuh
