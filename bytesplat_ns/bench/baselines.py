@@ -60,6 +60,23 @@ def gsplat_version() -> str:
     return gsplat.__version__
 
 
+def site_gsplat_version(site: Optional[str]) -> str:
+    """The version of the gsplat a child imports: the one installed in ``site`` (a ``pip install --target``
+    folder), or this process's. A folder without one is an error, before anything is timed: a child would
+    import this process's gsplat and time it under the site's name."""
+    from bytesplat_ns.errors import BytesplatError
+
+    if site is None:
+        return gsplat_version()
+    found = sorted(Path(site).glob("gsplat-*.dist-info"))
+    if not found:
+        raise BytesplatError(f"--gsplat-site {site}: no gsplat installed there (no gsplat-*.dist-info)",
+                             hint="give the folder another gsplat was pip-installed into with --target "
+                                  "(scripts/gpu_setup.sh puts 1.5.3 at /tmp/gsplat-1.5.3; the suites that "
+                                  "time it take that folder as --data)")
+    return found[-1].name[len("gsplat-"):-len(".dist-info")]
+
+
 def _per_axis_radii(version: str) -> bool:
     major, minor = (int(x) for x in version.split(".")[:2])
     return (major, minor) >= (1, 5)  # gsplat 1.5 bins with [..., N, 2] radii (x and y extents)

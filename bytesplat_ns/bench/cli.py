@@ -86,6 +86,10 @@ def _raster(argv: List[str]) -> int:
         run_paths(a.trained)  # a bad directory: one clear error line now, before anything else runs
     elif a.trained_view != 0 or a.trained_scale != 1.0:
         p.error("--trained-view and --trained-scale need --trained")
+    from bytesplat_ns.bench.baselines import site_gsplat_version
+
+    for site in a.gsplat_site:  # a folder without gsplat: one clear error now, not a mislabelled row later
+        site_gsplat_version(site)
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     from bytesplat_ns.bench.raster import run

@@ -188,18 +188,6 @@ def ncu_command(ncu: str, stage: str, scene_file: Path, warmup: int, kernels: bo
             "--warmup", str(warmup)]
 
 
-def site_gsplat_version(site: Optional[str]) -> str:
-    """The version of the gsplat a child imports: the one installed in ``site``, or this process's."""
-    from bytesplat_ns.bench.baselines import gsplat_version
-
-    if site is None:
-        return gsplat_version()
-    found = sorted(Path(site).glob("gsplat-*.dist-info"))
-    if not found:
-        raise SystemExit(f"--gsplat-site {site}: no gsplat installed there (no gsplat-*.dist-info)")
-    return found[-1].name[len("gsplat-"):-len(".dist-info")]
-
-
 def _ncu_child(ncu: str, stage: str, scene_file: Path, warmup: int, site: Optional[str], kernels: bool,
                parse: Callable[[str], object]):
     """(parsed ncu report, None) or (None, the error that stopped it)."""
@@ -236,6 +224,8 @@ def measure_stage(ncu: str, stage: str, scene_file: Path, warmup: int, site: Opt
 def stage_runs(stages: Sequence[str], gsplat_sites: Sequence[str]) -> List[Tuple[str, Optional[str], Optional[str]]]:
     """(stage, site, gsplat version) per child: the fused stages once, each gsplat stage with this
     process's gsplat and with each site's."""
+    from bytesplat_ns.bench.baselines import site_gsplat_version
+
     runs: List[Tuple[str, Optional[str], Optional[str]]] = []
     for stage in stages:
         if stage in GSPLAT_STAGES:

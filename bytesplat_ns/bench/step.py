@@ -489,6 +489,10 @@ def main(argv: Optional[List[str]] = None) -> Dict:
         reject_random_scene_options(p, args)
     if args.sh_degree not in (None, 3):
         p.error("--sh-degree: the step trains SH degree 3 (random scenes) or the trained model's degree")
+    from bytesplat_ns.bench.baselines import site_gsplat_version
+
+    for site in args.gsplat_site:  # a folder without gsplat: one clear error now, not a mislabelled row later
+        site_gsplat_version(site)
     if not torch.cuda.is_available():
         from bytesplat_ns.errors import BytesplatError
 

@@ -154,3 +154,20 @@ def test_the_fussim_build_names_what_it_lacks_before_compiling(tmp_path, capsys)
         (src / name).write_text("\n")
     with pytest.raises(SystemExit, match="no fussim package in"):
         build_fussim.build(src, site)
+
+
+@pytest.mark.parametrize("command", ["raster", "step"])
+def test_a_gsplat_site_without_gsplat_stops_before_anything_is_timed(tmp_path, command):
+    """A --gsplat-site folder with no gsplat in it (a dataset's folder given as a suite's --data, say) is one
+    clear error before any timing: its child would import this process's gsplat and record it under the
+    site's name."""
+    from bytesplat_ns.bench import cli
+    from bytesplat_ns.errors import BytesplatError
+
+    (tmp_path / "images").mkdir()
+    with pytest.raises(BytesplatError, match="no gsplat installed there"):
+        cli.main([command, "--gsplat-site", str(tmp_path), "--out", str(tmp_path / "out.json")])
+    assert not (tmp_path / "out.json").exists()
+    site = tmp_path / "site"
+    (site / "gsplat-1.5.3.dist-info").mkdir(parents=True)
+    assert baselines.site_gsplat_version(str(site)) == "1.5.3"

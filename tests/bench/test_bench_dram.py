@@ -69,7 +69,9 @@ def test_each_gsplat_stage_is_counted_again_for_every_gsplat_site(tmp_path):
     assert [(stage, where) for stage, where, _ in runs] == [("split", None), ("gsplat-fussim", None),
                                                               ("gsplat-fussim", str(site))]
     assert runs[0][2] is None and runs[2][2] == "1.5.3"
-    with pytest.raises(SystemExit, match="no gsplat installed there"):
+    from bytesplat_ns.errors import BytesplatError
+
+    with pytest.raises(BytesplatError, match="no gsplat installed there"):
         dram.stage_runs(["gsplat-fussim"], [str(tmp_path / "empty")])
 
 
