@@ -17,7 +17,8 @@ the gsplat of a ``--gsplat-site`` gets the same scene through a file, ``bench.sc
 - ``bytesplat``: our fused split schedule (projection, SH from the DC and rest parameters as they
   are, our binning into each Gaussian's opacity-aware reach, render + loss + 2D gradients in our
   kernels), the sync-free statistics and ``optim.DeviceAdam`` (by default our Adam kernel,
-  cuda/adam.cu), with the inputs ``ns-train bytesplat`` gives it (:func:`model_inputs`).
+  cuda/adam.cu) stepped as the trainer steps it (``optim.step_in_one_pass``, its default
+  ``--optimizer-steps-in-one-pass``), with the inputs ``ns-train bytesplat`` gives it (:func:`model_inputs`).
 - ``bytesplat-visible``: the same with Adam on the visible Gaussians only
   (``--pipeline.model.optimize-visible-only``: ``DeviceAdam.visible_rows``, the kernel's row mask).
 - ``bytesplat-square-tiles``: ``bytesplat`` binning each Gaussian into the projection's square
@@ -261,7 +262,8 @@ class GsplatStep(TrainingStep):
 
 
 class BytesplatStep(TrainingStep):
-    """``raster.fused.fused_render_loss`` (default options) + sync-free statistics + DeviceAdam (our Adam kernel)."""
+    """``raster.fused.fused_render_loss`` (default options) + sync-free statistics + DeviceAdam (our Adam kernel),
+    stepped in one pass as the trainer does."""
 
     def __init__(self, scene: Dict, visible_only: bool = False, square_tiles: bool = False, reach_torch: bool = False,
                  fast_exp: bool = False, bwd_pixels: int = 1, tile_order: str = "raster", cull_rows: bool = False,
@@ -288,6 +290,7 @@ class BytesplatStep(TrainingStep):
         self.strategy_state = self.strategy.initialize_state(scene_scale=1.0)
 
     def __call__(self, clock: StageClock) -> torch.Tensor:
+        from bytesplat_ns.optim import step_in_one_pass
         from bytesplat_ns.raster.fused import fused_render_loss
 
         s = self.scene
@@ -303,8 +306,11 @@ class BytesplatStep(TrainingStep):
         visible = (info["radii"] > 0).any(0) if self.visible_only else None
         for optimizer in self.optimizers:
             optimizer.visible_rows = visible
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+        # as the trainer's default --optimizer-steps-in-one-pass: one launch for the step counts, one
+        # kernel per tensor, gradients cleared to None (a visible-rows step takes each optimizer's own)
+        step_in_one_pass(self.optimizers)
+        for param in self.params.values():
+            param.grad = None
         clock.mark("optimizer")
         return loss
 

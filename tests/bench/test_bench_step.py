@@ -120,6 +120,38 @@ def test_step_is_a_registered_subcommand_with_a_suite():
     assert suites.SUITES["step-baselines"].steps[0].command == "step"
 
 
+def test_bytesplat_row_steps_its_optimizers_as_the_trainer_does(monkeypatch):
+    """The row's optimizer stage is the trainer's default one pass (optim.step_in_one_pass over all six),
+    Adam's update on every parameter, the gradients cleared to None. The fused render is CUDA-only, so
+    a differentiable stand-in gives the loss here."""
+    from bytesplat_ns import optim
+    from bytesplat_ns.raster import fused
+
+    scene = synthetic_scene(200, 32, 24, 3, seed=3, device="cpu")
+    row = step.BytesplatStep(scene)
+    before = {name: p.detach().clone() for name, p in row.params.items()}
+
+    def stand_in(means, quats, scales, opacities, sh, *args, **kwargs):
+        means2d = means[:, :2].unsqueeze(0) * 1.0
+        loss = (means ** 2).sum() + quats.sum() + scales.sum() + opacities.sum()
+        loss = loss + (sh.dc ** 2).sum() + (sh.rest ** 2).sum() + means2d.sum()
+        return loss, None, None, {"means2d": means2d, "radii": torch.ones(1, len(means), dtype=torch.int32)}
+
+    passes = []
+    monkeypatch.setattr(fused, "fused_render_loss", stand_in)
+    monkeypatch.setattr(optim, "step_in_one_pass", lambda optimizers: passes.append(list(optimizers)) or
+                        [o.step() for o in optimizers])
+    monkeypatch.setattr(row.strategy, "_update_state", lambda *args, **kwargs: None)
+    row(step.StageClock(new_event=lambda: type("E", (), {"record": lambda self: None})()))
+
+    assert len(passes) == 1 and passes[0] == row.optimizers and len(row.optimizers) == len(row.params)
+    for name, param in row.params.items():
+        assert param.grad is None, name
+        # Adam's first step moves every entry with a gradient by its learning rate
+        moved = (param.detach() - before[name]).abs()
+        torch.testing.assert_close(moved.max(), torch.tensor(step.LEARNING_RATES[name]), rtol=1e-2, atol=0)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_steps_train_the_same_scene_from_the_same_loss():
