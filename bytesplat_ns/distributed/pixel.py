@@ -29,7 +29,7 @@ cell come before all Gaussians of the next cell in visibility order and the comp
 process's render (up to float rounding, and up to the stop rule: where the transmittance of a
 pixel crosses 1e-4 INSIDE a cell other than the first, one process stops inside that cell while
 the composite stops after it). Where footprints cross borders, a Gaussian is blended with the other
-cells' Gaussians in cell order instead of depth order: see docs/pixel_exchange.md for the measured
+cells' Gaussians in cell order instead of depth order: see docs/pixel_exchange.md for the tested
 tolerance.
 
 Exchange pruning (``PixelConfig``), each switchable:

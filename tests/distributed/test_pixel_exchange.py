@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 REL_TOL = 1e-5
 BOUND_S = 55.0  # wall-clock bound of one multi-process launch (each test stays under 60 s)
 
-# Tolerance where Gaussians cross cell borders (measured, see docs/pixel_exchange.md): small
+# Tolerance where Gaussians cross cell borders (asserted bounds, docs/pixel_exchange.md): small
 # Gaussians (scale 0.04-0.16 here, 70-85% of them crossing) composited in cell order instead of
 # depth order.
 CROSS_MEAN_ABS = 5e-3  # mean |pixel difference| over all views
