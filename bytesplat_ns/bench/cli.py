@@ -26,6 +26,9 @@ r"""``bytesplat-bench``: the project's benchmarks, each writing one JSON file.
     bytesplat-bench sass --arch 90 --out sass.json
         (the compositing loops' instruction counts in the machine code, no GPU needed: ``bytesplat_ns.bench.sass``)
 
+    bytesplat-bench city --presets small large 4k --generate small --out city.json
+        (the built-in large scene's generator: seconds per view and per scene on the CPU: ``bytesplat_ns.bench.city_render``)
+
     bytesplat-bench suite NAME [--data PATH] [--results-dir docs/results]
         (a declared suite of the runs above, one JSON document plus plots: ``bytesplat_ns.bench.suites``;
         ``--list`` names them, ``--dry-run`` prints their commands)
@@ -106,6 +109,7 @@ SUBCOMMANDS = {
     "step": "bytesplat_ns.bench.step",
     "dram": "bytesplat_ns.bench.dram",
     "sass": "bytesplat_ns.bench.sass",
+    "city": "bytesplat_ns.bench.city_render",
     "train": "bytesplat_ns.bench.train",
     "profile": "bytesplat_ns.bench.profile_train",
     "distributed": "bytesplat_ns.bench.distributed",

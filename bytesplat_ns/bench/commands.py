@@ -23,6 +23,7 @@ STEP_COMMANDS: Dict[str, Tuple[str, str]] = {
     "step": ("bytesplat_ns.bench.step", "parser"),
     "dram": ("bytesplat_ns.bench.dram", "parser"),
     "sass": ("bytesplat_ns.bench.sass", "parser"),
+    "city": ("bytesplat_ns.bench.city_render", "parser"),
 }
 
 # the option each subcommand writes its JSON to: the suite runner sets it per step

@@ -502,6 +502,30 @@ def sass_table(steps: List[Dict]) -> List[str]:
          "spill accesses in the loop(s)", "instructions", "compositing loop(s)", "fewer than with expf"], rows)
 
 
+def city_table(steps: List[Dict]) -> List[str]:
+    """Per city preset (``bytesplat-bench city``): seconds per view of each kind (min-max of the timed
+    views), the whole scene's render time on one core estimated from them, and the wall clock of a whole
+    generation where one ran."""
+    rows = []
+    for step in steps:
+        for r in step["result"]["rows"]:
+            cells = []
+            for kind in ("aerial_orbit", "aerial_close", "street"):
+                times = [v["seconds"] for v in r["views_timed"] if v["kind"] == kind]
+                cells.append(f"{min(times):.2f}-{max(times):.2f}" if times else "-")
+            hours = r["estimated_scene_core_s"] / 3600
+            rows.append([r["preset"], f"{r['width']}x{r['height']}", str(r["views"]), *cells,
+                         f"{hours:.1f} h" if hours >= 1 else f"{r['estimated_scene_core_s'] / 60:.1f} min",
+                         _f(r.get("generated_s"), "{:.1f} s")])
+    if not rows:
+        return []
+    first = steps[0]["result"]
+    return [f"One process on {first.get('cpu', '-')} ({first.get('cpu_count', '-')} cores, OMP_NUM_THREADS="
+            f"{first.get('omp_num_threads') or 'unset'}); seconds per view rendered:", ""] + _table(
+        ["preset", "size", "views", "aerial orbit s", "aerial close s", "street s",
+         "whole scene, one core (estimated)", "generated whole, one worker"], rows)
+
+
 def _python_function(name: str) -> str:
     """A profiled function's short name: ``file:line name`` -> name; cProfile's built-ins
     (``<method 'run_backward' of '...' objects>``, ``<built-in method torch.isfinite>``) -> run_backward, torch.isfinite."""
@@ -535,7 +559,7 @@ def profile_table(steps: List[Dict]) -> List[str]:
 
 TABLES = {"raster": raster_table, "train": train_table, "distributed": distributed_table,
           "wallclock": wallclock_table, "quality": quality_table, "step": step_table, "dram": dram_table,
-          "sass": sass_table, "profile": profile_table}
+          "sass": sass_table, "profile": profile_table, "city": city_table}
 
 
 def _kind(result) -> Optional[str]:
@@ -549,6 +573,8 @@ def _kind(result) -> Optional[str]:
         return "sass"
     if isinstance(result, dict) and result.get("benchmark") == "bytesplat-bench profile":
         return "profile"
+    if isinstance(result, dict) and result.get("benchmark") == "bytesplat-bench city":
+        return "city"
     if isinstance(result, dict) and {"baseline", "runs", "summary"} <= set(result) \
             and all("psnr_diff_mean" in row for row in result["summary"].values()):
         return "quality"

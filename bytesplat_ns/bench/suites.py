@@ -394,6 +394,13 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           "(no GPU: nvcc and cuobjdump)",
           0,
           (Step("sass", _args("--arch 90 --sources render_fwd.cu render_bwd.cu fused_loss.cu"), name="sm90"),)),
+    Suite("city-render-cpu",
+          "the built-in large scene's generator on one CPU core: seconds per view of each kind for the small, large "
+          "and 4k cities (two views of each kind), each scene's render time estimated from them, and the small "
+          "city generated whole with one worker",
+          0,
+          (Step("city", _args("--presets small large 4k --views-per-kind 2 --generate small"), name="one_core",
+                env=(("OMP_NUM_THREADS", "1"),)),)),
     Suite("kernel-levers",
           "the render kernels' opt-in levers against the defaults: the falloff as 2^q from the prescaled conic "
           "(--pipeline.model.fused.fast-exp True) and two pixels per thread in the backward "
