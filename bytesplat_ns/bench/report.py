@@ -562,19 +562,14 @@ TABLES = {"raster": raster_table, "train": train_table, "distributed": distribut
           "sass": sass_table, "profile": profile_table, "city": city_table}
 
 
+# the subcommands whose JSON names itself ("benchmark": "bytesplat-bench NAME") and has a table here
+_NAMED_KINDS = ("wallclock", "step", "dram", "sass", "profile", "city")
+
+
 def _kind(result) -> Optional[str]:
-    if isinstance(result, dict) and result.get("benchmark") == "bytesplat-bench wallclock":
-        return "wallclock"
-    if isinstance(result, dict) and result.get("benchmark") == "bytesplat-bench step":
-        return "step"
-    if isinstance(result, dict) and result.get("benchmark") == "bytesplat-bench dram":
-        return "dram"
-    if isinstance(result, dict) and result.get("benchmark") == "bytesplat-bench sass":
-        return "sass"
-    if isinstance(result, dict) and result.get("benchmark") == "bytesplat-bench profile":
-        return "profile"
-    if isinstance(result, dict) and result.get("benchmark") == "bytesplat-bench city":
-        return "city"
+    named = result.get("benchmark", "") if isinstance(result, dict) else ""
+    if named.startswith("bytesplat-bench ") and named.split(" ", 1)[1] in _NAMED_KINDS:
+        return named.split(" ", 1)[1]
     if isinstance(result, dict) and {"baseline", "runs", "summary"} <= set(result) \
             and all("psnr_diff_mean" in row for row in result["summary"].values()):
         return "quality"
