@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -124,8 +125,6 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict:
     args = parser().parse_args(argv)
     if args.views_per_kind < 1:
         raise BytesplatError(f"--views-per-kind must be at least 1, got {args.views_per_kind}")
-    import os
-
     from bytesplat_ns.bench.train import environment
 
     rows = [measure_preset(preset, args.views_per_kind, preset in args.generate) for preset in args.presets]

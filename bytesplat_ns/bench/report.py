@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
+from bytesplat_ns.bench.city_render import KINDS as CITY_VIEW_KINDS
 from bytesplat_ns.bench.gpu_sharing import measures_the_method, runs_sharing_gpu
 from bytesplat_ns.bench.plots import detect_kind
 from bytesplat_ns.errors import BytesplatError
@@ -510,7 +511,7 @@ def city_table(steps: List[Dict]) -> List[str]:
     for step in steps:
         for r in step["result"]["rows"]:
             cells = []
-            for kind in ("aerial_orbit", "aerial_close", "street"):
+            for kind in CITY_VIEW_KINDS:
                 times = [v["seconds"] for v in r["views_timed"] if v["kind"] == kind]
                 cells.append(f"{min(times):.2f}-{max(times):.2f}" if times else "-")
             hours = r["estimated_scene_core_s"] / 3600
@@ -567,9 +568,9 @@ _NAMED_KINDS = ("wallclock", "step", "dram", "sass", "profile", "city")
 
 
 def _kind(result) -> Optional[str]:
-    named = result.get("benchmark", "") if isinstance(result, dict) else ""
-    if named.startswith("bytesplat-bench ") and named.split(" ", 1)[1] in _NAMED_KINDS:
-        return named.split(" ", 1)[1]
+    prog, _, name = (result.get("benchmark") or "").partition(" ") if isinstance(result, dict) else ("", "", "")
+    if prog == "bytesplat-bench" and name in _NAMED_KINDS:
+        return name
     if isinstance(result, dict) and {"baseline", "runs", "summary"} <= set(result) \
             and all("psnr_diff_mean" in row for row in result["summary"].values()):
         return "quality"
