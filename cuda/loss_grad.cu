@@ -33,7 +33,9 @@ constexpr int kRegionW = 32, kRegionH = 32;
 using Region = SsimRegion<kRegionW, kRegionH>;
 constexpr int kSmemBytes = Region::kFloats * 4;  // above 48 KB: opted into at launch
 
-__global__ void __launch_bounds__(kBlock) loss_grad_kernel(const LossParams P) {
+// Two blocks per SM (the region's shared memory allows two): up to 128 registers, which the passes'
+// strips of 7 outputs need (at the default bound ptxas kept 64 and spilled).
+__global__ void __launch_bounds__(kBlock, 2) loss_grad_kernel(const LossParams P) {
     extern __shared__ float s_ssim[];
     __shared__ float s_red[kWarps];
     const int cam = blockIdx.z;
@@ -47,7 +49,8 @@ __global__ void __launch_bounds__(kBlock) loss_grad_kernel(const LossParams P) {
     const bool inc = P.clamp_inclusive != 0;
 #pragma unroll
     for (int k = 0; k < Region::kPixels; ++k) {
-        const int i = threadIdx.x + k * kBlock, x = X + i % kRegionW, y = Y + i / kRegionW;
+        const int2 px = Region::pixel(k);
+        const int x = X + px.x, y = Y + px.y;
         if (x >= P.W || y >= P.H) continue;
         const int64_t pix = ((int64_t)cam * P.H + y) * P.W + x;
         const float raw[3] = {P.rgb[3 * pix], P.rgb[3 * pix + 1], P.rgb[3 * pix + 2]};

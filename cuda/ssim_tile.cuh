@@ -18,6 +18,14 @@ constexpr int kHalf = kWin / 2;            // 5
 // [RegH][CenW][5] (later reused for the backward horizontal pass [CenH][RW][3]); per-center
 // partials [CenH][CenW][3]. The halo costs less per pixel in a larger region (16x16: 26x26 centers
 // for 256 pixels, 32x32: 42x42 for 1024).
+//
+// Each pass of the separable window gives a thread a strip of consecutive outputs along the
+// window's direction, so each input it loads from shared memory serves every output of the strip
+// whose window covers it (a strip of S outputs loads S + 10 inputs, not 11 S). Shared-memory loads
+// bound the passes otherwise: an H100 SM serves one warp-wide 32-bit load per cycle against four
+// warp-wide FMAs. Every output still sums its 11 taps in window order, so the strips change no
+// value. The fused kernel's 16x16 tile (one pixel per thread, its registers shared with the
+// compositing state) keeps strips of one.
 template <int RW, int RH>
 struct SsimRegion {
     static constexpr int kRegW = RW + 4 * kHalf, kRegH = RH + 4 * kHalf;  // pixels needed (region +- 10)
@@ -26,9 +34,19 @@ struct SsimRegion {
     static constexpr int kH = kRegH * kCenW * 5 > kCenH * RW * 3 ? kRegH * kCenW * 5 : kCenH * RW * 3;
     static constexpr int kP = kCenW * kCenH * 3;
     static constexpr int kFloats = kXY + kH + kP;
-    static constexpr int kPixels = RW * RH / kBlock;  // pixels per thread
-    static_assert(RW * RH % kBlock == 0, "a region is a whole number of pixels per thread");
+    static constexpr int kPixels = RW * RH / kBlock;  // pixels per thread: consecutive rows of one column
+    static_assert(RW * RH % kBlock == 0 && kBlock % RW == 0, "a region is whole columns of pixels per thread");
+    static constexpr bool kStrips = kPixels > 1;
+    static constexpr int kStripCen = kStrips ? 7 : 1;  // centers per strip (forward passes)
+    static constexpr int kStripPix = kStrips ? 8 : 1;  // pixel columns per strip (backward horizontal pass)
+    static_assert(kCenW % kStripCen == 0 && kCenH % kStripCen == 0 && RW % kStripPix == 0, "whole strips");
+
+    // Region pixel (column, row) of this thread's pixel k < kPixels.
+    __device__ __forceinline__ static int2 pixel(int k) {
+        return make_int2(threadIdx.x % RW, (threadIdx.x / RW) * kPixels + k);
+    }
 };
+
 // The fused kernel's region, its 16x16 tile (one pixel per thread), spelled out in plain constants
 // for the shared-memory layout that fused_smem_layout() (cuda/fused_loss.cu) reports to bytesplat_ns/pruning.py.
 constexpr int kTileReg = kTile + 4 * kHalf;  // 36
@@ -45,8 +63,8 @@ __device__ __forceinline__ float clamp_grad_mask(float v, bool inclusive) {
 }
 
 // dL/d rgb (3 channels) for this thread's pixels of the RW x RH region whose top-left pixel is
-// (X, Y) in view `cam`: pixel k (k < kPixels) is region pixel threadIdx.x + k * kBlock, row-major
-// (RW = 16: one pixel, thread i at column i % 16, row i / 16). The image of every pixel within 10 of
+// (X, Y) in view `cam`: pixel k (k < kPixels) is region pixel SsimRegion<RW, RH>::pixel(k), the
+// thread's column and kPixels consecutive rows (RW = 16: one pixel, thread i at column i % 16, row i / 16). The image of every pixel within 10 of
 // the region must be in P.rgb (the loads clamp it to [0, 1]: the fused kernel publishes clamped rgb,
 // where clamping again changes nothing; the split schedule's loss_grad kernel passes the raw
 // render + T*bg). Also returns the block's sum of SSIM over the centers inside the region. `s`:
@@ -85,91 +103,145 @@ __device__ __forceinline__ void loss_grad_region(const Prm &P, int cam, int X, i
         }
         __syncthreads();
         // Horizontal window sums of x, y, x^2, y^2, xy for every row and center column.
-        for (int i = threadIdx.x; i < kRegH * kCenW; i += kBlock) {
-            const int r = i / kCenW, j = i % kCenW;
-            float m0 = 0.f, m1 = 0.f, m2 = 0.f, m3 = 0.f, m4 = 0.f;
+        constexpr int SC = R::kStripCen, SP = R::kStripPix;
+        for (int i = threadIdx.x; i < kRegH * (kCenW / SC); i += kBlock) {
+            const int r = i / (kCenW / SC), j0 = (i % (kCenW / SC)) * SC;
+            float m[SC][5];
 #pragma unroll
-            for (int k = 0; k < kWin; ++k) {
-                const float w = P.win[k];
-                const float xv = s_x[r * kRegW + j + k], yv = s_y[r * kRegW + j + k];
-                m0 += w * xv;
-                m1 += w * yv;
-                m2 += w * xv * xv;
-                m3 += w * yv * yv;
-                m4 += w * xv * yv;
+            for (int o = 0; o < SC; ++o)
+#pragma unroll
+                for (int q = 0; q < 5; ++q) m[o][q] = 0.f;
+#pragma unroll
+            for (int u = 0; u < SC + kWin - 1; ++u) {
+                const float xv = s_x[r * kRegW + j0 + u], yv = s_y[r * kRegW + j0 + u];
+#pragma unroll
+                for (int o = 0; o < SC; ++o) {
+                    if (u - o < 0 || u - o >= kWin) continue;
+                    const float w = P.win[u - o];
+                    m[o][0] += w * xv;
+                    m[o][1] += w * yv;
+                    m[o][2] += w * xv * xv;
+                    m[o][3] += w * yv * yv;
+                    m[o][4] += w * xv * yv;
+                }
             }
-            float *h = s_h + 5 * i;
-            h[0] = m0; h[1] = m1; h[2] = m2; h[3] = m3; h[4] = m4;
+#pragma unroll
+            for (int o = 0; o < SC; ++o) {
+                float *h = s_h + 5 * (r * kCenW + j0 + o);
+                h[0] = m[o][0]; h[1] = m[o][1]; h[2] = m[o][2]; h[3] = m[o][3]; h[4] = m[o][4];
+            }
         }
         __syncthreads();
         // Vertical sums -> SSIM statistics per center; per-center partials of S wrt
         // (mu_x, E[x^2], E[xy]) (mu_x's includes its effect through the variances).
-        for (int i = threadIdx.x; i < kCenW * kCenH; i += kBlock) {
-            const int ci = i / kCenW, cj = i % kCenW;
-            const int sy = Y - kHalf + ci, sx = X - kHalf + cj;
-            float pa = 0.f, pb = 0.f, pc = 0.f;
-            if (sy >= kHalf && sy < P.H - kHalf && sx >= kHalf && sx < P.W - kHalf) {
-                float m[5] = {0.f, 0.f, 0.f, 0.f, 0.f};
+        for (int i = threadIdx.x; i < (kCenH / SC) * kCenW; i += kBlock) {
+            const int ci0 = (i / kCenW) * SC, cj = i % kCenW;
+            // the strip's centers inside the image's valid SSIM centers (rows ci0 .. ci0 + SC - 1)
+            const int sx = X - kHalf + cj, sy0 = Y - kHalf + ci0;
+            float part[SC][3];  // dS/d (mu_x, E[x^2], E[xy]); zero outside the valid centers
 #pragma unroll
-                for (int k = 0; k < kWin; ++k) {
-                    const float w = P.win[k];
-                    const float *h = s_h + 5 * ((ci + k) * kCenW + cj);
+            for (int o = 0; o < SC; ++o) part[o][0] = part[o][1] = part[o][2] = 0.f;
+            if (sx >= kHalf && sx < P.W - kHalf && sy0 + SC - 1 >= kHalf && sy0 < P.H - kHalf) {
+                float m[SC][5];
 #pragma unroll
-                    for (int q = 0; q < 5; ++q) m[q] += w * h[q];
+                for (int o = 0; o < SC; ++o)
+#pragma unroll
+                    for (int q = 0; q < 5; ++q) m[o][q] = 0.f;
+#pragma unroll
+                for (int u = 0; u < SC + kWin - 1; ++u) {
+                    const float *h = s_h + 5 * ((ci0 + u) * kCenW + cj);
+#pragma unroll
+                    for (int o = 0; o < SC; ++o) {
+                        if (u - o < 0 || u - o >= kWin) continue;
+                        const float w = P.win[u - o];
+#pragma unroll
+                        for (int q = 0; q < 5; ++q) m[o][q] += w * h[q];
+                    }
                 }
-                const float mx = m[0], my = m[1];
-                const float sxx = m[2] - mx * mx, syy = m[3] - my * my, sxy = m[4] - mx * my;
-                const float n1 = 2.f * mx * my + P.C1, d1 = mx * mx + my * my + P.C1;
-                const float n2 = 2.f * sxy + P.C2, d2 = sxx + syy + P.C2;
-                const float A = n1 / d1, B = n2 / d2, S = A * B;
-                const float dS_dsxy = 2.f * A / d2;
-                const float dS_dsxx = -S / d2;
-                pa = 2.f * B * (my - A * mx) / d1 - dS_dsxy * my - 2.f * dS_dsxx * mx;
-                pb = dS_dsxx;
-                pc = dS_dsxy;
-                if (ci >= kHalf && ci < kHalf + RH && cj >= kHalf && cj < kHalf + RW) ssum += S;
+#pragma unroll
+                for (int o = 0; o < SC; ++o) {
+                    const int ci = ci0 + o, sy = sy0 + o;
+                    if (sy < kHalf || sy >= P.H - kHalf) continue;
+                    const float mx = m[o][0], my = m[o][1];
+                    const float sxx = m[o][2] - mx * mx, syy = m[o][3] - my * my, sxy = m[o][4] - mx * my;
+                    const float n1 = 2.f * mx * my + P.C1, d1 = mx * mx + my * my + P.C1;
+                    const float n2 = 2.f * sxy + P.C2, d2 = sxx + syy + P.C2;
+                    const float A = n1 / d1, B = n2 / d2, S = A * B;
+                    const float dS_dsxy = 2.f * A / d2;
+                    const float dS_dsxx = -S / d2;
+                    part[o][0] = 2.f * B * (my - A * mx) / d1 - dS_dsxy * my - 2.f * dS_dsxx * mx;
+                    part[o][1] = dS_dsxx;
+                    part[o][2] = dS_dsxy;
+                    if (ci >= kHalf && ci < kHalf + RH && cj >= kHalf && cj < kHalf + RW) ssum += S;
+                }
             }
-            s_p[3 * i] = pa;
-            s_p[3 * i + 1] = pb;
-            s_p[3 * i + 2] = pc;
+#pragma unroll
+            for (int o = 0; o < SC; ++o) {
+                float *pp = s_p + 3 * ((ci0 + o) * kCenW + cj);
+                pp[0] = part[o][0];
+                pp[1] = part[o][1];
+                pp[2] = part[o][2];
+            }
         }
         __syncthreads();
         // Transposed window, horizontal: per center row and pixel column.
-        for (int i = threadIdx.x; i < kCenH * RW; i += kBlock) {
-            const int ci = i / RW, u = i % RW;
-            float a0 = 0.f, a1 = 0.f, a2 = 0.f;
+        for (int i = threadIdx.x; i < kCenH * (RW / SP); i += kBlock) {
+            const int ci = i / (RW / SP), u0 = (i % (RW / SP)) * SP;
+            float a[SP][3];
 #pragma unroll
-            for (int k = 0; k < kWin; ++k) {
-                const float w = P.win[k];
-                const float *pp = s_p + 3 * (ci * kCenW + u + k);
-                a0 += w * pp[0];
-                a1 += w * pp[1];
-                a2 += w * pp[2];
+            for (int o = 0; o < SP; ++o) a[o][0] = a[o][1] = a[o][2] = 0.f;
+#pragma unroll
+            for (int u = 0; u < SP + kWin - 1; ++u) {
+                const float *pp = s_p + 3 * (ci * kCenW + u0 + u);
+                const float pv[3] = {pp[0], pp[1], pp[2]};
+#pragma unroll
+                for (int o = 0; o < SP; ++o) {
+                    if (u - o < 0 || u - o >= kWin) continue;
+                    const float w = P.win[u - o];
+                    a[o][0] += w * pv[0];
+                    a[o][1] += w * pv[1];
+                    a[o][2] += w * pv[2];
+                }
             }
-            s_h[3 * i] = a0;
-            s_h[3 * i + 1] = a1;
-            s_h[3 * i + 2] = a2;
+#pragma unroll
+            for (int o = 0; o < SP; ++o) {
+                float *hh = s_h + 3 * (ci * RW + u0 + o);
+                hh[0] = a[o][0];
+                hh[1] = a[o][1];
+                hh[2] = a[o][2];
+            }
         }
         __syncthreads();
-        // Vertical, per pixel: dS/dx = A + 2 x B + y C.
+        // Vertical, per pixel (this thread's kPixels rows of one column): dS/dx = A + 2 x B + y C.
+        {
+            const int2 p0 = R::pixel(0);
+            float a[R::kPixels][3];
 #pragma unroll
-        for (int k = 0; k < R::kPixels; ++k) {
-            const int i = threadIdx.x + k * kBlock, lx = i % RW, ly = i / RW;
-            float a0 = 0.f, a1 = 0.f, a2 = 0.f;
+            for (int k = 0; k < R::kPixels; ++k) a[k][0] = a[k][1] = a[k][2] = 0.f;
 #pragma unroll
-            for (int t = 0; t < kWin; ++t) {
-                const float w = P.win[t];
-                const float *hh = s_h + 3 * ((ly + t) * RW + lx);
-                a0 += w * hh[0];
-                a1 += w * hh[1];
-                a2 += w * hh[2];
+            for (int u = 0; u < R::kPixels + kWin - 1; ++u) {
+                const float *hh = s_h + 3 * ((p0.y + u) * RW + p0.x);
+                const float hv[3] = {hh[0], hh[1], hh[2]};
+#pragma unroll
+                for (int k = 0; k < R::kPixels; ++k) {
+                    if (u - k < 0 || u - k >= kWin) continue;
+                    const float w = P.win[u - k];
+                    a[k][0] += w * hv[0];
+                    a[k][1] += w * hv[1];
+                    a[k][2] += w * hv[2];
+                }
             }
-            const float xv = s_x[(ly + 2 * kHalf) * kRegW + lx + 2 * kHalf];
-            const float yv = s_y[(ly + 2 * kHalf) * kRegW + lx + 2 * kHalf];
-            const float dS = a0 + 2.f * xv * a1 + yv * a2;
-            const float d = xv - yv;
-            const float sgn = d > 0.f ? 1.f : (d < 0.f ? -1.f : 0.f);
-            dl[k][c] = P.w_l1 * sgn - P.w_ssim * dS;
+#pragma unroll
+            for (int k = 0; k < R::kPixels; ++k) {
+                const int lx = p0.x, ly = p0.y + k;
+                const float xv = s_x[(ly + 2 * kHalf) * kRegW + lx + 2 * kHalf];
+                const float yv = s_y[(ly + 2 * kHalf) * kRegW + lx + 2 * kHalf];
+                const float dS = a[k][0] + 2.f * xv * a[k][1] + yv * a[k][2];
+                const float d = xv - yv;
+                const float sgn = d > 0.f ? 1.f : (d < 0.f ? -1.f : 0.f);
+                const float g = P.w_l1 * sgn - P.w_ssim * dS;
+                dl[k][c] = g;
+            }
         }
         __syncthreads();  // s_x/s_y/s_h are reused by the next channel
     }
