@@ -9,9 +9,11 @@ method's defaults, the same config.yml; with ``--launcher bytesplat-train``, byt
 timer is exclusive: time spent in a nested timed call counts only for the inner phase (a
 tensorboard write inside an eval iteration is log time, not eval time). The timers read the host
 clock and do not synchronise the GPU, so asynchronous GPU work is counted by whichever phase next
-waits for it, with one exception: on the steps nerfstudio logs (every ``steps_per_log``, where its
-loss read-back waits for the GPU anyway), the train iteration's timer ends with the GPU drained, so
-the steps' queued GPU work counts as step time, not as the logger's. Single-process runs only:
+waits for it, with one exception: on the steps nerfstudio logs (every ``steps_per_log``), where an
+event writer reads the logged tensors as it writes them (nerfstudio's do, so it waits for the GPU
+anyway), the train iteration's timer ends with the GPU drained, so the steps' queued GPU work counts
+as step time, not as the logger's. bytesplat's batched tensorboard writer reads nothing there, and
+then no wait is added. Single-process runs only:
 processes that ``--machine.num-devices`` spawns are not timed.
 
 TIMINGS.json holds host clock stamps (``time.time()``, comparable with the launcher's) and the
@@ -251,7 +253,7 @@ def split_write_out_storage(timers: PhaseTimers) -> None:
 
     def write_out_storage():
         if torch.cuda.is_available() and torch.cuda.is_initialized() and any(
-                holds_cuda_tensor(event["event"]) for event in writer.EVENT_STORAGE):
+                holds_cuda_tensor(event["event"]) for event in writer.EVENT_STORAGE) and logging_waits_for_gpu():
             gpu_wait()
         return real_write_out_storage()
 
@@ -274,9 +276,23 @@ def holds_cuda_tensor(value) -> bool:
     return any(getattr(v, "is_cuda", False) for v in values)
 
 
+def logging_waits_for_gpu() -> bool:
+    """Whether an event writer reads a logged step's tensors as it writes them (nerfstudio's writers:
+    ``float()`` per value, a wait for the GPU); bytesplat's batched tensorboard writer copies them
+    without a wait (bytesplat_ns/event_writers.py), and the console reads no tensors."""
+    from nerfstudio.utils import writer
+
+    from bytesplat_ns.event_writers import TrainingLoopTensorboardWriter
+
+    return any(not isinstance(w, writer.LocalWriter)
+               and not (isinstance(w, TrainingLoopTensorboardWriter) and w.batch_scalars)
+               for w in writer.EVENT_WRITERS)
+
+
 def drained_on_logged_steps(train_iteration: Callable) -> Callable:
-    """``train_iteration`` that waits for the GPU before it returns on the steps nerfstudio logs: their
-    loss read-back would wait there a moment later, inside the log timer."""
+    """``train_iteration`` that waits for the GPU before it returns on the steps nerfstudio logs, where
+    the writers would wait there a moment later, inside the log timer (``logging_waits_for_gpu``).
+    Where they do not, no wait is added: the timed run waits where the plain one does."""
     from nerfstudio.utils.misc import step_check
 
     @functools.wraps(train_iteration)
@@ -285,7 +301,7 @@ def drained_on_logged_steps(train_iteration: Callable) -> Callable:
         if step_check(step, self.config.logging.steps_per_log, run_at_zero=True):
             import torch
 
-            if torch.cuda.is_available() and torch.cuda.is_initialized():
+            if torch.cuda.is_available() and torch.cuda.is_initialized() and logging_waits_for_gpu():
                 torch.cuda.synchronize()
         return out
 

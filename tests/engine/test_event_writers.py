@@ -126,6 +126,50 @@ def test_batched_scalars_read_back_as_nerfstudios(tmp_path):
     assert written_scalars(tmp_path / "ours") == theirs and len(theirs) == 5 and theirs["GPU Memory (MB)"][0] == (0, 512.25)
 
 
+def test_dicts_are_batched_without_reading_their_values(tmp_path, monkeypatch):
+    """A logged step's loss and metrics dicts: nerfstudio's write_scalar_dict reads each value with
+    float() (on a GPU, a wait for the step's queued work); the batched writer reads none while the
+    step is written and puts the same tags, steps and values in tensorboard."""
+    import torch
+    from nerfstudio.utils import writer
+    from torch.utils.tensorboard import SummaryWriter
+
+    dicts = [("Train Loss Dict", {"main_loss": torch.tensor(0.25), "scale_reg": torch.tensor([0.5])}),
+             ("Train Metrics Dict", {"psnr": torch.tensor(21.5, dtype=torch.float64), "gaussian_count": torch.tensor(1234),
+                                     "visible": torch.tensor(True), "host_value": 7})]
+    nerfstudio_writer = writer.TensorboardWriter(log_dir=tmp_path / "theirs")
+    ours_summary = SummaryWriter(log_dir=str(tmp_path / "ours"))
+    ours = event_writers.TrainingLoopTensorboardWriter(ours_summary, steps_per_log=10)
+    reads = []
+    real_float = torch.Tensor.__float__
+    monkeypatch.setattr(torch.Tensor, "__float__", lambda t: reads.append(t) or real_float(t))
+    for name, values in dicts:
+        ours.write_scalar_dict(name, values, 0)
+    assert reads == []  # collected as they are (read once the step is complete: HostValues)
+    for name, values in dicts:
+        ours.write_scalar_dict(name, values, 10)
+    ours.flush_scalars()
+    reads.clear()
+    for step in (0, 10):
+        for name, values in dicts:
+            nerfstudio_writer.write_scalar_dict(name, values, step)
+    assert len(reads) == 10  # nerfstudio's: one per tensor value
+    nerfstudio_writer.tb_writer.close()
+    ours_summary.close()
+    theirs = written_scalars(tmp_path / "theirs")
+    assert written_scalars(tmp_path / "ours") == theirs and len(theirs) == 6
+
+
+def test_a_logged_steps_tensors_stacked_in_order():
+    import torch
+
+    values = [torch.tensor(1.5), torch.tensor(3), torch.tensor([2.25]), torch.tensor(True),
+              torch.tensor(7.0, dtype=torch.float64), torch.tensor(-4)]
+    stacked = event_writers.stack_as_float64(values)
+    assert stacked.dtype == torch.float64 and stacked.tolist() == [1.5, 3.0, 2.25, 1.0, 7.0, -4.0]
+    assert event_writers.stack_as_float64(values[:1]).tolist() == [1.5]
+
+
 def test_host_values_of_numbers_and_tensors():
     import torch
 
@@ -140,7 +184,8 @@ def test_host_values_of_gpu_tensors_without_a_wait_at_creation():
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
     big = torch.rand(4096, 4096, device="cuda")
-    scalars = [(big @ big).mean(), torch.tensor(7.0, device="cuda"), 3, torch.tensor(2.0)]
+    scalars = [(big @ big).mean(), torch.tensor(7.0, device="cuda"), 3, torch.tensor(2.0),
+               torch.tensor(12345, device="cuda"), torch.tensor(True, device="cuda")]
     expected = [float(v) for v in scalars]
     host = event_writers.HostValues(scalars)
     assert host.copy.is_pinned()
