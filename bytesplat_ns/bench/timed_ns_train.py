@@ -166,6 +166,7 @@ def install(timers: PhaseTimers, record: Dict, collections: Optional[CollectionT
 
     def train(self, *args, **kwargs):
         record["train_start"] = time.time()
+        timed_before = sum(timers.seconds.values())
         if collections is not None:
             collections.active = True
         try:
@@ -174,6 +175,11 @@ def install(timers: PhaseTimers, record: Dict, collections: Optional[CollectionT
             if collections is not None:
                 collections.active = False
             record["train_end"] = time.time()
+            # Trainer.train's wall time that no phase timer covers: the loop's own work per step
+            # (nerfstudio's iteration timer, pipeline.train(), schedule checks, the timers' own
+            # cost) and what it does before and after the loop
+            record["train_untimed_s"] = record["train_end"] - record["train_start"] - (
+                sum(timers.seconds.values()) - timed_before)
 
     Trainer.setup, Trainer.train = setup, train
 

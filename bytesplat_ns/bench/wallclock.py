@@ -193,6 +193,8 @@ def run_one(entry: MethodEntry, seed: int, args: argparse.Namespace, repeat: int
         "wall_s": wall_s, **breakdown(wall_s, launch, timings), **startup_fields(launch, timings),
         # the part of other_s after the trainer finished: interpreter and writer shutdown
         "exit_s": launch + wall_s - timings["process_end"],
+        # the part of other_s inside Trainer.train: the loop's own overhead (None: not recorded)
+        "train_untimed_s": timings.get("train_untimed_s"),
         "num_gaussians": timings.get("num_gaussians"), "peak_gpu_memory_mb": timings.get("peak_gpu_memory_mb"),
         "peak_host_memory_mb": timings.get("peak_host_memory_mb"), "train_image_size": timings.get("train_image_size"),
         # the trainer's all-images eval on its schedule (steps_per_eval_all_images): when quality moved
