@@ -354,15 +354,33 @@ def test_the_timed_run_uses_the_launcher_it_is_given(tmp_path, monkeypatch):
         timed_ns_train.main(["--timings", str(tmp_path / "t.json"), "--launcher", "other", "--", "bytesplat"])
 
 
-def test_logged_steps_end_with_the_gpu_drained(monkeypatch):
-    """On the steps nerfstudio logs (its loss read-back waits for the GPU there anyway) the train
-    iteration's timer waits for the GPU, so queued step work is step time, not log time."""
+def event_writers_of(kind: str) -> list:
+    """nerfstudio's event writers as a run has them (instances made without their files): the console
+    and nerfstudio's tensorboard writer, or bytesplat's batched one."""
+    import nerfstudio.configs.base_config  # noqa: F401 - nerfstudio's writer module needs it imported first
+    from nerfstudio.utils import writer
+
+    from bytesplat_ns.event_writers import TrainingLoopTensorboardWriter
+
+    if kind == "nerfstudio":
+        return [object.__new__(writer.TensorboardWriter), object.__new__(writer.LocalWriter)]
+    return [TrainingLoopTensorboardWriter(None, steps_per_log=10), object.__new__(writer.LocalWriter)]
+
+
+@pytest.mark.parametrize("writers, drained", [("nerfstudio", [0, 10, 20]), ("batched", [])])
+def test_logged_steps_end_with_the_gpu_drained_where_the_writers_would_wait(monkeypatch, writers, drained):
+    """On the steps nerfstudio logs, where its writers read the logged tensors (a wait for the GPU
+    there anyway), the train iteration's timer waits for the GPU, so queued step work is step time,
+    not log time. bytesplat's batched writer reads none there: then the timers add no wait."""
     from types import SimpleNamespace
 
+    import nerfstudio.configs.base_config  # noqa: F401 - nerfstudio's writer module needs it imported first
     import torch
+    from nerfstudio.utils import writer
 
     from bytesplat_ns.bench.timed_ns_train import drained_on_logged_steps
 
+    monkeypatch.setattr(writer, "EVENT_WRITERS", event_writers_of(writers))
     syncs = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
@@ -371,12 +389,14 @@ def test_logged_steps_end_with_the_gpu_drained(monkeypatch):
     trainer = SimpleNamespace(config=SimpleNamespace(logging=SimpleNamespace(steps_per_log=10)))
     iteration = drained_on_logged_steps(lambda self, step: steps.append(step) or step * 2)
     assert [iteration(trainer, s) for s in range(25)] == [2 * s for s in range(25)]
-    assert syncs == [0, 10, 20]
+    assert syncs == drained
 
 
-def test_write_out_storage_waits_for_the_gpu_in_its_own_timer(monkeypatch):
+@pytest.mark.parametrize("writers, waits", [("nerfstudio", [1]), ("batched", [])])
+def test_write_out_storage_waits_for_the_gpu_in_its_own_timer(monkeypatch, writers, waits):
     """write_out_storage's wait for queued GPU work is timed apart from the writers (detail gpu_wait):
-    one synchronise on steps whose events hold CUDA tensors, none on the others."""
+    one synchronise on steps whose events hold CUDA tensors, none on the others; none at all where
+    the writers read no tensors as they write (bytesplat's batched tensorboard writer)."""
     from types import SimpleNamespace
 
     import nerfstudio.configs.base_config  # noqa: F401 - nerfstudio's writer module needs it imported first
@@ -395,6 +415,8 @@ def test_write_out_storage_waits_for_the_gpu_in_its_own_timer(monkeypatch):
     monkeypatch.setattr(writer, "write_out_storage", writer.write_out_storage)
     monkeypatch.setattr(writer, "EVENT_WRITERS", [])
     timers = timed_ns_train.PhaseTimers()
+    # the writers are asked (as the first test checks); none is called here
+    monkeypatch.setattr(timed_ns_train, "logging_waits_for_gpu", lambda: writers == "nerfstudio")
     timed_ns_train.split_write_out_storage(timers)
     cuda_scalar = SimpleNamespace(is_cuda=True)
     monkeypatch.setattr(writer, "EVENT_STORAGE", [{"name": "a", "event": 1.0, "step": 1}])
@@ -402,8 +424,8 @@ def test_write_out_storage_waits_for_the_gpu_in_its_own_timer(monkeypatch):
     assert syncs == []
     writer.EVENT_STORAGE.extend([{"name": "b", "event": {"x": cuda_scalar}, "step": 2}])
     writer.write_out_storage()
-    assert syncs == [1] and writer.EVENT_STORAGE == []
-    assert set(timers.detail) == {"log:gpu_wait"}
+    assert syncs == waits and writer.EVENT_STORAGE == []
+    assert set(timers.detail) == ({"log:gpu_wait"} if waits else set())
 
 
 def _capture_with_half_resolution_copies(root: Path) -> Path:
