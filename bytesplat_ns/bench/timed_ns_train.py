@@ -130,6 +130,8 @@ def install(timers: PhaseTimers, record: Dict, collections: Optional[CollectionT
             if name in vars(cls):
                 method = vars(cls)[name]
                 setattr(cls, name, timers.wrap(phase, drained_on_logged_steps(method) if phase == "steps" else method))
+        if "_after_train" in vars(cls):
+            setattr(cls, "_after_train", stamped_loop_end(vars(cls)["_after_train"], timers, record))
     real_run = callbacks.TrainingCallback.run_callback_at_location
 
     def run_callback_at_location(self, step, location):
@@ -177,9 +179,13 @@ def install(timers: PhaseTimers, record: Dict, collections: Optional[CollectionT
             record["train_end"] = time.time()
             # Trainer.train's wall time that no phase timer covers: the loop's own work per step
             # (nerfstudio's iteration timer, pipeline.train(), schedule checks, the timers' own
-            # cost) and what it does before and after the loop
+            # cost) and what it does before and after the loop; the loop's part alone where its
+            # end was stamped (the first _after_train call)
             record["train_untimed_s"] = record["train_end"] - record["train_start"] - (
                 sum(timers.seconds.values()) - timed_before)
+            if "loop_end" in record:
+                record["loop_untimed_s"] = record["loop_end"] - record["train_start"] - (
+                    record.pop("timed_at_loop_end") - timed_before)
 
     Trainer.setup, Trainer.train = setup, train
 
@@ -280,6 +286,20 @@ def skip_image_writes() -> None:
 def holds_cuda_tensor(value) -> bool:
     values = value.values() if isinstance(value, dict) else (value,)
     return any(getattr(v, "is_cuda", False) for v in values)
+
+
+def stamped_loop_end(after_train: Callable, timers: PhaseTimers, record: Dict) -> Callable:
+    """``_after_train`` that stamps, on the first call only (nerfstudio calls it once the loop ends;
+    a subclass's calls its parent's), the time and the timers' total so far."""
+
+    @functools.wraps(after_train)
+    def stamped(self, *args, **kwargs):
+        if "loop_end" not in record:
+            record["loop_end"] = time.time()
+            record["timed_at_loop_end"] = sum(timers.seconds.values())
+        return after_train(self, *args, **kwargs)
+
+    return stamped
 
 
 def logging_waits_for_gpu() -> bool:

@@ -195,6 +195,9 @@ def run_one(entry: MethodEntry, seed: int, args: argparse.Namespace, repeat: int
         "exit_s": launch + wall_s - timings["process_end"],
         # the part of other_s inside Trainer.train: the loop's own overhead (None: not recorded)
         "train_untimed_s": timings.get("train_untimed_s"),
+        # ... of which the loop's, up to the trainer's _after_train (the final save and the wait for
+        # queued eval images and checkpoint writes are after it)
+        "loop_untimed_s": timings.get("loop_untimed_s"),
         "num_gaussians": timings.get("num_gaussians"), "peak_gpu_memory_mb": timings.get("peak_gpu_memory_mb"),
         "peak_host_memory_mb": timings.get("peak_host_memory_mb"), "train_image_size": timings.get("train_image_size"),
         # the trainer's all-images eval on its schedule (steps_per_eval_all_images): when quality moved

@@ -105,6 +105,7 @@ def test_two_configurations_end_to_end(tmp_path):
         assert all(part >= 0 for part in parts), run
         assert 0 <= run["exit_s"] <= run["other_s"]
         assert 0 <= run["train_untimed_s"] and run["exit_s"] + run["train_untimed_s"] <= run["other_s"] + 1e-6
+        assert 0 <= run["loop_untimed_s"] <= run["train_untimed_s"] + 1e-6
         # what else ran on the host beside it (the CPU's load average, Linux has one)
         assert run["host_cpus"] == os.cpu_count() and run["host_load_max"] >= 0.0
         startup = [run["startup_interpreter_s"], run["startup_imports_s"], run["startup_setup_s"]]
