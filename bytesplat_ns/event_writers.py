@@ -173,6 +173,17 @@ def adopt_tensorboard_writers(steps_per_log: int, timings_every_step: bool, batc
     return replaced
 
 
+def read_between_logged_steps(kind: str) -> bool:
+    """Whether an event writer keeps the events of ``kind`` ("timings": nerfstudio's three per-step timing
+    scalars; "learning_rates") put on steps that are not logged: any writer but the console (which reads
+    the timings' running averages on logged steps only) and :class:`TrainingLoopTensorboardWriter` s that
+    drop them there."""
+    every_step = {"timings": "timings_every_step", "learning_rates": "learning_rates_every_step"}[kind]
+    return any(not isinstance(w, writer.LocalWriter)
+               and not (isinstance(w, TrainingLoopTensorboardWriter) and not getattr(w, every_step))
+               for w in writer.EVENT_WRITERS)
+
+
 def flush_held_scalars() -> None:
     """Write the scalars our writers hold back (the last logged step's)."""
     for event_writer in writer.EVENT_WRITERS:

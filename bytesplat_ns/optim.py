@@ -41,6 +41,7 @@ from typing import Callable, Iterable, List, Literal, Optional, Sequence, Tuple,
 
 import torch
 from nerfstudio.engine.optimizers import AdamOptimizerConfig, Optimizers
+from nerfstudio.utils import writer
 from torch import Tensor
 from torch.amp import GradScaler
 
@@ -312,6 +313,19 @@ class OnePassOptimizers(Optimizers):
 
     def optimizer_scaler_step_all(self, grad_scaler: GradScaler) -> None:
         self.optimizer_scaler_step_some(grad_scaler, list(self.optimizers))
+
+    learning_rate_events_every = 1
+    """Put the ``learning_rate/<group>`` events on the steps that are multiples of this only (1: every step,
+    as nerfstudio); the trainer raises it to ``steps_per_log`` where no event writer keeps the others."""
+
+    def scheduler_step_all(self, step: int) -> None:
+        if self.learning_rate_events_every == 1:
+            return super().scheduler_step_all(step)
+        put = step % self.learning_rate_events_every == 0
+        for name, scheduler in self.schedulers.items():
+            scheduler.step()
+            if put:
+                writer.put_scalar(name=f"learning_rate/{name}", scalar=scheduler.get_last_lr()[0], step=step)
 
 
 @dataclass

@@ -19,7 +19,7 @@ from nerfstudio.utils.decorators import check_eval_enabled, check_main_thread
 from nerfstudio.utils.misc import step_check
 from nerfstudio.utils.rich_utils import CONSOLE
 
-from bytesplat_ns import event_crc, event_writers, heap
+from bytesplat_ns import event_crc, event_writers, heap, training_loop
 from bytesplat_ns.checkpoints import (  # noqa: F401  (re-exported: the sharded trainer and the benches use them)
     CHECKPOINT_NAME,
     CheckpointWriter,
@@ -76,6 +76,12 @@ class ByteSplatTrainerConfig(TrainerConfig):
     every step count, one kernel per tensor) instead of nerfstudio's loop through each optimizer's GradScaler
     and torch step wrapper: the same updates with less host time. Gradient scaling (AMP), clipping
     (max_norm) and other optimizers take nerfstudio's way (bytesplat_ns/optim.py OnePassOptimizers)."""
+    lean_training_loop: bool = True
+    """Run nerfstudio's training loop (same steps, callbacks, logged values, evals and checkpoints, in the
+    same order and on the same schedule) without the per-step host work whose result nobody reads:
+    ``pipeline.train()`` when already in training mode, the timing and learning-rate events of steps that
+    are not logged where no event writer keeps them, and the eval and event-writing calls on steps with
+    nothing due (bytesplat_ns/training_loop.py). False: nerfstudio's ``Trainer.train``."""
     freeze_heap_after_setup: bool = True
     """When training starts, freeze every object the start-up created (torch, nerfstudio, the data), so
     that training's full garbage collections scan only what training creates (gc.freeze; under ns-train
@@ -229,12 +235,18 @@ class ByteSplatTrainer(Trainer):
         if not (config.timing_scalars_every_step and config.learning_rates_every_step) or config.batched_tensorboard_scalars:
             event_writers.adopt_tensorboard_writers(config.logging.steps_per_log, config.timing_scalars_every_step,
                                                     config.batched_tensorboard_scalars, config.learning_rates_every_step)
+        if (config.lean_training_loop and isinstance(self.optimizers, OnePassOptimizers)
+                and not event_writers.read_between_logged_steps("learning_rates")):
+            self.optimizers.learning_rate_events_every = max(1, config.logging.steps_per_log)
 
     def train(self) -> None:
         if self.config.freeze_heap_after_setup:
             heap.freeze_set_up()
         try:
-            super().train()
+            if self.config.lean_training_loop:
+                training_loop.run(self, timings_every_step=event_writers.read_between_logged_steps("timings"))
+            else:
+                super().train()
         finally:
             event_writers.flush_held_scalars()  # the last logged step's scalars
             self.checkpoint_writer.finish()  # the last write completes (or reports) before we return

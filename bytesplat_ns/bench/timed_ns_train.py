@@ -146,18 +146,34 @@ def install(timers: PhaseTimers, record: Dict, collections: Optional[CollectionT
 
     def put_time(name, duration, step, *args, **kwargs):
         # nerfstudio times every train iteration for its ETA (the first included): keep each one
-        if name in (writer.EventName.ITER_TRAIN_TIME, writer.EventName.ITER_TRAIN_TIME.value):
+        if name in (writer.EventName.ITER_TRAIN_TIME, writer.EventName.ITER_TRAIN_TIME.value) and not inside_recorder:
             step_ms.append(round(duration * 1000.0, 4))
         return real_put_time(name, duration, step, *args, **kwargs)
 
     writer.put_time = put_time
+    # bytesplat's lean training loop (bytesplat_ns/training_loop.py) puts the iteration time on logged
+    # steps only: take every step's from its recorder, and none twice where the recorder calls put_time
+    from bytesplat_ns.training_loop import StepTimings
+
+    real_record = StepTimings.record
+
+    def record_step(self, step, seconds, *args, **kwargs):
+        step_ms.append(round(seconds * 1000.0, 4))
+        inside_recorder.append(True)
+        try:
+            return real_record(self, step, seconds, *args, **kwargs)
+        finally:
+            inside_recorder.pop()
+
+    inside_recorder: List[bool] = []
+    StepTimings.record = functools.wraps(real_record)(record_step)
     curve_images = EvalImagesByStep()
     record_eval_curve(record.setdefault("eval_curve", []), curve_images)
     split_write_out_storage(timers)
     for name in WRITER_FUNCTIONS:
         setattr(writer, name, timers.wrap("log", getattr(writer, name), detail=name))
 
-    real_setup, real_train = Trainer.setup, Trainer.train
+    real_setup = Trainer.setup
 
     def setup(self, *args, **kwargs):
         record.setdefault("setup_start", time.time())
@@ -166,7 +182,27 @@ def install(timers: PhaseTimers, record: Dict, collections: Optional[CollectionT
         curve_images.install(self.pipeline)
         return done
 
+    Trainer.setup = setup
+    # bytesplat's trainers run their own loop (bytesplat_ns/training_loop.py) or nerfstudio's through
+    # super(): wrap each class's train, and time the outermost call only
+    depth = [0]
+    for cls in _with_subclasses(Trainer):
+        if "train" in vars(cls):
+            setattr(cls, "train", timed_train(vars(cls)["train"], timers, record, collections, depth))
+
+
+def timed_train(real_train: Callable, timers: PhaseTimers, record: Dict, collections: Optional["CollectionTimer"],
+                depth: List[int]) -> Callable:
+    """``Trainer.train`` that stamps its start and end and the time no phase timer covers (outermost call)."""
+
+    @functools.wraps(real_train)
     def train(self, *args, **kwargs):
+        depth[0] += 1
+        if depth[0] > 1:
+            try:
+                return real_train(self, *args, **kwargs)
+            finally:
+                depth[0] -= 1
         record["train_start"] = time.time()
         timed_before = sum(timers.seconds.values())
         if collections is not None:
@@ -174,20 +210,20 @@ def install(timers: PhaseTimers, record: Dict, collections: Optional[CollectionT
         try:
             return real_train(self, *args, **kwargs)
         finally:
+            depth[0] -= 1
             if collections is not None:
                 collections.active = False
             record["train_end"] = time.time()
             # Trainer.train's wall time that no phase timer covers: the loop's own work per step
-            # (nerfstudio's iteration timer, pipeline.train(), schedule checks, the timers' own
-            # cost) and what it does before and after the loop; the loop's part alone where its
-            # end was stamped (the first _after_train call)
+            # (the iteration timer, schedule checks, the timers' own cost) and what it does before and
+            # after the loop; the loop's part alone where its end was stamped (the first _after_train call)
             record["train_untimed_s"] = record["train_end"] - record["train_start"] - (
                 sum(timers.seconds.values()) - timed_before)
             if "loop_end" in record:
                 record["loop_untimed_s"] = record["loop_end"] - record["train_start"] - (
                     record.pop("timed_at_loop_end") - timed_before)
 
-    Trainer.setup, Trainer.train = setup, train
+    return train
 
 
 class EvalImagesByStep:
