@@ -4,7 +4,7 @@
   are fsynced, then renamed into ``nerfstudio_models/``. The temporary file must not sit in
   ``nerfstudio_models/``: nerfstudio's loaders parse every name in it as a step number.
 - :class:`CheckpointWriter` does the write in a background thread after a host copy of the state
-  was taken on the training thread; at most one write is in flight, and :meth:`~CheckpointWriter.finish`
+  was started on the training thread (into pinned memory, without waiting for the GPU); at most one write is in flight, and :meth:`~CheckpointWriter.finish`
   waits for it and reports its error.
 - With keep-only-latest, a writer removes only the checkpoint it wrote itself and has just
   superseded, never one it did not write and never a newer one.
@@ -18,7 +18,7 @@ import os
 import re
 import threading
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Tuple
 
 import torch
 
@@ -114,16 +114,33 @@ def load_for_eval(config, pipeline):
 # ---- writing --------------------------------------------------------------------------------------
 
 
-def host_copy(value: Any) -> Any:
-    """A copy of ``value`` whose tensors are new CPU tensors: training may change the originals
-    while the copy is being written."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        return type(value)((k, host_copy(v)) for k, v in value.items())
-    if isinstance(value, (list, tuple)):
-        return type(value)(host_copy(v) for v in value)
-    return value
+def start_host_copy(value: Any) -> Tuple[Any, List["torch.cuda.Event"]]:
+    """A copy of ``value`` whose tensors are new CPU tensors (training may change the originals while
+    the copy is being written), and the events after which it is complete. CUDA tensors are copied
+    into pinned memory without waiting, in stream order (later kernels cannot change what is being
+    copied); torch's pinned-memory cache reuses the blocks from one save to the next."""
+    devices = set()
+
+    def copy(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            v = v.detach()
+            if not v.is_cuda:
+                return v.to("cpu", copy=True)
+            devices.add(v.device)
+            return torch.empty(v.shape, dtype=v.dtype, pin_memory=True).copy_(v, non_blocking=True)
+        if isinstance(v, dict):
+            return type(v)((k, copy(x)) for k, x in v.items())
+        if isinstance(v, (list, tuple)):
+            return type(v)(copy(x) for x in v)
+        return v
+
+    snapshot = copy(value)
+    events = []
+    for device in devices:
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(device))
+        events.append(event)
+    return snapshot, events
 
 
 def _fsync_dir(path: Path) -> None:
@@ -170,7 +187,7 @@ def write_checkpoint(
 class CheckpointWriter:
     """Writes one run's checkpoints, in a background thread when ``background`` is set.
 
-    ``save`` takes the host copy on the calling thread, waits for the previous write (so at most one
+    ``save`` starts the host copy on the calling thread, waits for the previous write (so at most one
     is in flight and a failed one is reported before the next), then starts the new one."""
 
     def __init__(self, checkpoint_dir: Path, keep_only_latest: bool, background: bool = True):
@@ -182,14 +199,14 @@ class CheckpointWriter:
         self._error: Optional[BaseException] = None
 
     def save(self, state: dict, step: int) -> None:
-        snapshot = host_copy(state)
+        snapshot, copied = start_host_copy(state)
         self.finish()
         if not self.background:
-            self._write(snapshot, step)
+            self._write(snapshot, step, copied)
             self._raise_pending()
             return
         # Not a daemon: an interpreter that exits on an exception still completes the write.
-        self._thread = threading.Thread(target=self._write, args=(snapshot, step), name="checkpoint-writer")
+        self._thread = threading.Thread(target=self._write, args=(snapshot, step, copied), name="checkpoint-writer")
         self._thread.start()
 
     def finish(self) -> None:
@@ -204,8 +221,10 @@ class CheckpointWriter:
         if error is not None:
             raise BytesplatError(f"Writing a checkpoint to {self.checkpoint_dir} failed: {type(error).__name__}: {error}") from error
 
-    def _write(self, snapshot: dict, step: int) -> None:
+    def _write(self, snapshot: dict, step: int, copied: List["torch.cuda.Event"]) -> None:
         try:
+            for event in copied:  # the device-to-host copies of the save step
+                event.synchronize()
             self.last_written = write_checkpoint(
                 snapshot, self.checkpoint_dir, step, self.keep_only_latest, supersedes=self.last_written
             )

@@ -74,6 +74,31 @@ def test_background_write_holds_the_state_of_the_save_step_and_reports_a_failure
     failing.finish()  # reported once
 
 
+@pytest.mark.gpu
+def test_background_write_of_gpu_tensors_holds_the_save_step_while_the_gpu_goes_on(tmp_path):
+    """The host copy of CUDA tensors is started without a wait; kernels queued after the save (in-place
+    updates, a freed and reused tensor) do not reach the file."""
+    models = tmp_path / "run" / "nerfstudio_models"
+    writer = CheckpointWriter(models, keep_only_latest=False, background=True)
+    big = torch.randn(4096, 4096, device="cuda")
+    live = torch.arange(3_000_000, dtype=torch.float32, device="cuda")
+    strided = live.view(1000, 3000)[:, ::3]  # a non-contiguous view
+    expected = {"live": live.cpu(), "strided": strided.cpu(), "step": torch.tensor(5)}
+    for _ in range(3):
+        big = big @ big  # keep the GPU busy, so that the copies are still queued when save returns
+    writer.save({"step": 5, "pipeline": {"live": live, "strided": strided}, "optimizers": {"step": torch.tensor(5)}}, 5)
+    live.mul_(-1.0)
+    strided.add_(7.0)
+    del live, strided
+    reused = torch.zeros(3_000_000, device="cuda")  # may take the freed block
+    reused.add_(1.0)
+    writer.finish()
+    written = torch.load(models / "step-000000005.ckpt")
+    assert torch.equal(written["pipeline"]["live"], expected["live"])
+    assert torch.equal(written["pipeline"]["strided"], expected["strided"])
+    assert torch.equal(written["optimizers"]["step"], expected["step"])
+
+
 def test_a_new_run_into_a_directory_with_checkpoints_is_refused_unless_it_resumes_there(tmp_path):
     models = tmp_path / "nerfstudio_models"
     refuse_existing_run(models, None, None)  # nothing there yet
