@@ -29,6 +29,9 @@ r"""``bytesplat-bench``: the project's benchmarks, each writing one JSON file.
     bytesplat-bench city --presets small large 4k --generate small --out city.json
         (the built-in large scene's generator: seconds per view and per scene on the CPU: ``bytesplat_ns.bench.city_render``)
 
+    bytesplat-bench loop --iterations 3000 --repeats 3 --out loop.json
+        (the training loop's own host time per step, the step stubbed out, on the CPU: ``bytesplat_ns.bench.loop_overhead``)
+
     bytesplat-bench suite NAME [--data PATH] [--results-dir docs/results]
         (a declared suite of the runs above, one JSON document plus plots: ``bytesplat_ns.bench.suites``;
         ``--list`` names them, ``--dry-run`` prints their commands)
@@ -110,6 +113,7 @@ SUBCOMMANDS = {
     "dram": "bytesplat_ns.bench.dram",
     "sass": "bytesplat_ns.bench.sass",
     "city": "bytesplat_ns.bench.city_render",
+    "loop": "bytesplat_ns.bench.loop_overhead",
     "train": "bytesplat_ns.bench.train",
     "profile": "bytesplat_ns.bench.profile_train",
     "distributed": "bytesplat_ns.bench.distributed",

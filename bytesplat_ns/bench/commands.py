@@ -24,6 +24,7 @@ STEP_COMMANDS: Dict[str, Tuple[str, str]] = {
     "dram": ("bytesplat_ns.bench.dram", "parser"),
     "sass": ("bytesplat_ns.bench.sass", "parser"),
     "city": ("bytesplat_ns.bench.city_render", "parser"),
+    "loop": ("bytesplat_ns.bench.loop_overhead", "parser"),
 }
 
 # the option each subcommand writes its JSON to: the suite runner sets it per step

@@ -527,6 +527,22 @@ def city_table(steps: List[Dict]) -> List[str]:
          "whole scene, one core (estimated)", "generated whole, one worker"], rows)
 
 
+def loop_table(steps: List[Dict]) -> List[str]:
+    """Per training loop (``bytesplat-bench loop``): its own host time per step with the step stubbed out."""
+    rows = []
+    for step in steps:
+        for r in step["result"]["rows"]:
+            runs = r["us_per_step"]
+            rows.append([r["loop"], str(r["iterations"]), f"{r['median_us']:.1f}", f"{min(runs):.1f}-{max(runs):.1f}",
+                         str(len(runs))])
+    if not rows:
+        return []
+    first = steps[0]["result"]
+    return [f"One process on {first.get('cpu', '-')} ({first.get('cpu_count', '-')} cores); the loop's host time "
+            "per step, the step stubbed out:", ""] + _table(
+        ["loop", "steps per run", "us per step (median)", "range", "runs"], rows)
+
+
 def _python_function(name: str) -> str:
     """A profiled function's short name: ``file:line name`` -> name; cProfile's built-ins
     (``<method 'run_backward' of '...' objects>``, ``<built-in method torch.isfinite>``) -> run_backward, torch.isfinite."""
@@ -560,11 +576,12 @@ def profile_table(steps: List[Dict]) -> List[str]:
 
 TABLES = {"raster": raster_table, "train": train_table, "distributed": distributed_table,
           "wallclock": wallclock_table, "quality": quality_table, "step": step_table, "dram": dram_table,
-          "sass": sass_table, "profile": profile_table, "city": city_table}
+          "sass": sass_table, "profile": profile_table, "city": city_table,
+          "loop": loop_table}
 
 
 # the subcommands whose JSON names itself ("benchmark": "bytesplat-bench NAME") and has a table here
-_NAMED_KINDS = ("wallclock", "step", "dram", "sass", "profile", "city")
+_NAMED_KINDS = ("wallclock", "step", "dram", "sass", "profile", "city", "loop")
 
 
 def _kind(result) -> Optional[str]:

@@ -90,6 +90,7 @@ _GSPLAT_TORCH_ADAM = ("gsplat_torch_adam=bytesplat --pipeline.model.rasterizer g
                                  for group in ("means", "scales", "quats", "features_dc", "features_rest", "opacities")))
 _UNTRIMMED = "untrimmed=bytesplat --pipeline.model.fused.trim-tile-lists False"
 _PER_OPTIMIZER = "per_optimizer=bytesplat --optimizer-steps-in-one-pass False"
+_NERFSTUDIO_LOOP = "nerfstudio_loop=bytesplat --lean-training-loop False"
 _LEVERS = "levers=bytesplat --pipeline.model.fused.fast-exp True --pipeline.model.fused.bwd-pixels-per-thread 2"
 _RASTER_1080P = "--num-gaussians 1000000 4000000 --width 1920 --height 1080"
 _BUDGET_40 = "budget40=bytesplat --pipeline.model.budget-prune-fraction 0.4"
@@ -389,6 +390,17 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
                                      "--seeds 3 4 5 --parallel 6 --offline-lpips --work-dir {work}/seeds"),
                   name="quality_seeds"),),
           needs_data=True),
+    Suite("lean-training-loop",
+          "bytesplat's training loop (the trainer's --lean-training-loop, default) against nerfstudio's Trainer.train on "
+          "a real capture (--data): ns-train at 30000 iterations without ns-eval, seeds 0 and 1, one step each with "
+          "the pair back to back (each step about 5 minutes on one H200); then ns-train + ns-eval at 5000 "
+          "iterations, 3 seeds, each pair back to back",
+          1,
+          tuple(Step("wallclock", _args(f"--data {{data}} --methods bytesplat '{_NERFSTUDIO_LOOP}' --iterations 30000 "
+                                        f"--seeds {seed} --no-eval --offline-lpips --work-dir {{work}}/wall30k"),
+                     name=f"wall_30k_seed{seed}") for seed in (0, 1))
+          + _per_seed_on_capture(f"bytesplat '{_NERFSTUDIO_LOOP}'", 5000, "wallclock", "seed{seed}"),
+          needs_data=True),
     Suite("sass-loops",
           "the compositing loops' instruction counts in the machine code for sm_90 (H100/H200), per kernel instance "
           "(no GPU: nvcc and cuobjdump)",
@@ -401,6 +413,12 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           0,
           (Step("city", _args("--presets small large 4k --views-per-kind 2 --generate small"), name="one_core",
                 env=(("OMP_NUM_THREADS", "1"),)),)),
+    Suite("loop-overhead-cpu",
+          "the training loop's own host time per step with the step stubbed out (bytesplat's loop, "
+          "--lean-training-loop, against nerfstudio's Trainer.train): 3000 steps, 5 runs of each, alternating, "
+          "in one process on the CPU (no GPU)",
+          0,
+          (Step("loop", _args("--iterations 3000 --repeats 5"), name="cpu"),)),
     Suite("kernel-levers",
           "the render kernels' opt-in levers against the defaults: the falloff as 2^q from the prescaled conic "
           "(--pipeline.model.fused.fast-exp True) and two pixels per thread in the backward "
