@@ -23,9 +23,10 @@ machine, ~2.5 ms on a 2-core CPU): these per-step events were most of the ~3 s a
 - the learning rates only on logged steps: the same schedule, sampled every ``steps_per_log`` steps
   (``--learning-rates-every-step False``);
 - a logged step's scalars as one event (one summary with every value; tensorboard reads the same
-  tags, steps and values), its tensors copied to the host in one non-blocking copy that is read when
-  the next logged step's scalars arrive (or at close), so the training thread never waits for the
-  GPU or for tensorboard's queue here (``--batched-tensorboard-scalars True``). This includes the
+  tags, steps and values), its tensors copied to the host in one non-blocking copy that is read once
+  later logged steps have arrived (or at close), so the training thread never waits for the GPU here
+  (``--batched-tensorboard-scalars True``). The closed steps are handed to tensorboard a few at a
+  time (``--batched-scalars-steps-per-write``): each hand-over wakes its writer thread. This includes the
   loss and metrics dicts: nerfstudio's ``write_scalar_dict`` reads each value with ``float()``, so
   every logged step waited for the GPU to finish the step's queued work, then left it idle while
   the host wrote the logs and issued the next step.
@@ -103,13 +104,15 @@ class TrainingLoopTensorboardWriter(writer.TensorboardWriter):
     the device without waiting (``batch_scalars``)."""
 
     def __init__(self, tb_writer: Any, steps_per_log: int, timings_every_step: bool = False,
-                 batch_scalars: bool = True, learning_rates_every_step: bool = False):  # noqa: D107 - adopts an open SummaryWriter
+                 batch_scalars: bool = True, learning_rates_every_step: bool = False,
+                 steps_per_write: int = 1):  # noqa: D107 - adopts an open SummaryWriter
         self.tb_writer = tb_writer
         self.steps_per_log = max(1, int(steps_per_log))
         self.timings_every_step = timings_every_step
         self.learning_rates_every_step = learning_rates_every_step
         self.batch_scalars = batch_scalars
-        self._held: Optional[Tuple[int, float, List[str], HostValues]] = None
+        self.steps_per_write = max(1, int(steps_per_write))  # logged steps handed to tensorboard at once
+        self._held: List[Tuple[int, float, List[str], HostValues]] = []  # closed steps, oldest first
         self._open: Optional[Tuple[int, List[str], List[Any]]] = None  # the step being collected
 
     def write_scalar(self, name: str, scalar: Any, step: int) -> None:
@@ -137,20 +140,22 @@ class TrainingLoopTensorboardWriter(writer.TensorboardWriter):
             self.write_scalar(f"{name}/{key}", scalar, step)
 
     def _close_step(self) -> None:
-        """The collected step's values start their copy to the host; the step held before is written."""
+        """The collected step's values start their copy to the host. Once ``steps_per_write`` closed steps
+        are held before it, they are written together: each hand-over to tensorboard wakes its writer
+        thread, so a burst costs the training thread one thread switch instead of one per step."""
         step, names, scalars = self._open
         self._open = None
-        self.write_held()
-        self._held = (step, time.time(), names, HostValues(scalars))
+        if len(self._held) >= self.steps_per_write:
+            self.write_held()
+        self._held.append((step, time.time(), names, HostValues(scalars)))
 
     def write_held(self) -> None:
-        """Write the held step's scalars as one event (waiting for the GPU only if it is not there yet)."""
-        if self._held is None:
-            return
-        step, wall_time, names, host = self._held
-        self._held = None
-        summary = Summary(value=[Summary.Value(tag=name, simple_value=value) for name, value in zip(names, host.values())])
-        self.tb_writer._get_file_writer().add_summary(summary, step, wall_time)
+        """Write each held step's scalars as one event (waiting for the GPU only where a copy is not there yet)."""
+        held, self._held = self._held, []
+        file_writer = self.tb_writer._get_file_writer() if held else None
+        for step, wall_time, names, host in held:
+            summary = Summary(value=[Summary.Value(tag=name, simple_value=value) for name, value in zip(names, host.values())])
+            file_writer.add_summary(summary, step, wall_time)
 
     def flush_scalars(self) -> None:
         """Write everything collected or held (end of training, exit)."""
@@ -160,7 +165,7 @@ class TrainingLoopTensorboardWriter(writer.TensorboardWriter):
 
 
 def adopt_tensorboard_writers(steps_per_log: int, timings_every_step: bool, batch_scalars: bool,
-                              learning_rates_every_step: bool) -> int:
+                              learning_rates_every_step: bool, steps_per_write: int = 1) -> int:
     """Replace nerfstudio's tensorboard writers by :class:`TrainingLoopTensorboardWriter` s on the same
     event files. Returns how many were replaced."""
     replaced = 0
@@ -168,7 +173,7 @@ def adopt_tensorboard_writers(steps_per_log: int, timings_every_step: bool, batc
         if type(event_writer) is writer.TensorboardWriter:
             writer.EVENT_WRITERS[i] = TrainingLoopTensorboardWriter(event_writer.tb_writer, steps_per_log,
                                                                     timings_every_step, batch_scalars,
-                                                                    learning_rates_every_step)
+                                                                    learning_rates_every_step, steps_per_write)
             replaced += 1
     return replaced
 

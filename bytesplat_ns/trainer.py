@@ -68,9 +68,15 @@ class ByteSplatTrainerConfig(TrainerConfig):
     that costs the training thread ~0.5 ms (bytesplat_ns/event_writers.py)."""
     batched_tensorboard_scalars: bool = True
     """Write a logged step's tensorboard scalars as one event, their tensors copied to the host in one
-    non-blocking copy and written a logged step later (or when training ends), instead of one
+    non-blocking copy and written a few logged steps later (batched_scalars_steps_per_write; the last when training ends), instead of one
     add_scalar each (a GPU wait, a protobuf and a slot of tensorboard's 10-event queue each, ~5 ms a
     logged step on the H200 machine). Same tags, steps and values (bytesplat_ns/event_writers.py)."""
+    batched_scalars_steps_per_write: int = 5
+    """With batched_tensorboard_scalars, hand the logged steps' scalar events to tensorboard this many at a
+    time: each hand-over wakes tensorboard's writer thread, a thread switch that costs the training thread
+    ~0.5 ms on the H200 machine. Events reach the event file up to this many logged steps later
+    (tensorboard itself flushes every 120 s); all of them are written when training ends. Keep it below
+    tensorboard's queue of 10 events. 1: every logged step's event is handed over a logged step later."""
     optimizer_steps_in_one_pass: bool = True
     """Clear the gradients and step bytesplat's Adam optimizers in one pass per training step (one launch for
     every step count, one kernel per tensor) instead of nerfstudio's loop through each optimizer's GradScaler
@@ -234,7 +240,8 @@ class ByteSplatTrainer(Trainer):
             self.optimizers = OnePassOptimizers.adopt(self.optimizers)
         if not (config.timing_scalars_every_step and config.learning_rates_every_step) or config.batched_tensorboard_scalars:
             event_writers.adopt_tensorboard_writers(config.logging.steps_per_log, config.timing_scalars_every_step,
-                                                    config.batched_tensorboard_scalars, config.learning_rates_every_step)
+                                                    config.batched_tensorboard_scalars, config.learning_rates_every_step,
+                                                    config.batched_scalars_steps_per_write)
         if (config.lean_training_loop and isinstance(self.optimizers, OnePassOptimizers)
                 and not event_writers.read_between_logged_steps("learning_rates")):
             self.optimizers.learning_rate_events_every = max(1, config.logging.steps_per_log)

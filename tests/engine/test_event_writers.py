@@ -94,32 +94,41 @@ def written_scalars(log_dir):
     return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
-def test_batched_scalars_read_back_as_nerfstudios(tmp_path):
+@pytest.mark.parametrize("steps_per_write, queued_after_each_step", [
+    (1, [0, 0, 1, 2, 3, 4, 5, 6]),  # each closed step a logged step later
+    (3, [0, 0, 0, 0, 3, 3, 3, 6]),  # in bursts of three, once three are held before the newest
+])
+def test_batched_scalars_read_back_as_nerfstudios(tmp_path, steps_per_write, queued_after_each_step):
     """The same add_scalar sequence through nerfstudio's writer and through a batched one: the same
-    tags, steps and values in tensorboard, one event per logged step, the last step written on flush."""
+    tags, steps and values in tensorboard, one event per logged step, handed to tensorboard
+    ``steps_per_write`` at a time, the rest written on flush."""
     import torch
     from nerfstudio.utils import writer
     from torch.utils.tensorboard import SummaryWriter
 
     torch.manual_seed(0)
+    steps = list(range(0, 80, 10))
     calls = []
-    for step in range(0, 30, 10):
+    for step in steps:
         calls += [("Train Loss", torch.rand(()) * 3, step), ("Train Loss Dict/main_loss", torch.rand(1), step),
                   ("Train Metrics Dict/gaussian_count", 1234 + step, step), ("GPU Memory (MB)", 512.25, step),
                   ("Train Iter (time)", 0.005 + step, step)]
     nerfstudio_writer = writer.TensorboardWriter(log_dir=tmp_path / "theirs")
     ours_summary = SummaryWriter(log_dir=str(tmp_path / "ours"))
-    ours = event_writers.TrainingLoopTensorboardWriter(ours_summary, steps_per_log=10)
+    ours = event_writers.TrainingLoopTensorboardWriter(ours_summary, steps_per_log=10, steps_per_write=steps_per_write)
     events_queued = []
     real_add_event = ours_summary._get_file_writer().add_event
     ours_summary._get_file_writer().add_event = (
         lambda event, step=None, walltime=None: events_queued.append(step) or real_add_event(event, step, walltime))
-    for name, value, step in calls:
+    queued = []
+    for i, (name, value, step) in enumerate(calls):
         nerfstudio_writer.write_scalar(name, value, step)
         ours.write_scalar(name, value, step)
-    assert events_queued == [0]  # step 10 is held until the next step arrives, step 20 is being collected
+        if i + 1 == len(calls) or calls[i + 1][2] != step:
+            queued.append(len(events_queued))
+    assert queued == queued_after_each_step
     ours.flush_scalars()
-    assert events_queued == [0, 10, 20]
+    assert events_queued == steps
     nerfstudio_writer.tb_writer.close()
     ours_summary.close()
     theirs = written_scalars(tmp_path / "theirs")
