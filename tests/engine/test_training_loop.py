@@ -188,3 +188,28 @@ def test_logged_averages_and_eta_are_nerfstudios(monkeypatch, start):
             assert not writer.EVENT_STORAGE
         writer.EVENT_STORAGE.clear()
     assert got == expected
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_a_pause_then_stop_ends_training_as_nerfstudios(scene, tmp_path, lean):
+    """The viewer pauses training, then the user stops it: no step runs while paused, and the run ends
+    through _after_train once (its final checkpoint at the last step run)."""
+    import threading
+
+    config = copy.deepcopy(bytesplat_config)
+    config.lean_training_loop = lean
+    trainer, _ = setup_trainer("pause", config, scene, 10, tmp_path, seed=0, device="cpu")
+    ran, ended = [], []
+
+    def pause_after(step):
+        ran.append(step)
+        if step == 3:
+            trainer.training_state = "paused"
+            threading.Timer(0.2, lambda: setattr(trainer, "stop_training", True)).start()
+
+    trainer.callbacks.append(TrainingCallback([TrainingCallbackLocation.AFTER_TRAIN_ITERATION], pause_after))
+    real_after_train = trainer._after_train
+    trainer._after_train = lambda: (ended.append(trainer.step), real_after_train())
+    trainer.train()
+    assert ran == [0, 1, 2, 3] and ended == [4]
+    assert [p.name for p in trainer.checkpoint_dir.iterdir()] == ["step-000000004.ckpt"]
