@@ -4,8 +4,8 @@
   are fsynced, then renamed into ``nerfstudio_models/``. The temporary file must not sit in
   ``nerfstudio_models/``: nerfstudio's loaders parse every name in it as a step number.
 - :class:`CheckpointWriter` does the write in a background thread after a host copy of the state
-  was started on the training thread (into pinned memory, without waiting for the GPU); at most one write is in flight, and :meth:`~CheckpointWriter.finish`
-  waits for it and reports its error.
+  was started on the training thread (into pinned memory, without waiting for the GPU); at most one
+  write is in flight, and :meth:`~CheckpointWriter.finish` waits for it and reports its error.
 - With keep-only-latest, a writer removes only the checkpoint it wrote itself and has just
   superseded, never one it did not write and never a newer one.
 - :func:`load_for_eval` replaces nerfstudio's ``eval_load_checkpoint`` (ns-eval, ns-export, ns-viewer):

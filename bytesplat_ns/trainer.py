@@ -68,9 +68,10 @@ class ByteSplatTrainerConfig(TrainerConfig):
     that costs the training thread ~0.5 ms (bytesplat_ns/event_writers.py)."""
     batched_tensorboard_scalars: bool = True
     """Write a logged step's tensorboard scalars as one event, their tensors copied to the host in one
-    non-blocking copy and written a few logged steps later (batched_scalars_steps_per_write; the last when training ends), instead of one
-    add_scalar each (a GPU wait, a protobuf and a slot of tensorboard's 10-event queue each, ~5 ms a
-    logged step on the H200 machine). Same tags, steps and values (bytesplat_ns/event_writers.py)."""
+    non-blocking copy and written a few logged steps later (batched_scalars_steps_per_write; the last
+    when training ends), instead of one add_scalar each (a GPU wait, a protobuf and a slot of
+    tensorboard's 10-event queue each, ~5 ms a logged step on the H200 machine). Same tags, steps and
+    values (bytesplat_ns/event_writers.py)."""
     batched_scalars_steps_per_write: int = 5
     """With batched_tensorboard_scalars, hand the logged steps' scalar events to tensorboard this many at a
     time: each hand-over wakes tensorboard's writer thread, a thread switch that costs the training thread
