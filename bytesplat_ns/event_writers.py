@@ -111,7 +111,7 @@ class TrainingLoopTensorboardWriter(writer.TensorboardWriter):
         self.timings_every_step = timings_every_step
         self.learning_rates_every_step = learning_rates_every_step
         self.batch_scalars = batch_scalars
-        self.steps_per_write = max(1, int(steps_per_write))  # logged steps handed to tensorboard at once
+        self.steps_per_write = int(steps_per_write)  # logged steps handed to tensorboard at once (at least 1)
         self._held: List[Tuple[int, float, List[str], HostValues]] = []  # closed steps, oldest first
         self._open: Optional[Tuple[int, List[str], List[Any]]] = None  # the step being collected
 

@@ -30,7 +30,7 @@ from bytesplat_ns.checkpoints import (  # noqa: F401  (re-exported: the sharded 
     write_checkpoint,
 )
 from bytesplat_ns.divergence import DivergenceGuard
-from bytesplat_ns.errors import BytesplatError
+from bytesplat_ns.errors import BytesplatError, SettingError
 from bytesplat_ns.eval_logging import EVAL_METRICS_GROUP, EvalImageLogger, tensorboard_writers
 from bytesplat_ns.model import ByteSplatModel
 from bytesplat_ns.optim import OnePassOptimizers
@@ -114,6 +114,8 @@ class ByteSplatTrainerConfig(TrainerConfig):
 
     def set_timestamp(self) -> None:
         check_rasterizer_device(self)
+        if self.batched_scalars_steps_per_write < 1:
+            raise SettingError(f"--batched-scalars-steps-per-write must be at least 1, got {self.batched_scalars_steps_per_write}")
         super().set_timestamp()
         # Before ns-train writes config.yml into the run directory.
         refuse_existing_run(self.get_checkpoint_dir(), self.load_dir, self.load_checkpoint)

@@ -47,6 +47,22 @@ def test_gpu_backend_on_cpu_is_a_clear_error():
         resolve_backend("magic", torch.device("cpu"))
 
 
+def test_a_burst_of_no_steps_is_a_clear_error_before_the_run_directory_is_made(tmp_path):
+    import copy
+
+    import pytest
+
+    from bytesplat_ns.errors import SettingError
+    from bytesplat_ns.method_configs.bytesplat import bytesplat_config
+
+    config = copy.deepcopy(bytesplat_config)
+    config.output_dir = tmp_path
+    config.batched_scalars_steps_per_write = 0
+    with pytest.raises(SettingError, match="--batched-scalars-steps-per-write must be at least 1, got 0"):
+        config.set_timestamp()
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_auto_backend_on_cuda_is_fused_or_gsplat_with_the_cause(monkeypatch):
     """auto on a CUDA device: the fused kernels when they build, else gsplat with the build error
     named in a warning (resolution only; no GPU needed)."""
