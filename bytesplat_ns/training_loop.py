@@ -25,8 +25,8 @@ import time
 from collections import deque
 from typing import Callable, Deque, List
 
+import nerfstudio.configs.base_config  # noqa: F401 - imports nerfstudio's writer without its import cycle
 import torch
-
 from nerfstudio.engine.callbacks import TrainingCallbackLocation
 from nerfstudio.utils import writer
 from nerfstudio.utils.misc import step_check
