@@ -601,6 +601,13 @@ def _date(step: Dict) -> Optional[str]:
     return result.get("date") or (result.get("environment") or {}).get("date") or step.get("date")
 
 
+def _step_gpu(step: Dict, doc: Dict) -> Optional[str]:
+    """The GPU a step ran on where it is not the document's (a suite run in parts on different cards)."""
+    result = step.get("result")
+    device = result.get("device") if isinstance(result, dict) else None
+    return device if device and device != doc.get("gpu") else None
+
+
 def steps_not_run(doc: Dict) -> List[str]:
     """The declared steps of ``doc``'s suite (``bench.suites``) that an incomplete document holds no run
     of (a complete one, or one measured before its suite existed, lists its own steps)."""
@@ -647,7 +654,7 @@ def suite_section(doc: Dict, results_dir: Path, page_dir: Path) -> List[str]:
              f"- GPU: {doc.get('gpu', '-')}; versions: {versions or '-'}; date: {doc.get('date', '-')}"]
     if doc.get("measured_with"):
         lines.append(f"- Measured with: {doc['measured_with']}")
-    lines += [f"- Step `{s['name']}`: `{s['command']}` ({', '.join(x for x in (s['status'], _date(s)) if x)})"
+    lines += [f"- Step `{s['name']}`: `{s['command']}` ({', '.join(x for x in (s['status'], _date(s), _step_gpu(s, doc)) if x)})"
               for s in doc["steps"]]
     missing = steps_not_run(doc)
     if missing:

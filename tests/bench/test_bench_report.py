@@ -261,10 +261,23 @@ def test_an_incomplete_document_names_the_steps_not_run_yet():
 
     doc = {"suite": "gaussian-budget", "command": "c", "complete": False,
            "steps": [{"name": "capture_seeds", "command": "x", "status": "ok", "result": None}]}
-    assert steps_not_run(doc) == ["capture_wall"]
+    assert steps_not_run(doc) == ["capture_wall", "capture_seeds_3_5"]
     lines = suite_section(doc, Path("docs/results"), Path("docs"))
     assert any(line.startswith("- Not run yet: `capture_wall`") for line in lines)
     assert steps_not_run(dict(doc, complete=True)) == [] and steps_not_run(dict(doc, suite="no-such-suite")) == []
+
+
+def test_a_step_run_on_another_card_than_the_documents_names_its_card():
+    from bytesplat_ns.bench.report import suite_section
+
+    doc = {"suite": "gaussian-budget", "command": "c", "complete": True, "gpu": "NVIDIA H100",
+           "steps": [{"name": "capture_seeds", "command": "x", "status": "ok",
+                      "result": {"device": "NVIDIA H200", "date": "d1"}},
+                     {"name": "capture_wall", "command": "y", "status": "ok",
+                      "result": {"device": "NVIDIA H100", "date": "d2"}}]}
+    lines = suite_section(doc, Path("docs/results"), Path("docs"))
+    assert "- Step `capture_seeds`: `x` (ok, d1, NVIDIA H200)" in lines
+    assert "- Step `capture_wall`: `y` (ok, d2)" in lines
 
 
 def test_a_run_that_saw_other_gpu_processes_counts_for_quality_only():
