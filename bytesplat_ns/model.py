@@ -84,9 +84,10 @@ class ByteSplatModelConfig(SplatfactoModelConfig):
     others' parameters and moments untouched (gsplat's SelectiveAdam). Needs bytesplat's Adam (the default
     optimizer config; bytesplat_ns/optim.py). Sharded: each rank's Gaussians that any view of the batch shows."""
     # Gaussian budget (bytesplat_ns/gaussian_budget.py, docs/pruning.md).
-    budget_prune_fraction: float = 0.0
+    budget_prune_fraction: float = 0.4
     """At each budget step, remove this share of the Gaussians: those whose compositing weights, summed over
-    every training view's pixels, are lowest (0: off)."""
+    every training view's pixels, are lowest (0: off). 0.4 keeps eval PSNR at 30000 iterations (fox: above the
+    unpruned runs; built-in large scene: the same mean over 6 seeds) with 40% fewer Gaussians (docs/pruning.md)."""
     budget_prune_steps: Tuple[int, ...] = ()
     """Steps at which the budget prunes, right after gsplat's step (empty: stop_split_at, when densification
     ends; runs shorter than that need steps here)."""
@@ -227,7 +228,8 @@ class ByteSplatModel(SplatfactoModel):
             dist = (torch.distributed.is_available() and torch.distributed.is_initialized()
                     and torch.distributed.get_world_size() > 1)
             if settings.active and dist:
-                CONSOLE.log("bytesplat: the Gaussian budget is not supported with sharded training yet; off")
+                CONSOLE.log("bytesplat: the Gaussian budget (--pipeline.model.budget-prune-fraction) is not "
+                            "supported with sharded training yet; off")
             self._budget = GaussianBudget(settings, self.config.stop_split_at, enabled=not dist)
             if self._budget.enabled:
                 CONSOLE.log(f"bytesplat: Gaussian budget: at step(s) {', '.join(map(str, self._budget.steps))} the "

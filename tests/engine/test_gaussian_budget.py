@@ -107,7 +107,10 @@ def test_settings_and_schedule():
     with pytest.raises(SettingError, match="budget-prune-fraction"):  # at model set-up, before any training
         ByteSplatModelConfig(budget_prune_fraction=1.5, num_random=10, random_init=True).setup(
             scene_box=SceneBox(torch.tensor([[-1.0, -1, -1], [1, 1, 1]])), num_train_data=2, metadata={})
-    assert not GaussianBudget(BudgetSettings(), densify_stop=15000).enabled  # off by default
+    assert not GaussianBudget(BudgetSettings(), densify_stop=15000).enabled  # the settings object alone: off
+    default = ByteSplatModelConfig()  # the method's default: 40% when densification stops
+    assert default.budget_prune_fraction == 0.4 and default.budget_prune_steps == ()
+    assert GaussianBudget(BudgetSettings(default.budget_prune_fraction), densify_stop=default.stop_split_at).steps == (15000,)
     budget = GaussianBudget(BudgetSettings(fraction=0.3), densify_stop=15000)
     assert budget.enabled and budget.steps == (15000,) and budget.is_prune_step(15000) and not budget.is_prune_step(14999)
     budget = GaussianBudget(BudgetSettings(fraction=0.3, steps=(9000, 3000, 9000)), densify_stop=15000)
