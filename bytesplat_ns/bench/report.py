@@ -720,6 +720,13 @@ def permutation_p(a: Sequence[float], b: Sequence[float], draws: int = 20000) ->
     return sum(extreme(sum(rng.sample(pooled, k))) for _ in range(draws)) / draws
 
 
+def pooled_label(run: Dict) -> str:
+    """A run's method label for pooling: a run whose Gaussian budget removed Gaussians under a label that
+    does not say so (bytesplat's default since 2026-12-06) is not pooled with the runs before it."""
+    method = run["method"]
+    return f"{method} (budget)" if run.get("budget_removed") and "budget" not in method else method
+
+
 def pooled_quality_table(docs: Sequence[Dict]) -> List[str]:
     """Eval PSNR / SSIM of every wall-clock run on a capture (``--data``) in the documents, pooled by data,
     iteration count and method (each run one sample: runs of one seed differ through GPU atomics), against
@@ -732,7 +739,7 @@ def pooled_quality_table(docs: Sequence[Dict]) -> List[str]:
         data = Path(str(result["data"])).name
         for run in result.get("runs", []):
             if run.get("psnr") is not None and run.get("iterations") is not None:
-                groups.setdefault((data, int(run["iterations"]), run["method"]), []).append(run)
+                groups.setdefault((data, int(run["iterations"]), pooled_label(run)), []).append(run)
     rows = []
     for (data, iterations, method), runs in sorted(groups.items()):
         psnr = [r["psnr"] for r in runs]
@@ -751,7 +758,9 @@ def pooled_quality_table(docs: Sequence[Dict]) -> List[str]:
 POOLED_INTRO = """## Eval quality over every run
 
 Every `ns-train` run on a capture (`--data`) of the wall-clock steps below with an eval, pooled by data, iteration count and
-method label (a labelled variant such as `budget40` is its own method), whatever suite, date or number
+method label (a labelled variant such as `budget40` is its own method; a run whose Gaussian budget removed
+Gaussians under a label that does not say so, such as bytesplat's default since 2026-12-06, is
+`LABEL (budget)`), whatever suite, date or number
 of runs at once it came from. Runs of one seed count once each: GPU atomics make each run's trajectory
 its own. The p-value is the share of relabellings of the two methods' runs whose means differ at least
 as much (exact where there are at most 200000 relabellings): a large one says these runs cannot tell the

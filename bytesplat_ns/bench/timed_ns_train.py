@@ -410,7 +410,16 @@ def final_state(trainer) -> Dict[str, Optional[float]]:
     if model is not None and hasattr(model, "num_points"):
         num_gaussians = int(model.num_points)
     peak = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-    return {"num_gaussians": num_gaussians, "peak_gpu_memory_mb": peak, "train_image_size": train_image_size(trainer)}
+    return {"num_gaussians": num_gaussians, "peak_gpu_memory_mb": peak, "train_image_size": train_image_size(trainer),
+            "budget_removed": budget_removed(model)}
+
+
+def budget_removed(model) -> Optional[int]:
+    """Gaussians the Gaussian budget removed in the run (bytesplat's model; None for others): the
+    results page tells runs that pruned from runs that did not, whatever the default was."""
+    if not hasattr(model, "_budget"):  # the attribute, not the property: that would build one
+        return None
+    return 0 if model._budget is None else int(sum(stats["removed"] for stats in model._budget.history))
 
 
 def write_timings(path: Path, timers: PhaseTimers, record: Dict, collections: Optional[CollectionTimer] = None) -> None:

@@ -200,6 +200,8 @@ def run_one(entry: MethodEntry, seed: int, args: argparse.Namespace, repeat: int
         "loop_untimed_s": timings.get("loop_untimed_s"),
         "num_gaussians": timings.get("num_gaussians"), "peak_gpu_memory_mb": timings.get("peak_gpu_memory_mb"),
         "peak_host_memory_mb": timings.get("peak_host_memory_mb"), "train_image_size": timings.get("train_image_size"),
+        # Gaussians the budget removed (bytesplat; None for other methods): the default changed on 2026-12-06
+        "budget_removed": timings.get("budget_removed"),
         # the trainer's all-images eval on its schedule (steps_per_eval_all_images): when quality moved
         "eval_curve": timings.get("eval_curve", []),
         **gc_fields(timings), **step_time_fields(timings.get("step_ms") or []),

@@ -352,6 +352,14 @@ def test_quality_is_pooled_over_every_run_on_a_capture_against_splatfacto():
     assert "| fox | 30000 | bytesplat | 2 | 27.50 | 27.50 | 0.71 | 27.00-28.00 | 0.9000 | -2.00 | 0.33 |" == by_method["bytesplat"]
     assert by_method["splatfacto"].endswith("| - | - |")
     assert "| fox | 5000 | bytesplat | 1 | 27.00 | 27.00 | - | 27.00-27.00 | 0.9000 | - | - |" in lines
+    # a default run that pruned with the Gaussian budget is its own group; a labelled budget run stays under its label
+    docs[0]["steps"][0]["result"]["runs"] += [dict(run("bytesplat", 29.0), budget_removed=90000),
+                                              dict(run("budget40", 29.5), budget_removed=91000),
+                                              dict(run("bytesplat", 26.0), budget_removed=0)]
+    by_method = {line.split(" | ")[2]: line for line in report.pooled_quality_table(docs)[2:] if "| 30000 |" in line}
+    assert sorted(by_method) == ["budget40", "bytesplat", "bytesplat (budget)", "splatfacto"]
+    assert "| bytesplat (budget) | 1 | 29.00 |" in by_method["bytesplat (budget)"]
+    assert "| bytesplat | 3 | 27.00 |" in by_method["bytesplat"]
 
 
 def test_profile_runs_get_a_table_of_the_loop_bodys_host_time():

@@ -513,3 +513,16 @@ def test_worst_view_keeps_the_lowest_psnr_panel(tmp_path):
     full = worst.panel
     assert full.shape == (4, 9, 3) and int(full[0, 0, 0]) == round(0.9 * 255)
     assert full[0, 6, 0] == 255 and full[3, 8, 0] == 0  # depth: nearest white, farthest black
+
+
+def test_a_run_records_how_many_gaussians_the_budget_removed():
+    from types import SimpleNamespace
+
+    from bytesplat_ns.bench.timed_ns_train import budget_removed
+    from bytesplat_ns.gaussian_budget import BudgetSettings, GaussianBudget
+
+    assert budget_removed(SimpleNamespace()) is None  # not bytesplat's model (splatfacto)
+    assert budget_removed(SimpleNamespace(_budget=None)) == 0  # never built: no step reached it
+    budget = GaussianBudget(BudgetSettings(fraction=0.4), densify_stop=10)
+    budget.history += [{"removed": 30.0}, {"removed": 12.0}]
+    assert budget_removed(SimpleNamespace(_budget=budget)) == 42
