@@ -113,6 +113,17 @@ class GaussianBudget:
         return stats
 
 
+def budget_announcement(budget: GaussianBudget, run_end_step: Optional[int] = None) -> str:
+    """The console line that says what an enabled budget will do in this run (``run_end_step``: the
+    step after the run's last, when known): a run that ends before its budget step prunes nothing."""
+    steps = ", ".join(map(str, budget.steps))
+    if run_end_step is not None and all(step >= run_end_step for step in budget.steps):
+        return (f"bytesplat: Gaussian budget: this run ends before step {steps}, so it removes no Gaussians "
+                "(--pipeline.model.budget-prune-steps sets earlier steps)")
+    return (f"bytesplat: Gaussian budget: at step(s) {steps} the {budget.settings.fraction:.0%} of the Gaussians "
+            "least seen in the training views are removed")
+
+
 def summed_over_views(per_view: Iterable[Tensor], num_gaussians: int, device: torch.device) -> Tuple[Tensor, int]:
     """The sum of the per-view weights [N] (float64, so thousands of views add up exactly enough) and the view count."""
     total = torch.zeros(num_gaussians, dtype=torch.float64, device=device)

@@ -32,7 +32,8 @@ from scipy.spatial import cKDTree
 
 from bytesplat_ns.data.datamanager import host_image_size, viewmat_from_camera_to_world, world_to_camera
 from bytesplat_ns.errors import BytesplatError
-from bytesplat_ns.gaussian_budget import BudgetSettings, GaussianBudget, summed_over_views, view_blending_weights
+from bytesplat_ns.gaussian_budget import (BudgetSettings, GaussianBudget, budget_announcement, summed_over_views,
+                                          view_blending_weights)
 from bytesplat_ns.image_metrics import Lpips, psnr
 from bytesplat_ns.optim import DeviceAdam
 from bytesplat_ns.raster import rasterize, resolve_backend
@@ -136,6 +137,10 @@ class ByteSplatModel(SplatfactoModel):
         cameras = getattr(getattr(getattr(training_callback_attributes.pipeline, "datamanager", None),
                                   "train_dataset", None), "cameras", None)
         self._train_cameras = cameras  # the Gaussian budget's importance pass renders every one of them
+        trainer = getattr(training_callback_attributes, "trainer", None)
+        config = getattr(trainer, "config", None)
+        if getattr(config, "max_num_iterations", None) is not None:  # the step after the run's last (resumed runs too)
+            self._run_end_step = int(getattr(trainer, "_start_step", 0)) + int(config.max_num_iterations)
         if cameras is not None:
             self.limit_downscales(int(max(cameras.width.max().item(), cameras.height.max().item())))
         return super().get_training_callbacks(training_callback_attributes)
@@ -211,6 +216,7 @@ class ByteSplatModel(SplatfactoModel):
         self._budget: Optional[GaussianBudget] = None
         self._budget_settings()  # a bad value stops here, before any training
         self._train_cameras: Optional[Cameras] = None
+        self._run_end_step: Optional[int] = None  # set by get_training_callbacks: the budget's console line
 
     @property
     def pruning(self) -> HardwarePruner:
@@ -232,8 +238,7 @@ class ByteSplatModel(SplatfactoModel):
                             "supported with sharded training yet; off")
             self._budget = GaussianBudget(settings, self.config.stop_split_at, enabled=not dist)
             if self._budget.enabled:
-                CONSOLE.log(f"bytesplat: Gaussian budget: at step(s) {', '.join(map(str, self._budget.steps))} the "
-                            f"{settings.fraction:.0%} of the Gaussians least seen in the training views are removed")
+                CONSOLE.log(budget_announcement(self._budget, self._run_end_step))
         return self._budget
 
     def _budget_settings(self) -> BudgetSettings:

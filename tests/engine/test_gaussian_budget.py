@@ -16,6 +16,7 @@ from bytesplat_ns.errors import SettingError
 from bytesplat_ns.gaussian_budget import (
     BudgetSettings,
     GaussianBudget,
+    budget_announcement,
     lowest_ranked,
     summed_over_views,
     view_blending_weights,
@@ -118,6 +119,16 @@ def test_settings_and_schedule():
     assert not GaussianBudget(BudgetSettings(fraction=0.3), densify_stop=15000, enabled=False).enabled  # sharded
 
 
+def test_the_console_line_says_when_a_run_ends_before_its_budget_step():
+    budget = GaussianBudget(BudgetSettings(fraction=0.4), densify_stop=15000)
+    assert budget_announcement(budget, 3000).startswith("bytesplat: Gaussian budget: this run ends before step 15000")
+    for end in (15001, None):  # reached, or the run's length unknown
+        assert budget_announcement(budget, end) == ("bytesplat: Gaussian budget: at step(s) 15000 the 40% of the "
+                                                    "Gaussians least seen in the training views are removed")
+    two = GaussianBudget(BudgetSettings(fraction=0.4, steps=(2000, 9000)), densify_stop=15000)
+    assert "at step(s) 2000, 9000" in budget_announcement(two, 5000)  # one of them is reached
+
+
 def test_budget_step_removes_the_lowest_with_their_optimizer_and_strategy_state():
     sc = _scene()
     params = torch.nn.ParameterDict({
@@ -161,6 +172,7 @@ def test_budget_step_in_the_training_loop(tmp_path, monkeypatch):
     monkeypatch.setattr(type(trainer), "train_iteration", train_iteration)
     trainer.train()
     (stats,) = model.budget.history
+    assert model._run_end_step == 10 and "at step(s) 6 the 30%" in budget_announcement(model.budget, 10)
     cameras = trainer.pipeline.datamanager.train_dataset.cameras
     assert stats["step"] == 6 and stats["views"] == len(cameras)
     before, after = counts[6], counts[7]
