@@ -132,6 +132,8 @@ def install(timers: PhaseTimers, record: Dict, collections: Optional[CollectionT
                 setattr(cls, name, timers.wrap(phase, drained_on_logged_steps(method) if phase == "steps" else method))
         if "_after_train" in vars(cls):
             setattr(cls, "_after_train", stamped_loop_end(vars(cls)["_after_train"], timers, record))
+        if "_queue_eval_image" in vars(cls):  # bytesplat's eval image render, queued for its worker
+            setattr(cls, "_queue_eval_image", timers.wrap("eval", vars(cls)["_queue_eval_image"], detail="queue_image"))
     real_run = callbacks.TrainingCallback.run_callback_at_location
 
     def run_callback_at_location(self, step, location):
@@ -170,6 +172,7 @@ def install(timers: PhaseTimers, record: Dict, collections: Optional[CollectionT
     curve_images = EvalImagesByStep()
     record_eval_curve(record.setdefault("eval_curve", []), curve_images)
     split_write_out_storage(timers)
+    split_eval(timers)
     for name in WRITER_FUNCTIONS:
         setattr(writer, name, timers.wrap("log", getattr(writer, name), detail=name))
 
@@ -283,6 +286,24 @@ def record_eval_curve(curve: List[Dict], images: Optional[EvalImagesByStep] = No
         return real_put_dict(name, scalar_dict, step, *args, **kwargs)
 
     writer.put_dict = put_dict
+
+
+def split_eval(timers: PhaseTimers) -> None:
+    """Time the in-training eval's parts separately (nested details of the eval phase): the single eval
+    image where nerfstudio computes it on the training thread (``image``), the all-images eval
+    (``all_images``), and with bytesplat's eval-image worker the hand-over (``submit``) and the wait for
+    its metrics before an all-images eval (``drain_eval_images``); ``queue_image`` (the trainer's
+    render, above) and the rest of ``eval_iteration`` (undetailed) make up the remainder."""
+    from nerfstudio.pipelines.base_pipeline import VanillaPipeline
+
+    from bytesplat_ns.eval_logging import EvalImageLogger
+
+    for cls in _with_subclasses(VanillaPipeline):
+        for name, detail in (("get_eval_image_metrics_and_images", "image"), ("get_average_eval_image_metrics", "all_images")):
+            if name in vars(cls):
+                setattr(cls, name, timers.wrap("eval", vars(cls)[name], detail=detail))
+    EvalImageLogger.submit = timers.wrap("eval", EvalImageLogger.submit, detail="submit")
+    EvalImageLogger.drain = timers.wrap("eval", EvalImageLogger.drain, detail="drain_eval_images")
 
 
 def split_write_out_storage(timers: PhaseTimers) -> None:

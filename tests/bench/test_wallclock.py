@@ -120,6 +120,12 @@ def test_two_configurations_end_to_end(tmp_path):
         assert "--machine.seed 1" in run["ns_train_command"] and run["ns_train_command"].startswith("ns-train bytesplat")
         assert run["ns_eval_command"].startswith("ns-eval --load-config")
         assert {"log:write_out_storage", "log:console"} <= set(run["detail_s"])  # scalars: in our batched writer
+        # the eval phase by part: the queued render and its hand-over to the worker; the all-images eval after the drain
+        eval_parts = {"eval:queue_image", "eval:submit"} | ({"eval:drain_eval_images", "eval:all_images"}
+                                                            if run["method"] == "auto" else set())
+        assert eval_parts <= set(run["detail_s"]), run["detail_s"]
+        assert sum(v for k, v in run["detail_s"].items() if k.startswith("eval:")) <= run["eval_s"] + 1e-6
+        assert run["budget_removed"] == 0  # 3 steps: the budget step (15000) is never reached
         # ns-eval's mean is the mean of the per-image metrics kept beside it
         images = run["eval_images"]
         assert images and all(image["file"] and image["index"] is not None for image in images)
