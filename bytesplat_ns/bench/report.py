@@ -334,16 +334,22 @@ def _one_seed_per_step(steps: List[Dict]) -> bool:
 
 
 def across_steps_table(steps: List[Dict]) -> List[str]:
-    """Per method over the runs of every step (a suite with one step per seed): wall clock (median and
+    """Per method (``pooled_label``, and the GPU where the wall clocks come from several) over the runs of every
+    step (a suite with one step per seed): wall clock (median and
     range) and the share outside the steps over the runs that had the GPU alone, eval PSNR / SSIM means
     over all runs, and PSNR paired by step and seed with the first method."""
     if not _one_seed_per_step(steps):
         return []
-    runs = [(step["name"], r) for step in steps for r in step["result"].get("runs", [])]
-    sizes = sorted({tuple(r["train_image_size"]) for _, r in runs if r.get("train_image_size")})
+    sizes = sorted({tuple(r["train_image_size"]) for step in steps for r in step["result"].get("runs", [])
+                    if r.get("train_image_size")})
     if len(sizes) > 1:  # e.g. nerfstudio-data's automatic half resolution in some runs: not one comparison
         return [f"Not pooled over the steps: their runs trained at different resolutions "
                 f"({', '.join(f'{w}x{h}' for w, h in sizes)})."]
+    gpus = {step["result"].get("device") for step in steps if any(measures_the_method(r) for r in step["result"].get("runs", []))}
+    # each run under its pooled label (a default run that pruned is not the default before it), and where
+    # wall clocks come from different GPUs, on its own GPU's row: two cards' wall clocks are not one sample
+    runs = [(step["name"], dict(r, method=pooled_label(r) + (f" on {step['result'].get('device')}" if len(gpus) > 1 else "")))
+            for step in steps for r in step["result"].get("runs", [])]
     methods = list(dict.fromkeys(r["method"] for _, r in runs))
     psnr = {(name, r["method"], r["seed"]): r["psnr"] for name, r in runs if r.get("psnr") is not None}
     mean = lambda xs, fmt="{:.2f}": _f(statistics.fmean(xs), fmt) if xs else "-"  # noqa: E731

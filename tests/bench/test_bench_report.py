@@ -251,6 +251,12 @@ def test_steps_split_by_seed_get_one_table_over_all_their_runs():
     mixed[0]["result"]["runs"][0]["train_image_size"] = [1920, 1080]
     assert across_steps_table(mixed) == ["Not pooled over the steps: their runs trained at different resolutions "
                                          "(960x540, 1920x1080)."]
+    # a default run that pruned (bytesplat's Gaussian budget) and a run on another GPU each get their own row
+    on_two_cards = [dict(step, result=dict(step["result"], device="H200")) for step in steps[:2]] + [
+        _wallclock_step("seed2", [dict(run("a", 2, 5.0, 30.0), budget_removed=7), run("b", 2, 20.0, 29.5)])]
+    on_two_cards[2]["result"]["device"] = "H100"
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1] for line in across_steps_table(on_two_cards)[2:]}
+    assert rows == {"a on H200": "2", "b on H200": "2", "a (budget) on H100": "1", "b on H100": "1"}
     # two steps that run the same method and seed are two configurations, not more samples
     assert across_steps_table([_wallclock_step("x", [run("a", 0, 1.0, 1.0)]),
                                _wallclock_step("y", [run("a", 0, 2.0, 2.0)])]) == []
