@@ -3,11 +3,11 @@
 nerfstudio's ``Trainer.eval_iteration`` renders one eval image every ``steps_per_eval_image``
 steps and then, on the training thread, reads its metrics back from the GPU (a full wait for the
 queued training work), converts the image to 8 bits, encodes it as PNG and writes it to
-tensorboard. Here the training thread only queues the render; a worker thread computes the
-metrics, waits for the GPU, encodes and writes, the same tags and values at the same steps.
+tensorboard. Here the training thread only queues the render; worker threads compute the
+metrics (waiting for the GPU), encode and write, the same tags and values at the same steps.
 
 nerfstudio's writer functions and its ``TensorboardWriter`` do nothing off the main thread, so the
-worker writes to their ``SummaryWriter`` directly; with any other event writer (wandb, comet) the
+writer thread writes to their ``SummaryWriter`` directly; with any other event writer (wandb, comet) the
 trainer keeps nerfstudio's synchronous path. Not logged in this mode: nerfstudio's "Test Rays / Sec"
 (a host timing of work that is now asynchronous).
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import queue
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Dict, List, Optional
 
 import nerfstudio.configs.base_config  # noqa: F401 - imports nerfstudio's writer without its import cycle
@@ -42,23 +43,32 @@ def tensorboard_writers() -> Optional[List]:
 
 
 class EvalImageLogger:
-    """One worker thread that turns queued eval renders into tensorboard scalars and images.
+    """Worker threads that turn queued eval renders into tensorboard scalars and images.
 
     ``submit(step, metrics_and_images)`` queues a callable that returns (metrics, images) on the
-    worker, under ``torch.no_grad``. A failure in the worker is raised on the training thread at the
-    next ``submit`` or ``close``.
+    metrics thread, under ``torch.no_grad``. The images' PNG encodings then run on a small pool
+    (the encoder releases the interpreter lock) and a writer thread writes each step's scalars and
+    images in submission order, so ``drain`` waits for the metrics only, never behind an earlier
+    image's encoding: a 1080x1920 capture's eval images take about half a second to encode, longer
+    than the steps between two eval images. At most ``max_pending_writes`` steps wait for their write
+    (each holds its 8-bit images in host memory); the metrics thread waits beyond that. A failure in
+    any worker is raised on the training thread at the next ``submit``, ``drain`` or ``close``.
     """
 
-    def __init__(self, summaries: List, png_compress_level: int = 1):
+    def __init__(self, summaries: List, png_compress_level: int = 1, encoders: int = 4, max_pending_writes: int = 8):
         self.summaries = summaries
         self.png_compress_level = png_compress_level
         self._queue: "queue.Queue" = queue.Queue()
+        self._writes: "queue.Queue" = queue.Queue()
+        self._write_slots = threading.BoundedSemaphore(max_pending_writes)
+        self._encoders = ThreadPoolExecutor(max_workers=encoders, thread_name_prefix="bytesplat-eval-png")
         self._error: Optional[BaseException] = None
-        # drain() waits for the metrics of everything submitted, not for the PNG encoding and writing
         self._metrics_done = threading.Condition()
         self._submitted = self._measured = 0
-        self._thread = threading.Thread(target=self._work, daemon=True, name="bytesplat-eval-logging")
-        self._thread.start()
+        self._threads = [threading.Thread(target=target, daemon=True, name=f"bytesplat-eval-{name}")
+                         for name, target in (("metrics", self._measure), ("writes", self._write_in_order))]
+        for thread in self._threads:
+            thread.start()
 
     def submit(self, step: int, metrics_and_images: Callable[[], tuple]) -> None:
         self._raise_pending()
@@ -75,7 +85,9 @@ class EvalImageLogger:
 
     def close(self) -> None:
         self._queue.put(None)
-        self._thread.join()
+        for thread in self._threads:
+            thread.join()
+        self._encoders.shutdown()
         for summary in self.summaries:
             summary.flush()
         self._raise_pending()
@@ -85,37 +97,53 @@ class EvalImageLogger:
             error, self._error = self._error, None
             raise RuntimeError("in-training eval logging failed") from error
 
-    def _work(self) -> None:
+    def _measure(self) -> None:
         while True:
             item = self._queue.get()
+            if item is None:
+                self._writes.put(None)
+                return
+            step, metrics_and_images = item
             try:
-                if item is None:
-                    return
-                step, metrics_and_images = item
-                try:
-                    with torch.no_grad():
-                        metrics, images = metrics_and_images()
-                except BaseException as error:  # noqa: BLE001 - handed to the training thread
-                    self._error = error  # before drain() can see this item measured
-                    continue
-                finally:
-                    with self._metrics_done:
-                        self._measured += 1
-                        self._metrics_done.notify_all()
-                self._write(step, metrics, images)
+                with torch.no_grad():
+                    metrics, images = metrics_and_images()
+            except BaseException as error:  # noqa: BLE001 - handed to the training thread
+                self._error = error  # before drain() can see this item measured
+                continue
+            finally:
+                with self._metrics_done:
+                    self._measured += 1
+                    self._metrics_done.notify_all()
+            try:
+                images_8bit = {name: writer.to8b(image).cpu().numpy() for name, image in images.items()}
+            except BaseException as error:  # noqa: BLE001 - handed to the training thread
+                self._error = error
+                continue
+            self._write_slots.acquire()  # released by the writer thread once this step is written
+            encoded = {name: self._encoders.submit(image_summary, f"{EVAL_IMAGES_GROUP}/{name}", image,
+                                                   self.png_compress_level) for name, image in images_8bit.items()}
+            self._writes.put((step, metrics, encoded))
+
+    def _write_in_order(self) -> None:
+        while True:
+            item = self._writes.get()
+            if item is None:
+                return
+            step, metrics, encoded = item
+            try:
+                self._write(step, metrics, {name: future.result() for name, future in encoded.items()})
             except BaseException as error:  # noqa: BLE001 - handed to the training thread
                 self._error = error
             finally:
-                self._queue.task_done()
+                self._write_slots.release()
 
-    def _write(self, step: int, metrics: Dict[str, float], images: Dict[str, torch.Tensor]) -> None:
-        images_8bit = {name: writer.to8b(image).cpu().numpy() for name, image in images.items()}
+    def _write(self, step: int, metrics: Dict[str, float], images: Dict[str, Summary]) -> None:
+        """Write one step's scalars and its encoded images (``image_summary`` events) to every writer."""
         for summary in self.summaries:
             for key, value in metrics.items():
                 summary.add_scalar(f"{EVAL_METRICS_GROUP}/{key}", float(value), step)
-            for name, image in images_8bit.items():
-                summary._get_file_writer().add_summary(
-                    image_summary(f"{EVAL_IMAGES_GROUP}/{name}", image, self.png_compress_level), step)
+            for image in images.values():
+                summary._get_file_writer().add_summary(image, step)
 
 
 def encode_png(array: np.ndarray, compress_level: int) -> bytes:

@@ -7,6 +7,7 @@ import copy
 import threading
 
 import pytest
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from bytesplat_ns import eval_logging
@@ -141,6 +142,54 @@ def test_drain_waits_for_the_metrics_not_for_the_image_write(monkeypatch):
     write_release.set()
     logger.close()
     assert written == [100]
+
+
+def test_drain_does_not_wait_behind_an_earlier_images_encoding(monkeypatch):
+    """The metrics of a later eval image are not queued behind an earlier one's PNG encoding (slower
+    than the steps between two eval images on a 1080x1920 capture), and the writes keep their order."""
+    encode_release, written = threading.Event(), []
+    real_summary = eval_logging.image_summary
+
+    def held_encoding(tag, array, level):
+        if array.shape[0] == 1:  # step 100's image
+            encode_release.wait(timeout=120)
+        return real_summary(tag, array, level)
+
+    monkeypatch.setattr(eval_logging, "image_summary", held_encoding)
+    monkeypatch.setattr(eval_logging.EvalImageLogger, "_write",
+                        lambda self, step, metrics, images: written.append((step, sorted(images))))
+    logger = eval_logging.EvalImageLogger([])
+    for step, rows in ((100, 1), (200, 2)):
+        logger.submit(step, lambda rows=rows: ({"psnr": float(rows)}, {"img": torch.zeros(rows, 4, 3)}))
+    drained = threading.Thread(target=logger.drain, daemon=True)
+    drained.start()
+    drained.join(timeout=60)
+    assert not drained.is_alive() and written == []  # both measured while the first image still encodes
+    encode_release.set()
+    logger.close()
+    assert written == [(100, ["img"]), (200, ["img"])]
+
+
+def test_the_images_in_writing_are_bounded(monkeypatch):
+    """Writes slower than the eval images hold the metrics thread, not host memory without bound."""
+    write_release, written = threading.Event(), []
+
+    def held_write(self, step, metrics, images):
+        write_release.wait(timeout=120)
+        written.append(step)
+
+    monkeypatch.setattr(eval_logging.EvalImageLogger, "_write", held_write)
+    logger = eval_logging.EvalImageLogger([], max_pending_writes=2)
+    for step in (1, 2, 3, 4):
+        logger.submit(step, lambda: ({"psnr": 1.0}, {"img": torch.zeros(2, 2, 3)}))
+    drained = threading.Thread(target=logger.drain, daemon=True)
+    drained.start()
+    drained.join(timeout=1.0)
+    assert drained.is_alive()  # steps 1 and 2 wait for their write; step 3's hand-over waits for a slot
+    write_release.set()
+    drained.join(timeout=60)
+    logger.close()
+    assert written == [1, 2, 3, 4]
 
 
 def test_drain_reports_a_failed_metric():
