@@ -10,7 +10,7 @@ generation), so regenerating unchanged results gives the same bytes.
     bytesplat-bench report --results-dir R --out R.md
 
 It also writes the wall-clock runs of each capture's suites as one flat list
-(``docs/benchmarks/wallclock_fox_h200.json``: ``{"runs": [...]}``, one entry per ``ns-train`` run with
+(``docs/benchmarks/wallclock_fox_h200.json`` and ``_h100.json``: ``{"runs": [...]}``, one entry per ``ns-train`` run with
 its method, seed, iterations, wall clock and breakdown, eval metrics, and the suite, command, GPU,
 versions and date it came from), for tools that want the numbers without the suite documents.
 """
@@ -786,7 +786,7 @@ def render(docs: Sequence[Dict], results_dir: Path, page: Path) -> str:
 
 
 # Flat run lists: file name -> (the suites whose wall-clock runs it gathers: name prefix, the GPU they ran on).
-RUN_LISTS = {"wallclock_fox_h200.json": ("wallclock-fox", "H200")}
+RUN_LISTS = {"wallclock_fox_h200.json": ("wallclock-fox", "H200"), "wallclock_fox_h100.json": ("wallclock-fox", "H100")}
 
 
 def wallclock_runs(docs: Sequence[Dict], suite_prefix: str, gpu: str) -> Dict:
