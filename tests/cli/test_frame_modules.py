@@ -7,7 +7,7 @@ import sys
 import pytest
 
 import bytesplat_ns  # noqa: F401  (the plugin maps the frozen names when imported)
-from bytesplat_ns.frame_modules import IMPORT_MACHINERY, map_frozen_import_frames
+from bytesplat_ns.frame_modules import IMPORT_MACHINERY, STRING_CODE, map_frozen_import_frames
 
 
 @pytest.fixture
@@ -43,3 +43,33 @@ def test_stack_inside_an_import_sees_the_same_functions(import_frames):
     """nerfstudio reads inspect.stack()[2].function; the mapped frames keep their names."""
     for frame in import_frames:
         assert inspect.getframeinfo(frame, context=1).function == frame.f_code.co_name
+
+
+def test_string_compiled_frames_belong_to_no_module_without_a_walk(monkeypatch):
+    """A dataclass's generated __init__ (file name "<string>") has no module: the map answers so at
+    once, the same answer as the walk over sys.modules, which it no longer runs."""
+    from dataclasses import dataclass
+
+    @dataclass
+    class Listing:
+        frame: object = None
+
+        def __post_init__(self):
+            self.frame = sys._getframe(1)  # the generated __init__
+
+    frame = Listing().frame
+    assert frame.f_code.co_filename == STRING_CODE
+    monkeypatch.setattr(inspect, "modulesbyfile", {})
+    monkeypatch.setattr(inspect, "_filesbymodname", {})
+    assert inspect.getmodule(frame) is None and inspect.modulesbyfile  # the walk ran and found nothing
+    walked = {}
+
+    class Modules(dict):
+        def copy(self):
+            walked["yes"] = True
+            return dict.copy(self)
+
+    map_frozen_import_frames()
+    monkeypatch.setattr(sys, "modules", Modules(sys.modules))
+    assert inspect.getmodule(frame) is None and "yes" not in walked
+    assert inspect.getframeinfo(frame, context=1).function == "__init__"
