@@ -53,20 +53,18 @@ PER_STEP_TIMINGS = frozenset(
 LEARNING_RATE_PREFIX = "learning_rate/"  # nerfstudio's Optimizers.scheduler_step_all: one per scheduled group, every step
 
 
-def stack_as_float64(tensors: List[torch.Tensor]) -> torch.Tensor:
-    """One-element tensors of one device as a float64 vector, in order: one stack and one cast per dtype
-    (a logged step's dozen float32 values take two launches, not a cast each)."""
+def stack_as_float64(tensors: List[torch.Tensor]) -> Tuple[torch.Tensor, List[int]]:
+    """One-element tensors of one device as one float64 vector and, for each of its entries, the index
+    of the tensor it holds: one stack and one cast per dtype (a logged step's dozen float32 values take
+    two launches, not a cast each), grouped by dtype; the caller puts the values back in order on the
+    host, after its copy (no index tensor sent to the device)."""
     by_dtype: dict = {}
     for i, t in enumerate(tensors):
         by_dtype.setdefault(t.dtype, []).append(i)
-    parts, order = [], []
-    for indices in by_dtype.values():
-        parts.append(torch.stack([tensors[i].detach().reshape(()) for i in indices]).to(torch.float64))
-        order += indices
-    if len(parts) == 1:
-        return parts[0]
-    merged = torch.cat(parts)
-    return merged[torch.tensor(order, device=merged.device).argsort()]
+    parts = [torch.stack([tensors[i].detach().reshape(()) for i in indices]).to(torch.float64)
+             for indices in by_dtype.values()]
+    order = [i for indices in by_dtype.values() for i in indices]
+    return (parts[0] if len(parts) == 1 else torch.cat(parts)), order
 
 
 class HostValues:
@@ -82,7 +80,8 @@ class HostValues:
         self.copy: Optional[torch.Tensor] = None
         self.ready: Optional[torch.cuda.Event] = None
         if self.on_device:
-            stacked = stack_as_float64([scalars[i] for i in self.on_device])
+            stacked, order = stack_as_float64([scalars[i] for i in self.on_device])
+            self.on_device = [self.on_device[k] for k in order]  # the slots in the stack's order
             self.copy = stacked.to("cpu", non_blocking=True)
             if stacked.device.type == "cuda":
                 self.ready = torch.cuda.Event()

@@ -174,9 +174,12 @@ def test_a_logged_steps_tensors_stacked_in_order():
 
     values = [torch.tensor(1.5), torch.tensor(3), torch.tensor([2.25]), torch.tensor(True),
               torch.tensor(7.0, dtype=torch.float64), torch.tensor(-4)]
-    stacked = event_writers.stack_as_float64(values)
-    assert stacked.dtype == torch.float64 and stacked.tolist() == [1.5, 3.0, 2.25, 1.0, 7.0, -4.0]
-    assert event_writers.stack_as_float64(values[:1]).tolist() == [1.5]
+    stacked, order = event_writers.stack_as_float64(values)
+    assert stacked.dtype == torch.float64 and sorted(order) == list(range(len(values)))
+    in_order = [value for _, value in sorted(zip(order, stacked.tolist()))]
+    assert in_order == [1.5, 3.0, 2.25, 1.0, 7.0, -4.0]
+    one, order = event_writers.stack_as_float64(values[:1])
+    assert one.tolist() == [1.5] and order == [0]
 
 
 def test_host_values_of_numbers_and_tensors():
