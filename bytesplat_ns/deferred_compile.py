@@ -9,6 +9,7 @@ there (and only while a method table is being built, as the heap freeze in ``hea
 decorator factory is swapped for one that calls the real one with the same arguments at the
 function's first call: splatfacto gets the same compiled function, a method that never calls it
 never builds the backend. Direct calls (``torch_compile(module)``) compile at once, as before.
+``bytesplat-train``, which builds no method table, swaps it before it imports a model.
 """
 
 from __future__ import annotations
@@ -22,10 +23,14 @@ from bytesplat_ns.heap import METHOD_TABLE
 
 
 def defer_at_plugin_discovery() -> None:
-    """Swap ``nerfstudio.utils.misc.torch_compile`` for :func:`deferred` if nerfstudio's method table is
-    being built (once; modules that imported it before keep the original)."""
-    if METHOD_TABLE not in sys.modules:
-        return
+    """:func:`defer_nerfstudio_compile` if nerfstudio's method table is being built."""
+    if METHOD_TABLE in sys.modules:
+        defer_nerfstudio_compile()
+
+
+def defer_nerfstudio_compile() -> None:
+    """Swap ``nerfstudio.utils.misc.torch_compile`` for :func:`deferred` (once; modules that imported it
+    before keep the original): ``bytesplat-train`` calls it before it imports any model."""
     from nerfstudio.utils import misc
 
     if not getattr(misc.torch_compile, "deferred", False):

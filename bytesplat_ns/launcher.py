@@ -97,6 +97,9 @@ def main(config) -> None:
 def entrypoint(argv: Optional[List[str]] = None) -> None:
     heap.pause_collections()  # imports, parsing and setup create long-lived objects only: collect after them
     import bytesplat_ns  # noqa: F401  (checkpoint allow-list, the one-line error hook)
+    from bytesplat_ns.deferred_compile import defer_nerfstudio_compile
+
+    defer_nerfstudio_compile()  # before splatfacto is imported (deferred_compile.py)
 
     main(parse(argv))
 

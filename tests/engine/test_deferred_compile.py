@@ -57,3 +57,27 @@ def test_the_method_table_defers_splatfactos_compile_and_a_plain_import_does_not
     assert swapped and not inductor
     # importing our packages without a method table being built leaves nerfstudio's helper alone
     assert _after("import bytesplat_ns.data.dataparser") == (False, False)
+
+
+LAUNCH = """
+import sys
+{launch}
+print("INDUCTOR", "torch._inductor.compile_fx" in sys.modules)
+"""
+
+
+def test_the_launchers_and_the_timed_ns_train_never_build_the_backend():
+    """bytesplat-train (no method table) defers too, and bytesplat-bench's timed ns-train imports ns-train's
+    modules in the command's order, so that its start-up is the user's."""
+    launches = {
+        "bytesplat-train": "from bytesplat_ns.launcher import entrypoint\n"
+                           "try:\n    entrypoint(['bytesplat', '--help'])\nexcept SystemExit:\n    pass",
+        "timed ns-train": "from bytesplat_ns.bench import timed_ns_train\n"
+                          "try:\n    timed_ns_train.main(['--timings', sys.argv[1], '--', 'bytesplat', '--help'])\n"
+                          "except SystemExit:\n    pass",
+    }
+    for name, launch in launches.items():
+        done = subprocess.run([sys.executable, "-W", "ignore", "-c", LAUNCH.format(launch=launch), "/dev/null"],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert "INDUCTOR False" in done.stdout, (name, done.stdout[-2000:])
