@@ -41,11 +41,16 @@ print(getattr(misc.torch_compile, "deferred", False), "torch._inductor.compile_f
 """
 
 
-def _after(imports: str):
-    done = subprocess.run([sys.executable, "-W", "ignore", "-c", SCRIPT.format(imports=imports)], capture_output=True,
-                          text=True, timeout=300)
+def _python(code: str, *args: str) -> str:
+    """The stdout of ``code`` run in a fresh interpreter (the imports under test happen once per process)."""
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", code, *args], capture_output=True, text=True,
+                          timeout=300)
     assert done.returncode == 0, done.stderr
-    swapped, inductor = done.stdout.split()
+    return done.stdout
+
+
+def _after(imports: str):
+    swapped, inductor = _python(SCRIPT.format(imports=imports)).split()
     return swapped == "True", inductor == "True"
 
 
@@ -77,7 +82,5 @@ def test_the_launchers_and_the_timed_ns_train_never_build_the_backend():
                           "except SystemExit:\n    pass",
     }
     for name, launch in launches.items():
-        done = subprocess.run([sys.executable, "-W", "ignore", "-c", LAUNCH.format(launch=launch), "/dev/null"],
-                              capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr
-        assert "INDUCTOR False" in done.stdout, (name, done.stdout[-2000:])
+        out = _python(LAUNCH.format(launch=launch), "/dev/null")
+        assert "INDUCTOR False" in out, (name, out[-2000:])
