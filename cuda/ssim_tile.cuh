@@ -62,6 +62,32 @@ __device__ __forceinline__ float clamp_grad_mask(float v, bool inclusive) {
     return (inclusive ? (v >= 0.f && v <= 1.f) : (v > 0.f && v < 1.f)) ? 1.f : 0.f;
 }
 
+// The 11-tap window over a strip of S consecutive outputs whose inputs are V-value elements
+// `stride` floats apart in shared memory: out[o][q] = sum_t win[t] * base[(o + t) * stride + q], each
+// output's taps summed in window order. A strip loads S + kWin - 1 inputs, each serving every output
+// whose window covers it.
+template <int S, int V>
+__device__ __forceinline__ void strip_window_sums(const float *base, int stride, const float *win,
+                                                  float (&out)[S][V]) {
+#pragma unroll
+    for (int o = 0; o < S; ++o)
+#pragma unroll
+        for (int q = 0; q < V; ++q) out[o][q] = 0.f;
+#pragma unroll
+    for (int u = 0; u < S + kWin - 1; ++u) {
+        float v[V];
+#pragma unroll
+        for (int q = 0; q < V; ++q) v[q] = base[u * stride + q];
+#pragma unroll
+        for (int o = 0; o < S; ++o) {
+            if (u - o < 0 || u - o >= kWin) continue;
+            const float w = win[u - o];
+#pragma unroll
+            for (int q = 0; q < V; ++q) out[o][q] += w * v[q];
+        }
+    }
+}
+
 // dL/d rgb (3 channels) for this thread's pixels of the RW x RH region whose top-left pixel is
 // (X, Y) in view `cam`: pixel k (k < kPixels) is region pixel SsimRegion<RW, RH>::pixel(k), the
 // thread's column and kPixels consecutive rows (RW = 16: one pixel, thread i at column i % 16, row i / 16). The image of every pixel within 10 of
@@ -143,21 +169,7 @@ __device__ __forceinline__ void loss_grad_region(const Prm &P, int cam, int X, i
             for (int o = 0; o < SC; ++o) part[o][0] = part[o][1] = part[o][2] = 0.f;
             if (sx >= kHalf && sx < P.W - kHalf && sy0 + SC - 1 >= kHalf && sy0 < P.H - kHalf) {
                 float m[SC][5];
-#pragma unroll
-                for (int o = 0; o < SC; ++o)
-#pragma unroll
-                    for (int q = 0; q < 5; ++q) m[o][q] = 0.f;
-#pragma unroll
-                for (int u = 0; u < SC + kWin - 1; ++u) {
-                    const float *h = s_h + 5 * ((ci0 + u) * kCenW + cj);
-#pragma unroll
-                    for (int o = 0; o < SC; ++o) {
-                        if (u - o < 0 || u - o >= kWin) continue;
-                        const float w = P.win[u - o];
-#pragma unroll
-                        for (int q = 0; q < 5; ++q) m[o][q] += w * h[q];
-                    }
-                }
+                strip_window_sums(s_h + 5 * (ci0 * kCenW + cj), 5 * kCenW, P.win, m);
 #pragma unroll
                 for (int o = 0; o < SC; ++o) {
                     const int ci = ci0 + o, sy = sy0 + o;
@@ -188,21 +200,7 @@ __device__ __forceinline__ void loss_grad_region(const Prm &P, int cam, int X, i
         for (int i = threadIdx.x; i < kCenH * (RW / SP); i += kBlock) {
             const int ci = i / (RW / SP), u0 = (i % (RW / SP)) * SP;
             float a[SP][3];
-#pragma unroll
-            for (int o = 0; o < SP; ++o) a[o][0] = a[o][1] = a[o][2] = 0.f;
-#pragma unroll
-            for (int u = 0; u < SP + kWin - 1; ++u) {
-                const float *pp = s_p + 3 * (ci * kCenW + u0 + u);
-                const float pv[3] = {pp[0], pp[1], pp[2]};
-#pragma unroll
-                for (int o = 0; o < SP; ++o) {
-                    if (u - o < 0 || u - o >= kWin) continue;
-                    const float w = P.win[u - o];
-                    a[o][0] += w * pv[0];
-                    a[o][1] += w * pv[1];
-                    a[o][2] += w * pv[2];
-                }
-            }
+            strip_window_sums(s_p + 3 * (ci * kCenW + u0), 3, P.win, a);
 #pragma unroll
             for (int o = 0; o < SP; ++o) {
                 float *hh = s_h + 3 * (ci * RW + u0 + o);
@@ -216,21 +214,7 @@ __device__ __forceinline__ void loss_grad_region(const Prm &P, int cam, int X, i
         {
             const int2 p0 = R::pixel(0);
             float a[R::kPixels][3];
-#pragma unroll
-            for (int k = 0; k < R::kPixels; ++k) a[k][0] = a[k][1] = a[k][2] = 0.f;
-#pragma unroll
-            for (int u = 0; u < R::kPixels + kWin - 1; ++u) {
-                const float *hh = s_h + 3 * ((p0.y + u) * RW + p0.x);
-                const float hv[3] = {hh[0], hh[1], hh[2]};
-#pragma unroll
-                for (int k = 0; k < R::kPixels; ++k) {
-                    if (u - k < 0 || u - k >= kWin) continue;
-                    const float w = P.win[u - k];
-                    a[k][0] += w * hv[0];
-                    a[k][1] += w * hv[1];
-                    a[k][2] += w * hv[2];
-                }
-            }
+            strip_window_sums(s_h + 3 * (p0.y * RW + p0.x), 3 * RW, P.win, a);
 #pragma unroll
             for (int k = 0; k < R::kPixels; ++k) {
                 const int lx = p0.x, ly = p0.y + k;
