@@ -37,14 +37,15 @@ std::vector<at::Tensor> loss_grad(const at::Tensor &render, const at::Tensor &gt
                                   const at::Tensor &window, bool clamp_inclusive);
 std::vector<at::Tensor> bin_tiles(const at::Tensor &means2d, const at::Tensor &radii,
                                   const at::Tensor &depths, int64_t width, int64_t height,
-                                  int64_t tile_size, int64_t known_total, const c10::optional<at::Tensor> &conics,
-                                  const c10::optional<at::Tensor> &opacities);
+                                  int64_t tile_size, int64_t known_total);
 at::Tensor tile_intersections(const at::Tensor &means2d, const at::Tensor &radii, int64_t width,
-                              int64_t height, int64_t tile_size, const c10::optional<at::Tensor> &conics,
-                              const c10::optional<at::Tensor> &opacities);
+                              int64_t height, int64_t tile_size);
 at::Tensor warp_masks(const at::Tensor &means2d, const at::Tensor &conics, const at::Tensor &opacities,
                       const at::Tensor &offsets, const at::Tensor &flatten_ids, int64_t C, int64_t W, int64_t H,
                       bool rows);
+std::vector<at::Tensor> trim_tile_lists(const at::Tensor &means2d, const at::Tensor &conics,
+                                        const at::Tensor &opacities, const at::Tensor &offsets,
+                                        const at::Tensor &flatten_ids, int64_t C, int64_t W, int64_t H);
 at::Tensor opacity_aware_radii(const at::Tensor &radii, const at::Tensor &conics,
                                const at::Tensor &opacities);
 at::Tensor sh_views_fwd(const at::Tensor &means, const at::Tensor &dc, const at::Tensor &rest,
@@ -72,20 +73,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "splatfacto loss gradient dL/d render + per-tile loss partials (split schedule)");
     m.def("bin_tiles", &bytesplat::bin_tiles,
           "per-tile Gaussian lists sorted by depth (offsets, flatten_ids); known_total >= 0: the "
-          "number of tile intersections, when the caller knows it (no device read); conics and opacities: "
-          "only the tiles of each box where the Gaussian's rows warp mask is not empty (the trimmed lists)",
+          "number of tile intersections, when the caller knows it (no device read)",
           py::arg("means2d"), py::arg("radii"), py::arg("depths"), py::arg("width"),
-          py::arg("height"), py::arg("tile_size"), py::arg("known_total") = -1, py::arg("conics") = py::none(),
-          py::arg("opacities") = py::none());
+          py::arg("height"), py::arg("tile_size"), py::arg("known_total") = -1);
     m.def("tile_intersections", &bytesplat::tile_intersections,
-          "tiles reached per camera [C] int64 (what bin_tiles' total is, per camera; conics and opacities: "
-          "of the trimmed lists)",
-          py::arg("means2d"), py::arg("radii"), py::arg("width"), py::arg("height"), py::arg("tile_size"),
-          py::arg("conics") = py::none(), py::arg("opacities") = py::none());
+          "tiles reached per camera [C] int64 (what bin_tiles' total is, per camera)");
     m.def("warp_masks", &bytesplat::warp_masks,
           "the plain render kernels' per-warp culling masks [entries] uint8, one per tile-list entry: bit w set "
           "when warp w's 8x4 pixel block of the entry's tile can composite its Gaussian (the box of its alpha >= "
           "1/255 ellipse; with rows, then each row of blocks against the ellipse's extent)");
+    m.def("trim_tile_lists", &bytesplat::trim_tile_lists,
+          "the tile lists without the entries whose rows warp mask is empty (no 8x4 block of the tile can "
+          "composite the Gaussian): (offsets, flatten_ids, masks), as long as the input lists, the lists in the "
+          "first offsets[-1] entries, in the same order");
     m.def("opacity_aware_radii", &bytesplat::opacity_aware_radii,
           "per-axis tile radii [C,N,2] int32 of the opacity-aware reach from the projection's radii [C,N], "
           "conics [C,N,3] and opacities [C,N] (bytesplat_ns/raster/tile_reach.py, the same result)");

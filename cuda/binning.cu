@@ -7,13 +7,6 @@
 // Entries with a radius <= 0 on either axis are culled (their means may be uninitialised). Each
 // tile's list is sorted by the depth's float32 bits, ties in flattened (camera * N + gaussian) order.
 //
-// With conics and opacities (FusedOptions.trim_tile_lists, the default) a Gaussian keeps only the tiles
-// of its box where its rows warp mask is not empty: some 8x4 pixel block of the tile has a pixel centre in
-// its alpha >= 1/255 ellipse (warp_mask<8> with the rows test, common.cuh; what cuda/warp_masks.cu computes
-// for the backward). The other tiles of the box would be staged, tested and skipped by every render pass.
-// The lists are those of the box binning with such entries removed, in the same order; the twin is
-// bin_tiles_torch followed by trim_tile_lists_torch. Needs 16-pixel tiles (the masks' block layout).
-//
 // 1. count intersections per flattened Gaussian; 2. inclusive cumsum (int64) gives each its slot
 // range; 3. write (tile << 32 | depth bits, gid) pairs in gid order; 4. stable radix sort of the
 // pairs over the bits actually used; 5. tile offsets from the sorted keys.
@@ -29,8 +22,6 @@
 
 #include <climits>
 #include <vector>
-
-#include "common.cuh"
 
 namespace bytesplat {
 
@@ -72,82 +63,9 @@ __device__ __forceinline__ int2 radii_of(const int32_t *__restrict__ radii, int6
     return make_int2(radii[i * axes], radii[i * axes + axes - 1]);
 }
 
-// The tiles x of [xa, xb) where block_span(lo, hi, 16x, 8, 2) (common.cuh: one of the tile's two 8-pixel
-// blocks of a row meets [lo, hi]) holds: a run [first, last], empty when first > last. The run is contiguous (a
-// block meets the interval when their extents overlap), so it is found from a candidate one tile wider than the
-// overlap arithmetic says on each side, trimmed at both ends with block_span itself: the same decisions as
-// testing every tile, in a few tests instead of one per tile.
-__device__ __forceinline__ int2 tile_run(float lo, float hi, int64_t xa, int64_t xb) {
-    auto meets = [&](int64_t x) {
-        int k0, k1;
-        return block_span(lo, hi, int(x) * kTile, 8, 2, k0, k1);
-    };
-    const float inv = 1.f / kTile;
-    int64_t first = (int64_t)fmaxf(floorf((lo - (kTile - 0.5f)) * inv) - 1.f, (float)xa);
-    int64_t last = (int64_t)fminf(floorf((hi - 0.5f) * inv) + 1.f, (float)(xb - 1));
-    first = max(first, xa);
-    last = min(last, xb - 1);
-    while (first <= last && !meets(first)) ++first;
-    while (last >= first && !meets(last)) --last;
-    return make_int2(int(first), int(last));
-}
-
-// Which tiles of its box a Gaussian is binned into: all of them, or with conics (the trimmed lists, top
-// of the file) those where its rows warp mask is not empty, i.e. warp_mask<8>(..., rows = true) != 0 for the
-// tile, decided with warp_mask's own parts (common.cuh): the ellipse once per Gaussian, then per tile row the
-// box's x-test and the x-extent over each band of 4 pixel rows as runs of tiles (tile_run). A tile is kept when
-// it is in the box's run and in some band's run. Long thin Gaussians have boxes of thousands of tiles: per tile
-// only the runs are compared.
-struct Reach {
-    const float *__restrict__ conics;     // [C*N,3], nullptr: the whole box
-    const float *__restrict__ opacities;  // [C*N]
-
-    // f(x, y) for each tile of box b that Gaussian i (mean m) is binned into, row by row.
-    template <class F>
-    __device__ __forceinline__ void for_each_tile(int64_t i, float2 m, const Box &box, F &&f) const {
-        if (conics != nullptr) {
-            const float a = conics[3 * i], b = conics[3 * i + 1], c = conics[3 * i + 2];
-            const MaskEllipse e = mask_ellipse(m.x, m.y, opacities[i], a, b, c);
-            if (e.kind == 0) return;
-            if (e.kind == 2) {
-                const RowExtent ext(a, b, c, e.det, e.t);
-                const int2 in_box = tile_run(m.x - e.rx, m.x + e.rx, box.x0, box.x1);
-                if (in_box.x > in_box.y) return;
-                for (int64_t y = box.y0; y < box.y1; ++y) {
-                    const int y0 = int(y) * kTile;
-                    int r0, r1;
-                    if (!block_span(m.y - e.ry, m.y + e.ry, y0, 4, 4, r0, r1)) continue;
-                    int2 run[4];
-                    int lo = INT_MAX, hi = INT_MIN;
-#pragma unroll
-                    for (int r = 0; r < 4; ++r) {
-                        float xl, xr;
-                        run[r] = make_int2(0, -1);
-                        if (r >= r0 && r <= r1 && ext.over_band<4>(m.x, m.y, b, e.det, e.ry, y0 + 4 * r, xl, xr))
-                            run[r] = tile_run(xl, xr, in_box.x, in_box.y + 1);
-                        if (run[r].x <= run[r].y) {
-                            lo = min(lo, run[r].x);
-                            hi = max(hi, run[r].y);
-                        }
-                    }
-                    for (int x = lo; x <= hi; ++x) {
-                        bool reached = false;
-#pragma unroll
-                        for (int r = 0; r < 4; ++r) reached |= run[r].x <= x && x <= run[r].y;
-                        if (reached) f((int64_t)x, y);
-                    }
-                }
-                return;
-            }
-        }  // kind 1 (nearly degenerate, non-finite): every warp, so every tile of the box
-        for (int64_t y = box.y0; y < box.y1; ++y)
-            for (int64_t x = box.x0; x < box.x1; ++x) f(x, y);
-    }
-};
-
 __global__ void count_kernel(int64_t CN, const float2 *__restrict__ means2d,
                              const int32_t *__restrict__ radii, int axes, float inv_ts, int64_t tw,
-                             int64_t th, Reach reach, int64_t *__restrict__ counts) {
+                             int64_t th, int64_t *__restrict__ counts) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= CN) return;
     const int2 rad = radii_of(radii, i, axes);
@@ -156,14 +74,7 @@ __global__ void count_kernel(int64_t CN, const float2 *__restrict__ means2d,
         return;
     }
     const float2 m = means2d[i];
-    const Box box = tile_box(m.x, m.y, rad.x, rad.y, inv_ts, tw, th);
-    if (reach.conics == nullptr) {
-        counts[i] = box.count();
-        return;
-    }
-    int64_t n = 0;
-    reach.for_each_tile(i, m, box, [&](int64_t, int64_t) { ++n; });
-    counts[i] = n;
+    counts[i] = tile_box(m.x, m.y, rad.x, rad.y, inv_ts, tw, th).count();
 }
 
 // One thread per flattened Gaussian; its slots [cum[i] - count, cum[i]) follow gid order, which
@@ -171,25 +82,28 @@ __global__ void count_kernel(int64_t CN, const float2 *__restrict__ means2d,
 __global__ void emit_kernel(int64_t CN, int64_t N, const float2 *__restrict__ means2d,
                             const int32_t *__restrict__ radii, int axes,
                             const float *__restrict__ depths,
-                            float inv_ts, int64_t tw, int64_t th, Reach reach,
-                            const int64_t *__restrict__ counts, const int64_t *__restrict__ cum, int64_t M,
+                            float inv_ts, int64_t tw, int64_t th,
+                            const int64_t *__restrict__ cum, int64_t M,
                             uint64_t *__restrict__ keys, int32_t *__restrict__ vals) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= CN) return;
-    const int64_t n = counts[i];
-    if (n == 0) return;  // culled (its means2d may be garbage), off the image, or reaching no block
     const int2 rad = radii_of(radii, i, axes);
+    if (rad.x <= 0 || rad.y <= 0) return;
     const float2 m = means2d[i];
     const Box b = tile_box(m.x, m.y, rad.x, rad.y, inv_ts, tw, th);
+    const int64_t n = b.count();
+    if (n == 0) return;
     int64_t slot = cum[i] - n;
     const uint64_t depth_bits = (uint64_t)__float_as_uint(depths[i]);
     const int64_t cam_base = (i / N) * tw * th;
-    reach.for_each_tile(i, m, b, [&](int64_t x, int64_t y) {
-        if (slot >= M) return;  // a known total too small: see the top of the file
-        keys[slot] = ((uint64_t)(cam_base + y * tw + x) << 32) | depth_bits;
-        vals[slot] = (int32_t)i;
-        ++slot;
-    });
+    for (int64_t y = b.y0; y < b.y1; ++y) {
+        for (int64_t x = b.x0; x < b.x1 && slot < M; ++x) {
+            const uint64_t tile = (uint64_t)(cam_base + y * tw + x);
+            keys[slot] = (tile << 32) | depth_bits;
+            vals[slot] = (int32_t)i;
+            ++slot;
+        }
+    }
 }
 
 // offsets[t] = first slot of tile t = number of entries with tile < t. Entry i writes it for the
@@ -232,33 +146,16 @@ inline float inv_tile(int64_t tile_size) { return (float)(1.0 / (double)tile_siz
 // 1: [C,N] radii (the same along x and y); 2: [C,N,2] (x, y).
 inline int radius_axes(const at::Tensor &radii) { return radii.dim() == 3 ? 2 : 1; }
 
-// The trimmed reach's inputs when given (both or neither): conics [C,N,3] and opacities [C,N] like
-// the means, and 16-pixel tiles.
-Reach reach_of(const at::Tensor &means2d, const c10::optional<at::Tensor> &conics,
-               const c10::optional<at::Tensor> &opacities, int64_t tile_size) {
-    TORCH_CHECK(conics.has_value() == opacities.has_value(),
-                "bytesplat: the trimmed binning takes conics and opacities together");
-    if (!conics.has_value()) return Reach{nullptr, nullptr};
-    const int64_t C = means2d.size(0), N = means2d.size(1);
-    TORCH_CHECK(conics->is_cuda() && opacities->is_cuda() && conics->scalar_type() == at::kFloat &&
-                    opacities->scalar_type() == at::kFloat && conics->is_contiguous() && opacities->is_contiguous(),
-                "bytesplat: conics and opacities must be contiguous float32 CUDA tensors");
-    TORCH_CHECK(conics->numel() == C * N * 3 && opacities->numel() == C * N,
-                "bytesplat: conics must be [C,N,3] and opacities [C,N] like means2d");
-    TORCH_CHECK(tile_size == kTile, "bytesplat: the trimmed binning needs ", kTile, "-pixel tiles, got ", tile_size);
-    return Reach{conics->data_ptr<float>(), opacities->data_ptr<float>()};
-}
-
 // counts [C*N] int64: the tiles each flattened Gaussian reaches.
 at::Tensor tile_counts(const at::Tensor &means2d, const at::Tensor &radii, int64_t width,
-                       int64_t height, int64_t tile_size, const Reach &reach, cudaStream_t stream) {
+                       int64_t height, int64_t tile_size, cudaStream_t stream) {
     const int64_t CN = radii.size(0) * radii.size(1);
     const int64_t tw = (width + tile_size - 1) / tile_size, th = (height + tile_size - 1) / tile_size;
     at::Tensor counts = at::empty({CN}, radii.options().dtype(at::kLong));
     if (CN == 0) return counts;
     count_kernel<<<blocks_for(CN), kBinThreads, 0, stream>>>(
         CN, reinterpret_cast<const float2 *>(means2d.data_ptr<float>()), radii.data_ptr<int32_t>(),
-        radius_axes(radii), inv_tile(tile_size), tw, th, reach, counts.data_ptr<int64_t>());
+        radius_axes(radii), inv_tile(tile_size), tw, th, counts.data_ptr<int64_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return counts;
 }
@@ -266,28 +163,24 @@ at::Tensor tile_counts(const at::Tensor &means2d, const at::Tensor &radii, int64
 }  // namespace
 
 at::Tensor tile_intersections(const at::Tensor &means2d, const at::Tensor &radii, int64_t width,
-                              int64_t height, int64_t tile_size, const c10::optional<at::Tensor> &conics,
-                              const c10::optional<at::Tensor> &opacities) {
+                              int64_t height, int64_t tile_size) {
     check_inputs(means2d, radii, width, height, tile_size);
-    const Reach reach = reach_of(means2d, conics, opacities, tile_size);
     const at::cuda::CUDAGuard guard(means2d.device());
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-    return tile_counts(means2d, radii, width, height, tile_size, reach, stream)
+    return tile_counts(means2d, radii, width, height, tile_size, stream)
         .view({radii.size(0), radii.size(1)})
         .sum(1);
 }
 
 std::vector<at::Tensor> bin_tiles(const at::Tensor &means2d, const at::Tensor &radii,
                                   const at::Tensor &depths, int64_t width, int64_t height,
-                                  int64_t tile_size, int64_t known_total, const c10::optional<at::Tensor> &conics,
-                                  const c10::optional<at::Tensor> &opacities) {
+                                  int64_t tile_size, int64_t known_total) {
     check_inputs(means2d, radii, width, height, tile_size);
     TORCH_CHECK(depths.is_cuda() && depths.dim() == 2 && depths.size(0) == radii.size(0) &&
                     depths.size(1) == radii.size(1),
                 "bytesplat: depths must be [C,N] like radii, on the GPU");
     TORCH_CHECK(depths.scalar_type() == at::kFloat && depths.is_contiguous(),
                 "bytesplat: depths must be contiguous float32");
-    const Reach reach = reach_of(means2d, conics, opacities, tile_size);
     const at::cuda::CUDAGuard guard(means2d.device());
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
 
@@ -302,8 +195,7 @@ std::vector<at::Tensor> bin_tiles(const at::Tensor &means2d, const at::Tensor &r
     if (CN == 0) return {offsets, at::empty({0}, i32)};
 
     const auto *m2 = reinterpret_cast<const float2 *>(means2d.data_ptr<float>());
-    const at::Tensor counts = tile_counts(means2d, radii, width, height, tile_size, reach, stream);
-    at::Tensor cum = at::cumsum(counts, 0);
+    at::Tensor cum = at::cumsum(tile_counts(means2d, radii, width, height, tile_size, stream), 0);
     const bool known = known_total >= 0;
     // one sync, as the torch twin, unless the caller knows the total
     const int64_t M = known ? known_total : cum[CN - 1].item<int64_t>();
@@ -319,8 +211,8 @@ std::vector<at::Tensor> bin_tiles(const at::Tensor &means2d, const at::Tensor &r
     auto *keys_p = reinterpret_cast<uint64_t *>(keys.data_ptr<int64_t>());
     emit_kernel<<<blocks_for(CN), kBinThreads, 0, stream>>>(
         CN, N, m2, radii.data_ptr<int32_t>(), radius_axes(radii), depths.data_ptr<float>(),
-        inv_tile(tile_size), tw, th, reach,
-        counts.data_ptr<int64_t>(), cum.data_ptr<int64_t>(), M, keys_p, vals.data_ptr<int32_t>());
+        inv_tile(tile_size), tw, th,
+        cum.data_ptr<int64_t>(), M, keys_p, vals.data_ptr<int32_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
 
     // Keys are non-negative, so sorting them as uint64 over [0, 32 + tile bits) orders them as

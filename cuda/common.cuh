@@ -189,63 +189,23 @@ __device__ __forceinline__ bool block_span(float lo, float hi, int origin, int s
 // Bits c0..c1 of a block row.
 __device__ __forceinline__ uint32_t span_bits(int c0, int c1) { return ((2u << c1) - 1u) & ~((1u << c0) - 1u); }
 
-// warp_mask's ellipse, what its tests need once per Gaussian: kind 0 when no warp can composite it (o below
-// 1/255), 1 when every warp keeps it (nearly degenerate or non-finite), 2 when the box (half-extents rx,
-// ry around the mean) and the rows test decide.
-struct MaskEllipse {
-    int kind;
-    float det, t, rx, ry;
-};
-
-__device__ __forceinline__ MaskEllipse mask_ellipse(float mx, float my, float o, float a, float b, float c) {
-    MaskEllipse e;
-    e.kind = 0;
-    if (o < kAlphaMin) return e;  // sigma >= 0 for a positive definite conic: alpha <= o
-    e.kind = 1;
-    e.det = a * c - b * b;
-    if (!(a > 0.f && c > 0.f && e.det > 1e-3f * a * c && o <= 1e30f && fabsf(mx) <= 1e30f && fabsf(my) <= 1e30f))
-        return e;
-    e.t = 1.01f * logf(o / kAlphaMin) + 0.02f;
-    e.rx = sqrtf(2.f * e.t * c / e.det) + 0.01f;
-    e.ry = sqrtf(2.f * e.t * a / e.det) + 0.01f;
-    if (e.rx < 1e30f && e.ry < 1e30f) e.kind = 2;
-    return e;
-}
-
-// The rows test's per-Gaussian terms: 2at, 1/a and v* (the v of the ellipse's rightmost point).
-struct RowExtent {
-    float two_at, inv_a, v_right;
-
-    __device__ __forceinline__ RowExtent(float a, float b, float c, float det, float t)
-        : two_at(2.f * a * t), inv_a(1.f / a), v_right(-b * sqrtf(2.f * t / (c * det))) {}
-
-    // The ellipse's widened x-extent [xl, xr] over the band of pixel centres of the WH pixel rows from row y;
-    // false when the band and the ellipse's y-extent (ry) do not meet.
-    template <int WH>
-    __device__ __forceinline__ bool over_band(float mx, float my, float b, float det, float ry, int y, float &xl,
-                                              float &xr) const {
-        const float band = float(y) - my;  // the band's first pixel edge, relative to the mean
-        const float v0 = fmaxf(band + 0.49f, -ry), v1 = fminf(band + (WH - 0.49f), ry);
-        const float vr = fminf(fmaxf(v_right, v0), v1), vl = fminf(fmaxf(-v_right, v0), v1);
-        xr = mx + (sqrtf(fmaxf(two_at - det * vr * vr, 0.f)) - b * vr) * inv_a + 0.01f;
-        xl = mx - (sqrtf(fmaxf(two_at - det * vl * vl, 0.f)) + b * vl) * inv_a - 0.01f;
-        return v0 <= v1;
-    }
-};
-
 // warp_mask's rows test over block rows r0..r1 (t: the widened threshold, ry: the widened y half-extent).
 // Only cuda/warp_masks.cu runs it: in a render kernel its registers lengthen the compositing loops.
 template <int WW>
 __device__ __forceinline__ uint32_t row_spans(float mx, float my, float a, float b, float c, float det, float t, float ry,
                                            int x0, int y0, int r0, int r1) {
     constexpr int kCols = kTile / WW, WH = 32 / WW;
-    const RowExtent ext(a, b, c, det, t);
+    const float two_at = 2.f * a * t, inv_a = 1.f / a;
+    const float v_right = -b * sqrtf(2.f * t / (c * det));  // v of the ellipse's rightmost point
     uint32_t mask = 0u;
     for (int r = r0; r <= r1; ++r) {
-        float xl, xr;
+        const float band = float(y0 + r * WH) - my;  // the row's first pixel edge, relative to the mean
+        const float v0 = fmaxf(band + 0.49f, -ry), v1 = fminf(band + (WH - 0.49f), ry);
+        const float vr = fminf(fmaxf(v_right, v0), v1), vl = fminf(fmaxf(-v_right, v0), v1);
+        const float xr = mx + (sqrtf(fmaxf(two_at - det * vr * vr, 0.f)) - b * vr) * inv_a + 0.01f;
+        const float xl = mx - (sqrtf(fmaxf(two_at - det * vl * vl, 0.f)) + b * vl) * inv_a - 0.01f;
         int k0, k1;
-        if (ext.over_band<WH>(mx, my, b, det, ry, y0 + r * WH, xl, xr) && block_span(xl, xr, x0, WW, kCols, k0, k1))
-            mask |= span_bits(k0, k1) << (r * kCols);
+        if (v0 <= v1 && block_span(xl, xr, x0, WW, kCols, k0, k1)) mask |= span_bits(k0, k1) << (r * kCols);
     }
     return mask;
 }
@@ -254,13 +214,18 @@ template <int WW>
 __device__ __forceinline__ uint32_t warp_mask(float mx, float my, float o, float a, float b, float c,
                                               int x0, int y0, bool rows) {
     constexpr int kCols = kTile / WW, kRows = kWarps / kCols, WH = 32 / WW;
-    const MaskEllipse e = mask_ellipse(mx, my, o, a, b, c);
-    if (e.kind != 2) return e.kind == 0 ? 0u : kAllWarps;
+    if (o < kAlphaMin) return 0u;  // sigma >= 0 for a positive definite conic: alpha <= o
+    const float det = a * c - b * b;
+    if (!(a > 0.f && c > 0.f && det > 1e-3f * a * c && o <= 1e30f && fabsf(mx) <= 1e30f &&
+          fabsf(my) <= 1e30f))
+        return kAllWarps;
+    const float t = 1.01f * logf(o / kAlphaMin) + 0.02f;
+    const float rx = sqrtf(2.f * t * c / det) + 0.01f, ry = sqrtf(2.f * t * a / det) + 0.01f;
+    if (!(rx < 1e30f && ry < 1e30f)) return kAllWarps;
     int c0, c1, r0, r1;
-    if (!block_span(mx - e.rx, mx + e.rx, x0, WW, kCols, c0, c1) ||
-        !block_span(my - e.ry, my + e.ry, y0, WH, kRows, r0, r1))
+    if (!block_span(mx - rx, mx + rx, x0, WW, kCols, c0, c1) || !block_span(my - ry, my + ry, y0, WH, kRows, r0, r1))
         return 0u;
-    if (rows) return row_spans<WW>(mx, my, a, b, c, e.det, e.t, e.ry, x0, y0, r0, r1);
+    if (rows) return row_spans<WW>(mx, my, a, b, c, det, t, ry, x0, y0, r0, r1);
     uint32_t mask = 0u;
     for (int r = r0; r <= r1; ++r) mask |= span_bits(c0, c1) << (r * kCols);
     return mask;

@@ -24,9 +24,8 @@ Measured per Gaussian count (median ms over ``repeats`` after ``warmup``, CUDA e
   raster/warp_masks.py), with its loss value and the 8x4 warp blocks per opacity-aware tile-list entry each
   test keeps (``warp_blocks_per_entry_box`` / ``_rows``); the split schedule and the forward on the
   opacity-aware lists trimmed of the entries no 8x4 block of their tile can composite (``..._trimmed``:
-  ``FusedOptions(trim_tile_lists=True)``, the binning's rows test, cuda/binning.cu; also with the rows cull),
-  with ``intersections_trimmed``, its loss value and the trimmed binning's time (``binning_cuda_trimmed``,
-  next to ``binning_cuda_opacity_tiles_reach_kernel``, the same binning untrimmed).
+  ``FusedOptions(trim_tile_lists=True)``, cuda/warp_masks.cu ``trim_tile_lists``; also with the rows cull),
+  with ``intersections_trimmed``, its loss value and the trimming's own time (``trim_tile_lists_cuda``).
 - ``full``: from the 3D Gaussians (projection, SH, binning, raster, loss, backward to the 3D
   parameters): gsplat ``rasterization`` + the same loss vs ``fused_render_loss``.
 - ``full_fused_raster_torch_loss``: ``rasterize_fused`` (our plain fwd/bwd kernels) + the torch
@@ -70,6 +69,7 @@ from bytesplat_ns.raster.fused import (
     rasterize_fused,
     splatfacto_loss_torch,
     tile_radii,
+    trim_tile_lists,
 )
 from bytesplat_ns.raster.options import CULL_ROWS
 from bytesplat_ns.raster.tile_reach import opacity_aware_radii
@@ -118,11 +118,9 @@ class StageInputs:
 
     def trimmed_bins(self):
         """:meth:`opacity_aware_bins` without the entries no 8x4 block of their tile can composite
-        (``FusedOptions.trim_tile_lists``, cuda/binning.cu: shorter lists, the same render)."""
+        (``FusedOptions.trim_tile_lists``, cuda/warp_masks.cu: shorter lists, the same render)."""
         if self._trimmed_bins is None:
-            reach = opacity_aware_radii(self.radii, self.con, self.op)
-            self._trimmed_bins = bin_tiles(self.m2, reach, self.depths, self.W, self.H, conics=self.con,
-                                           opacities=self.op)
+            self._trimmed_bins = trim_tile_lists(self.m2, self.con, self.op, *self.opacity_aware_bins(), self.W, self.H)
         return self._trimmed_bins
 
     def warp_blocks_per_entry(self, rows: bool) -> float:
@@ -250,8 +248,8 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
         _safe(out, f"raster_loss_fused_split{tiles}_rows_cull", lambda tight=tight: time_ms(
             lambda: inp.fused_raster_loss(schedule="split", opacity_aware_tiles=tight, warp_cull=CULL_ROWS),
             warmup, repeats))
-    # A/B of trimming the opacity-aware lists (the binning's rows test, cuda/binning.cu): shorter lists, the same
-    # loss; the trimmed binning is timed with the other binnings
+    # A/B of trimming the opacity-aware lists (cuda/warp_masks.cu trim_tile_lists): shorter lists, the same loss;
+    # the trimming itself (two launches and a cumsum, once per step in training) timed apart
     _safe(out, "intersections_trimmed", lambda: int(inp.trimmed_bins()[0][-1]))
     _safe(out, "fused_split_trimmed_loss_value", lambda: inp.fused_raster_loss(schedule="split", trimmed=True).item())
     _safe(out, "raster_loss_fused_split_trimmed", lambda: time_ms(
@@ -261,6 +259,8 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
     # every opt-in lever of the render at once: trimmed lists, the falloff as 2^q, two pixels per backward thread
     _safe(out, "raster_loss_fused_split_trimmed_levers", lambda: time_ms(
         lambda: inp.fused_raster_loss(schedule="split", trimmed=True, fast_exp=True, bwd_pixels=2), warmup, repeats))
+    _safe(out, "trim_tile_lists_cuda", lambda: time_ms(
+        lambda: trim_tile_lists(m2, con, op, *inp.opacity_aware_bins(), W, H), warmup, repeats))
     for sched in ("two_launch", "split"):  # the pruning score gathered in the backward: what it costs
         _safe(out, f"raster_loss_fused_{sched}_contribution", lambda sched=sched: time_ms(
             lambda: inp.fused_raster_loss(schedule=sched, contribution=True), warmup, repeats))
@@ -332,9 +332,6 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
     reach_kernel = FusedOptions(tile_reach="cuda")  # the reach from cuda/tile_reach.cu: the same lists
     _safe(out, "binning_cuda_opacity_tiles_reach_kernel", lambda: time_ms(
         lambda: bin_tiles(m2, tile_radii(radii, con, op, reach_kernel), depths, W, H), warmup, repeats))
-    _safe(out, "binning_cuda_trimmed", lambda: time_ms(  # as training bins by default
-        lambda: bin_tiles(m2, tile_radii(radii, con, op, reach_kernel), depths, W, H, conics=con, opacities=op),
-        warmup, repeats))
     _safe(out, "binning_torch", lambda: time_ms(lambda: bin_tiles_torch(m2, radii, depths, W, H), warmup, repeats))
     if gsplat_ok:
         _safe(out, "binning_gsplat", lambda: time_ms(inp.gsplat_binning, warmup, repeats))

@@ -159,16 +159,15 @@ def rows_cull_table(steps: List[Dict]) -> List[str]:
 
 def trimmed_table(steps: List[Dict]) -> List[str]:
     """The opacity-aware tile lists as binned and trimmed of the entries no 8x4 block of their tile can
-    composite (``FusedOptions.trim_tile_lists``): entries, the trimming's cost (:func:`_trimming_ms`), the split
-    schedule (also with the rows cull, and with every opt-in render lever) and the forward on each, and the two loss
-    values' relative difference (summation order)."""
+    composite (``FusedOptions.trim_tile_lists``): entries, the trimming's time, the split schedule (also with
+    the rows cull, and with every opt-in render lever) and the forward on each, and the two loss values' relative difference (summation order)."""
     rows = []
     for step in steps:
         for run in step["result"]["runs"]:
             if "intersections_trimmed" not in run:
                 continue
             cells = [_count(run["num_gaussians"]), str(run.get("intersections_opacity_aware")),
-                     str(run["intersections_trimmed"]), _f(_trimming_ms(run))]
+                     str(run["intersections_trimmed"]), _f(_ms(run.get("trim_tile_lists_cuda")))]
             for default, variant in (("raster_loss_fused_split_opacity_tiles", "raster_loss_fused_split_trimmed"),
                                      ("raster_loss_fused_split_opacity_tiles", "raster_loss_fused_split_trimmed_rows_cull"),
                                      ("raster_loss_fused_split_opacity_tiles", "raster_loss_fused_split_trimmed_levers"),
@@ -179,7 +178,7 @@ def trimmed_table(steps: List[Dict]) -> List[str]:
             cells.append(_f(abs(b - a) / abs(a) if isinstance(a, float) and isinstance(b, float) and a else None,
                             "{:.1e}"))
             rows.append(cells)
-    return _table(["Gaussians", "opacity-aware entries", "trimmed", "trimming's cost ms", "raster+loss ms", "trimmed",
+    return _table(["Gaussians", "opacity-aware entries", "trimmed", "trimming ms", "raster+loss ms", "trimmed",
                    "faster by", "raster+loss ms", "trimmed + rows cull", "faster by", "raster+loss ms",
                    "trimmed + 2^q falloff + 2 px per backward thread", "faster by", "forward ms", "trimmed",
                    "faster by", "loss diff (rel.)"], rows) if rows else []
@@ -226,29 +225,15 @@ def baseline_table(steps: List[Dict]) -> List[str]:
         return []
     return _table(["Gaussians", "gsplat", "SSIM", "raster+loss ms", "fused speed-up", "from 3D ms", "fused speed-up",
                    *(["on opacity-aware lists ms", "fused speed-up"] if tight_lists else []),
-                   *(["fused on its default lists (trimmed), ms", "speed-up vs those"] if trimmed else []),
+                   *(["fused on its default lists, trimming included, ms", "speed-up vs those"] if trimmed else []),
                    "loss vs fused (rel.)", "note"], rows)
 
 
-def _trimming_ms(run: Dict) -> Optional[float]:
-    """What trimming the lists costs: the pass over the binned lists (``trim_tile_lists_cuda``, results before
-    2026-12-06), or since the binning trims, the trimmed binning's time less the untrimmed one's (negative when
-    the shorter sort saves more than the test costs)."""
-    if "trim_tile_lists_cuda" in run:
-        return _ms(run["trim_tile_lists_cuda"])
-    trimmed, untrimmed = _ms(run.get("binning_cuda_trimmed")), _ms(run.get("binning_cuda_opacity_tiles_reach_kernel"))
-    return None if trimmed is None or untrimmed is None else trimmed - untrimmed
-
-
 def _trimmed_default_ms(run: Dict) -> Optional[float]:
-    """The fused split schedule as training runs it by default: on the trimmed opacity-aware lists. Results from
-    before 2026-12-06 trimmed in a pass of its own after the binning, whose time is added; since then the binning
-    trims, and the binning is left out of every raster + loss time alike."""
-    render = _ms(run.get("raster_loss_fused_split_trimmed"))
-    if render is None or "trim_tile_lists_cuda" not in run:
-        return render if "binning_cuda_trimmed" in run else None
-    trim = _ms(run["trim_tile_lists_cuda"])
-    return None if trim is None else render + trim
+    """The fused split schedule as training runs it by default: on the trimmed opacity-aware lists, with the
+    trimming's own time added (the binning, before it, is left out of every raster + loss time alike)."""
+    render, trim = _ms(run.get("raster_loss_fused_split_trimmed")), _ms(run.get("trim_tile_lists_cuda"))
+    return None if render is None or trim is None else render + trim
 
 
 def train_table(steps: List[Dict]) -> List[str]:

@@ -777,10 +777,8 @@ def sharded_render_loss(
         from bytesplat_ns.raster.fused import tile_intersections, tile_radii
 
         # the renderers bin the records they receive with the same reach (tile_radii of the same values)
-        # and the same trimming
-        trim = (proj.conics, proj.opacities) if options.trim_tile_lists else (None, None)
         tiles = tile_intersections(proj.means2d, tile_radii(proj.radii, proj.conics, proj.opacities, options),
-                                   views.width, views.height, tile_size, options.binning, *trim)
+                                   views.width, views.height, tile_size, options.binning)
     layout, view_counts, view_tiles = gather_layout_and_view_counts(visible, communicator.group, meta, tiles)
     stats.meta_bytes += meta.meta_bytes
     runner = _Runner(views, communicator, layout, loss_fn, stats, tile_size, absgrad, compositor, options)

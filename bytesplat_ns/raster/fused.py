@@ -41,7 +41,7 @@ __all__ = [
     "DEFAULT_OPTIONS", "RENDER_BATCH", "SCHEDULES", "SSIM_WIN_SIGMA", "SSIM_WIN_SIZE", "TILE_SIZE",
     "FusedOptions", "bin_tiles", "bin_tiles_torch", "fused_render_loss", "project", "rasterize_fused",
     "render_2d_torch", "resolve_projection", "splatfacto_loss_torch", "ssim_window", "tile_intersections",
-    "tile_lists",
+    "tile_lists", "trim_tile_lists",
 ]
 
 
@@ -161,41 +161,14 @@ def _binning_on_gpu(means2d: Tensor, radii: Tensor, binning: str):
     return None
 
 
-def _trim_inputs(means2d: Tensor, conics: Optional[Tensor], opacities: Optional[Tensor]):
-    """The trimmed binning's conics and opacities, flattened like the means (both or neither)."""
-    if (conics is None) != (opacities is None):
-        raise ValueError("the trimmed binning takes conics and opacities together")
-    if conics is None:
-        return None, None
-    C, N = means2d.shape[:2]
-    return (conics.detach().float().reshape(C, N, 3).contiguous(),
-            opacities.detach().float().reshape(C, N).contiguous())
-
-
-def _trimmed_torch(means2d: Tensor, conics: Tensor, opacities: Tensor, offsets: Tensor, flatten_ids: Tensor,
-                   width: int, height: int) -> Tuple[Tensor, Tensor]:
-    C = means2d.shape[0]
-    offsets, flatten_ids, _ = trim_tile_lists_torch(
-        means2d.detach().reshape(-1, 2).float(), conics.reshape(-1, 3), opacities.reshape(-1), offsets, flatten_ids,
-        C, int(width), int(height))
-    return offsets, flatten_ids
-
-
 @torch.no_grad()
 def bin_tiles(
     means2d: Tensor, radii: Tensor, depths: Tensor, width: int, height: int, tile_size: int = TILE_SIZE,
     known_total: Optional[int] = None, binning: str = "cuda",
-    conics: Optional[Tensor] = None, opacities: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """Tile lists in gsplat's order: a Gaussian reaches the tiles its radius box touches; each
     tile's list is sorted front to back by camera depth (ties in Gaussian order). ``radii`` [C,N]
     (the same along x and y) or [C,N,2] (x, y: ``tile_reach.opacity_aware_radii``).
-
-    With ``conics`` [C,N,3] and ``opacities`` [C,N] (``FusedOptions.trim_tile_lists``) the trimmed lists:
-    of its box, a Gaussian is binned only into the tiles where its alpha >= 1/255 ellipse reaches some 8x4
-    pixel block (its rows warp mask, ``raster.warp_masks``, is not empty), so that no render pass stages,
-    tests and skips it there. The same lists as the box's with those entries removed, in the same order:
-    the same image, the same gradients. 16-pixel tiles only.
 
     Returns ``offsets`` int32 [C*tiles_y*tiles_x + 1] (tile t's list is
     ``flatten_ids[offsets[t]:offsets[t+1]]``) and ``flatten_ids`` int32 (indices into [C*N]).
@@ -205,10 +178,8 @@ def bin_tiles(
     device read (the torch twin asserts it).
 
     ``binning="cuda"``: CUDA tensors use our kernel (``cuda/binning.cu``, identical result, ~4x
-    faster on an H200); ``"torch"`` (``FusedOptions.binning``) forces :func:`bin_tiles_torch` (then, for the
-    trimmed lists, ``raster.warp_masks.trim_tile_lists_torch``).
+    faster on an H200); ``"torch"`` (``FusedOptions.binning``) forces :func:`bin_tiles_torch`.
     """
-    conics, opacities = _trim_inputs(means2d, conics, opacities)
     ops = _binning_on_gpu(means2d, radii, binning)
     if ops is not None:
         return tuple(ops.bin_tiles(
@@ -216,39 +187,20 @@ def bin_tiles(
             radii.to(torch.int32).contiguous(),
             depths.detach().float().contiguous(),
             int(width), int(height), int(tile_size), -1 if known_total is None else int(known_total),
-            conics, opacities,
         ))
-    if conics is None:
-        return bin_tiles_torch(means2d, radii, depths, width, height, tile_size, known_total)
-    offsets, flatten_ids = _trimmed_torch(means2d, conics, opacities,
-                                          *bin_tiles_torch(means2d, radii, depths, width, height, tile_size),
-                                          width, height)
-    if known_total is not None and known_total != flatten_ids.numel():
-        raise AssertionError(f"binning told {known_total} tile intersections, counted {flatten_ids.numel()}")
-    return offsets, flatten_ids
+    return bin_tiles_torch(means2d, radii, depths, width, height, tile_size, known_total)
 
 
 @torch.no_grad()
 def tile_intersections(means2d: Tensor, radii: Tensor, width: int, height: int,
-                       tile_size: int = TILE_SIZE, binning: str = "cuda",
-                       conics: Optional[Tensor] = None, opacities: Optional[Tensor] = None) -> Tensor:
+                       tile_size: int = TILE_SIZE, binning: str = "cuda") -> Tensor:
     """Tiles reached per camera, [C] int64 on the inputs' device: what :func:`bin_tiles` of the
-    same inputs (``conics``/``opacities``: of the trimmed lists) counts, so a sender can tell a renderer
-    its binning's size ahead of the records."""
-    conics, opacities = _trim_inputs(means2d, conics, opacities)
+    same inputs counts, so a sender can tell a renderer its binning's size ahead of the records."""
     ops = _binning_on_gpu(means2d, radii, binning)
     if ops is not None:
         return ops.tile_intersections(means2d.detach().float().contiguous(), radii.to(torch.int32).contiguous(),
-                                      int(width), int(height), int(tile_size), conics, opacities)
-    if conics is None:
-        return tile_intersections_torch(means2d, radii, width, height, tile_size)
-    C = means2d.shape[0]
-    depths = torch.zeros(radii.shape[:2], device=means2d.device)
-    offsets, _ = _trimmed_torch(means2d, conics, opacities,
-                                *bin_tiles_torch(means2d, radii, depths, width, height, tile_size), width, height)
-    per_view = (offsets.numel() - 1) // C
-    ends = offsets[per_view::per_view].long()
-    return ends - torch.cat([ends.new_zeros(1), ends[:-1]])
+                                      int(width), int(height), int(tile_size))
+    return tile_intersections_torch(means2d, radii, width, height, tile_size)
 
 
 def tile_radii(radii: Tensor, conics: Tensor, opacities: Tensor, options: FusedOptions) -> Tensor:
@@ -265,15 +217,35 @@ def tile_radii(radii: Tensor, conics: Tensor, opacities: Tensor, options: FusedO
     return opacity_aware_radii(radii, conics, opacities)
 
 
+@torch.no_grad()
+def trim_tile_lists(means2d: Tensor, conics: Tensor, opacities: Tensor, offsets: Tensor, flatten_ids: Tensor,
+                    width: int, height: int) -> Tuple[Tensor, Tensor]:
+    """The tile lists without the entries whose Gaussian reaches no 8x4 pixel block of their tile
+    (``FusedOptions.trim_tile_lists``; the rows test of ``raster.warp_masks``): ``cuda/warp_masks.cu`` on CUDA
+    tensors (no device read: the arrays keep their length, the lists are their first ``offsets[-1]``
+    entries), else its torch twin. Every list keeps its order, every image its pixels."""
+    C = means2d.shape[0]
+    m = means2d.detach().reshape(-1, 2).float().contiguous()
+    c = conics.detach().reshape(-1, 3).float().contiguous()
+    o = opacities.detach().reshape(-1).float().contiguous()
+    ops = _wrapper._optional_ops() if means2d.is_cuda else None
+    if ops is not None:
+        offsets, flatten_ids, _ = ops.trim_tile_lists(m, c, o, offsets, flatten_ids, C, int(width), int(height))
+    else:
+        offsets, flatten_ids, _ = trim_tile_lists_torch(m, c, o, offsets, flatten_ids, C, int(width), int(height))
+    return offsets, flatten_ids
+
+
 def tile_lists(means2d: Tensor, radii: Tensor, depths: Tensor, conics: Tensor, opacities: Tensor, width: int,
                height: int, tile_size: int, options: FusedOptions,
                known_total: Optional[int] = None) -> Tuple[Tensor, Tensor]:
-    """The tile lists the render kernels walk, as ``options`` asks: :func:`bin_tiles` into :func:`tile_radii`,
-    trimmed (``conics``, ``opacities``) with ``options.trim_tile_lists``. ``known_total``: what
-    :func:`tile_intersections` of the same inputs and trimming counts."""
-    trim = (conics, opacities) if options.trim_tile_lists else (None, None)
-    return bin_tiles(means2d, tile_radii(radii, conics, opacities, options), depths, width, height, tile_size,
-                     known_total=known_total, binning=options.binning, conics=trim[0], opacities=trim[1])
+    """The tile lists the render kernels walk, as ``options`` asks: :func:`bin_tiles` into
+    :func:`tile_radii`, then with ``options.trim_tile_lists`` :func:`trim_tile_lists`."""
+    offsets, flatten_ids = bin_tiles(means2d, tile_radii(radii, conics, opacities, options), depths, width, height,
+                                     tile_size, known_total=known_total, binning=options.binning)
+    if options.trim_tile_lists:
+        offsets, flatten_ids = trim_tile_lists(means2d, conics, opacities, offsets, flatten_ids, width, height)
+    return offsets, flatten_ids
 
 
 def plain_kernel_switches(options: FusedOptions, offsets: Tensor, width: int, height: int, tile_size: int) -> Tuple:

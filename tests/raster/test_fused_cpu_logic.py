@@ -493,9 +493,9 @@ def _sharded_step_both_compositors(monkeypatch, communicator: str, loss_fn=None,
     from bytesplat_ns.distributed.step import splatfacto_loss
     from tests.helpers import distributed_worker as W
 
-    told = []  # the binning's size as the sender told it (the torch binning asserts it is right)
-    binning = F.bin_tiles
-    monkeypatch.setattr(F, "bin_tiles", lambda *a, **k: told.append(k["known_total"]) or binning(*a, **k))
+    told = []  # the binning's size as the sender told it (bin_tiles_torch asserts it is right)
+    binning = F.bin_tiles_torch
+    monkeypatch.setattr(F, "bin_tiles_torch", lambda *a, **k: told.append(a[6]) or binning(*a, **k))
     out = {}
     for compositor in ("reference", "fused"):
         params = {k: torch.nn.Parameter(v.clone()) for k, v in W.make_gaussians(W.N_GAUSSIANS, W.SEED).items()}
@@ -550,8 +550,7 @@ def test_sharded_step_scores_views_in_groups_under_a_binning_budget(torch_ops, m
     options = FusedOptions(schedule="split")
     proj = S.project_shard(W.make_gaussians(W.N_GAUSSIANS, W.SEED), views, W.SH_DEGREE)
     reach = tile_radii(proj.radii, proj.conics, proj.opacities, options)  # what the step bins with
-    per_view = tile_intersections(proj.means2d, reach, views.width, views.height, conics=proj.conics,
-                                  opacities=proj.opacities).tolist()  # trimmed, as by default
+    per_view = tile_intersections(proj.means2d, reach, views.width, views.height).tolist()
     monkeypatch.setattr(S, "joint_binning_budget", lambda device: 2 * max(per_view))  # about two views per call
     _, told = _sharded_step_both_compositors(monkeypatch, "dense", options=options)
     groups = S._view_groups(per_view, len(per_view), torch.device("cuda"))  # the budget is patched

@@ -360,57 +360,47 @@ def test_warp_masks_match_the_twin_and_keep_every_composited_warp(rows):
 
 @pytest.mark.parametrize("schedule", [None, "split", "one_launch"])
 def test_trimmed_tile_lists_change_nothing(schedule):
-    """Leaving out of the tile lists the entries whose Gaussian reaches no 8x4 block of their tile
-    (``FusedOptions.trim_tile_lists``, the binning's rows test, cuda/binning.cu) drops only entries no pixel
-    composites: on the culling-edge scene's opacity-aware lists the lists get shorter and the kernels give the
-    same image bit for bit and the same gradients up to the order of the float atomics."""
-    from bytesplat_ns.raster.fused import bin_tiles
+    """Dropping the tile-list entries whose Gaussian reaches no 8x4 block of their tile
+    (``FusedOptions.trim_tile_lists``, cuda/warp_masks.cu trim_tile_lists) leaves out only entries no
+    pixel composites: on the culling-edge scene's opacity-aware lists the lists get shorter and the kernels
+    give the same image bit for bit and the same gradients up to the order of the float atomics."""
+    from bytesplat_ns.raster.fused import bin_tiles, trim_tile_lists
     from bytesplat_ns.raster.tile_reach import opacity_aware_radii
     from tests.helpers.culling_scenes import culling_edge_scene_2d
 
     sc = culling_edge_scene_2d(C=2, W=77, H=53, n=300, seed=15, device="cuda")
     W, H = sc["width"], sc["height"]
-    reach = opacity_aware_radii(sc["radii"], sc["conics"], sc["opacities"])
-    offsets, fids = bin_tiles(sc["means2d"], reach, sc["depths"], W, H)
-    t_offsets, t_fids = bin_tiles(sc["means2d"], reach, sc["depths"], W, H, conics=sc["conics"],
-                                  opacities=sc["opacities"])
-    assert t_fids.numel() == int(t_offsets[-1]) < 0.95 * fids.numel()
+    offsets, fids = bin_tiles(sc["means2d"], opacity_aware_radii(sc["radii"], sc["conics"], sc["opacities"]),
+                              sc["depths"], W, H)
+    t_offsets, t_fids = trim_tile_lists(sc["means2d"], sc["conics"], sc["opacities"], offsets, fids, W, H)
+    assert t_fids.numel() == fids.numel() and int(t_offsets[-1]) < 0.95 * fids.numel()
     _assert_same_run(_edge_scene_run(sc, t_offsets, t_fids, schedule, True, seed=16),
                      _edge_scene_run(sc, offsets, fids, schedule, True, seed=16))
 
 
-@pytest.mark.parametrize("per_axis", [False, True])
-def test_trimmed_binning_is_the_box_binning_less_the_entries_its_masks_drop(per_axis):
-    """cuda/binning.cu with conics and opacities against the twin: the kernel's own box binning, its rows masks
-    (cuda/warp_masks.cu, held against the twin and the pixels above) and the twin's compaction
-    (``compact_tile_lists``): the same offsets and lists bit for bit, every entry with a composited pixel kept;
-    ``tile_intersections`` counts them per view, and with that known total the binning reads nothing back and
-    gives the same lists; the torch binning (``binning="torch"``) gives them too."""
+def test_trim_tile_lists_keeps_the_entries_its_masks_keep_in_order():
+    """cuda/warp_masks.cu trim_tile_lists against the twin's compaction (``compact_tile_lists``) of the kernel's
+    own rows masks (the masks are held against the twin and the pixels above): the same offsets, the kept
+    entries in their order and their masks, bit for bit; every entry with a composited pixel kept; lists
+    followed by unused entries (bin_tiles' known_total) trimmed the same."""
     from bytesplat_ns.raster._wrapper import _ops
-    from bytesplat_ns.raster.fused import bin_tiles, tile_intersections
-    from bytesplat_ns.raster.tile_reach import opacity_aware_radii
+    from bytesplat_ns.raster.fused import bin_tiles
     from bytesplat_ns.raster.warp_masks import compact_tile_lists
     from tests.helpers.culling_scenes import culling_edge_scene_2d, warp_hits_of_entries
 
     sc = culling_edge_scene_2d(C=2, W=77, H=53, n=600, seed=13, device="cuda")
     W, H = sc["width"], sc["height"]
-    radii = opacity_aware_radii(sc["radii"], sc["conics"], sc["opacities"]) if per_axis else sc["radii"]
-    offsets, fids = bin_tiles(sc["means2d"], radii, sc["depths"], W, H)
+    offsets, fids = bin_tiles(sc["means2d"], sc["radii"], sc["depths"], W, H)
     m, c, o = (sc[k].reshape(-1, d).contiguous().float() for k, d in (("means2d", 2), ("conics", 3), ("opacities", 1)))
     o = o.reshape(-1)
     masks = _ops().warp_masks(m, c, o, offsets, fids, 2, W, H, True)
-    expected_offsets, expected_fids, _ = compact_tile_lists(offsets, fids, masks)
-    trim = {"conics": sc["conics"], "opacities": sc["opacities"]}
-    t_offsets, t_fids = bin_tiles(sc["means2d"], radii, sc["depths"], W, H, **trim)
-    assert torch.equal(t_offsets, expected_offsets) and torch.equal(t_fids, expected_fids)
-    assert t_fids.numel() < fids.numel()
-    per_view = tile_intersections(sc["means2d"], radii, W, H, **trim)
-    assert per_view.tolist() == [int(expected_offsets[len(expected_offsets) // 2]),
-                                 int(expected_offsets[-1] - expected_offsets[len(expected_offsets) // 2])]
-    known = bin_tiles(sc["means2d"], radii, sc["depths"], W, H, known_total=int(per_view.sum()), **trim)
-    assert torch.equal(known[0], expected_offsets) and torch.equal(known[1], expected_fids)
-    twin = bin_tiles(sc["means2d"], radii, sc["depths"], W, H, binning="torch", **trim)
-    assert torch.equal(twin[0], expected_offsets) and torch.equal(twin[1], expected_fids)
+    expected_offsets, expected_fids, expected_masks = compact_tile_lists(offsets, fids, masks)
+    tailed = torch.cat([fids, torch.full((5,), 2**30, dtype=fids.dtype, device="cuda")])
+    for ids in (fids, tailed):
+        t_offsets, t_fids, t_masks = _ops().trim_tile_lists(m, c, o, offsets, ids, 2, W, H)
+        total = int(t_offsets[-1])
+        assert torch.equal(t_offsets, expected_offsets) and total < fids.numel()
+        assert torch.equal(t_fids[:total], expected_fids) and torch.equal(t_masks[:total], expected_masks)
     need = warp_hits_of_entries(m.cpu(), c.cpu(), o.cpu(), offsets.cpu(), fids.cpu(), W, H)
     assert bool((masks != 0).cpu()[need != 0].all())
 

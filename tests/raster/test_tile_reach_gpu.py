@@ -100,7 +100,7 @@ def test_training_step_is_the_same_with_the_kernel(schedule):
         loss.backward()
         out.append((loss, rgb, alpha, info, p))
     (l0, rgb0, a0, i0, p0), (l1, rgb1, a1, i1, p1) = out
-    # the lists are each array's first offsets[-1] entries
+    # the lists are each array's first offsets[-1] entries (the trimmed lists' arrays keep the binned length)
     assert torch.equal(i1["isect_offsets"], i0["isect_offsets"])
     n = int(i0["isect_offsets"].reshape(-1)[-1])
     assert torch.equal(i1["flatten_ids"][:n], i0["flatten_ids"][:n])

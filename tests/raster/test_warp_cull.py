@@ -215,8 +215,8 @@ def test_masks_of_binned_tile_lists_keep_every_composited_warp(rows):
 
 
 def test_trimmed_tile_lists_keep_every_composited_entry_in_order_and_the_image():
-    """The trimmed binning's twin (bin_tiles_torch, then trim_tile_lists_torch; cuda/binning.cu with conics) on
-    the opacity-aware tile lists of two views of culling-edge Gaussians: every entry with a pixel that composites its Gaussian stays, each
+    """trim_tile_lists_torch (the twin of cuda/warp_masks.cu trim_tile_lists) on the opacity-aware tile lists
+    of two views of culling-edge Gaussians: every entry with a pixel that composites its Gaussian stays, each
     tile's list stays in its order, the lists get shorter, and the reference compositing of the trimmed lists
     gives the same image bit for bit. Through ``fused.tile_lists`` (the switch the kernels' callers read)."""
     from bytesplat_ns.raster._torch_impl import render_2d_torch
@@ -247,24 +247,19 @@ def test_trimmed_tile_lists_keep_every_composited_entry_in_order_and_the_image()
         assert torch.equal(full, trimmed)
 
 
-def test_trimmed_tile_intersections_count_the_trimmed_lists_per_view():
-    """``tile_intersections`` with conics and opacities (what a sharded step's sender tells the renderer) counts
-    the trimmed lists of each view; the binning told that total agrees, told another raises; conics without
-    opacities is refused."""
-    from bytesplat_ns.raster.fused import bin_tiles, tile_intersections
+def test_trimmed_tile_lists_ignore_what_follows_the_lists():
+    """A caller that knows its binning's total gets lists followed by unused entries (bin_tiles' known_total,
+    the sharded step): trimming reads the lists only, so the same lists with a tail trim the same."""
+    from bytesplat_ns.raster._torch_impl import bin_tiles_torch
+    from bytesplat_ns.raster.warp_masks import trim_tile_lists_torch
     from tests.helpers.culling_scenes import culling_edge_scene_2d
 
-    sc = culling_edge_scene_2d(C=2, W=40, H=33, n=150, seed=22)
+    sc = culling_edge_scene_2d(C=1, W=40, H=33, n=120, seed=22)
     W, H = sc["width"], sc["height"]
-    trim = {"conics": sc["conics"], "opacities": sc["opacities"]}
-    offsets, fids = bin_tiles(sc["means2d"], sc["radii"], sc["depths"], W, H, **trim)
-    per_view = tile_intersections(sc["means2d"], sc["radii"], W, H, **trim)
-    half = (offsets.numel() - 1) // 2
-    assert per_view.tolist() == [int(offsets[half]), int(offsets[-1] - offsets[half])]
-    assert int(per_view.sum()) < int(tile_intersections(sc["means2d"], sc["radii"], W, H).sum())
-    known = bin_tiles(sc["means2d"], sc["radii"], sc["depths"], W, H, known_total=int(per_view.sum()), **trim)
-    assert torch.equal(known[0], offsets) and torch.equal(known[1], fids)
-    with pytest.raises(AssertionError, match="tile intersections"):
-        bin_tiles(sc["means2d"], sc["radii"], sc["depths"], W, H, known_total=int(per_view.sum()) + 1, **trim)
-    with pytest.raises(ValueError, match="together"):
-        bin_tiles(sc["means2d"], sc["radii"], sc["depths"], W, H, conics=sc["conics"])
+    offsets, fids = bin_tiles_torch(sc["means2d"], sc["radii"], sc["depths"], W, H, TILE)
+    m, c, o = sc["means2d"].reshape(-1, 2), sc["conics"].reshape(-1, 3), sc["opacities"].reshape(-1)
+    plain = trim_tile_lists_torch(m, c, o, offsets, fids, 1, W, H)
+    tailed = trim_tile_lists_torch(m, c, o, offsets, torch.cat([fids, torch.full((7,), 10**6, dtype=fids.dtype)]),
+                                   1, W, H)
+    for x, y in zip(plain, tailed):
+        assert torch.equal(x, y)
