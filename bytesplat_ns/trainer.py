@@ -114,11 +114,23 @@ class ByteSplatTrainerConfig(TrainerConfig):
 
     def set_timestamp(self) -> None:
         check_rasterizer_device(self)
+        check_data_path(self)
         if self.batched_scalars_steps_per_write < 1:
             raise SettingError(f"--batched-scalars-steps-per-write must be at least 1, got {self.batched_scalars_steps_per_write}")
         super().set_timestamp()
         # Before ns-train writes config.yml into the run directory.
         refuse_existing_run(self.get_checkpoint_dir(), self.load_dir, self.load_checkpoint)
+
+
+def check_data_path(config: TrainerConfig) -> None:
+    """A --data path that does not exist fails here, whatever the dataparser, before ns-train writes the run's
+    config.yml (otherwise the failed run leaves a run directory behind)."""
+    from bytesplat_ns.data.dataparser import missing_data_error
+
+    datamanager = getattr(config.pipeline, "datamanager", None)
+    data = getattr(datamanager, "data", None) or getattr(getattr(datamanager, "dataparser", None), "data", None)
+    if data is not None and not Path(data).exists():
+        raise missing_data_error(Path(data))
 
 
 def check_rasterizer_device(config: TrainerConfig) -> None:

@@ -245,13 +245,17 @@ def _frame_name(frames: List[Any], i: int) -> str:
     return f"frame {i} ({fp})" if isinstance(fp, str) else f"frame {i}"
 
 
+def missing_data_error(data: Path) -> BytesplatError:
+    """The error for a --data path that does not exist (raised by the trainer config before a run directory is
+    written, for any dataparser, and here)."""
+    return BytesplatError(f"Data path {data} does not exist",
+                          hint="check --data, or leave it out to train on the built-in synthetic scene")
+
+
 def _load_transforms(data: Path) -> Tuple[Path, Dict[str, Any]]:
     """Check the path and parse transforms.json; returns (json path, meta)."""
     if not data.exists():
-        raise BytesplatError(
-            f"Data path {data} does not exist",
-            hint="check --data, or leave it out to train on the built-in synthetic scene",
-        )
+        raise missing_data_error(data)
     if data.is_file():
         if data.suffix != ".json":
             raise BytesplatError(

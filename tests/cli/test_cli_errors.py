@@ -67,8 +67,19 @@ def _(tmp: Path):
     return ["--data", str(tmp / "nowhere")]
 
 
-def test_missing_data_path(ns_train_run):
+def test_missing_data_path(ns_train_run, workdir):
     assert_clear_error(ns_train_run, "does not exist", "nowhere")
+    assert not (workdir / "test_missing_data_path" / "out").exists()  # no run directory left behind
+
+
+@inputs_of("test_missing_data_path_with_nerfstudios_dataparser")
+def _(tmp: Path):
+    return ["--data", str(tmp / "nowhere"), "nerfstudio-data"]
+
+
+def test_missing_data_path_with_nerfstudios_dataparser(ns_train_run, workdir):
+    assert_clear_error(ns_train_run, "does not exist", "nowhere")
+    assert not (workdir / "test_missing_data_path_with_nerfstudios_dataparser" / "out").exists()
 
 
 @inputs_of("test_transforms_without_frames")
