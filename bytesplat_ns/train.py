@@ -62,6 +62,9 @@ def run(config):
     if config.load_config:
         raise BytesplatError("--load-config is not supported by bytesplat_ns.train; pass the arguments again.")
 
+    # A bad command line fails on every rank alike (rank 0 alone prints it), before rank 0 writes anything.
+    if hasattr(config, "check_inputs"):
+        config.check_inputs()
     # One timestamp (output directory) for all ranks.
     if rank == 0:
         config.set_timestamp()

@@ -112,25 +112,37 @@ class ByteSplatTrainerConfig(TrainerConfig):
             self.experiment_name = "bytesplat-scene"
         super().set_experiment_name()
 
-    def set_timestamp(self) -> None:
+    def check_inputs(self) -> None:
+        """What can be wrong with the command line before anything is written or loaded: the device, the data
+        the dataparser will read, the checkpoint to load, the settings. Run by set_timestamp (before ns-train
+        writes config.yml) and by every rank of a torchrun launch (bytesplat_ns/train.py)."""
         check_rasterizer_device(self)
         check_data_path(self)
+        check_checkpoint_exists(self)
         if self.batched_scalars_steps_per_write < 1:
             raise SettingError(f"--batched-scalars-steps-per-write must be at least 1, got {self.batched_scalars_steps_per_write}")
+
+    def set_timestamp(self) -> None:
+        self.check_inputs()
         super().set_timestamp()
         # Before ns-train writes config.yml into the run directory.
         refuse_existing_run(self.get_checkpoint_dir(), self.load_dir, self.load_checkpoint)
 
 
 def check_data_path(config: TrainerConfig) -> None:
-    """A --data path that does not exist fails here, whatever the dataparser, before ns-train writes the run's
-    config.yml (otherwise the failed run leaves a run directory behind)."""
-    from bytesplat_ns.data.dataparser import missing_data_error
+    """The data the dataparser will read (``data.dataparser.check_data_inputs``), checked before ns-train writes
+    the run's config.yml: a bad --data fails with one line and leaves no run directory behind."""
+    from bytesplat_ns.data.dataparser import check_data_inputs
 
-    datamanager = getattr(config.pipeline, "datamanager", None)
-    data = getattr(datamanager, "data", None) or getattr(getattr(datamanager, "dataparser", None), "data", None)
-    if data is not None and not Path(data).exists():
-        raise missing_data_error(Path(data))
+    check_data_inputs(getattr(config.pipeline, "datamanager", None))
+
+
+def check_checkpoint_exists(config: TrainerConfig) -> None:
+    """The checkpoint --load-dir/--load-step/--load-checkpoint name exists, checked before ns-train writes the run's
+    config.yml and loads the data (it is read only when the trainer sets up)."""
+    path = checkpoint_to_load(config)  # a --load-dir that does not exist or holds no checkpoint fails here
+    if path is not None and not Path(path).is_file():
+        raise BytesplatError(f"Checkpoint {path} does not exist.")
 
 
 def check_rasterizer_device(config: TrainerConfig) -> None:

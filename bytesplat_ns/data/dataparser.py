@@ -246,14 +246,14 @@ def _frame_name(frames: List[Any], i: int) -> str:
 
 
 def missing_data_error(data: Path) -> BytesplatError:
-    """The error for a --data path that does not exist (raised by the trainer config before a run directory is
-    written, for any dataparser, and here)."""
+    """The error for a --data path that does not exist."""
     return BytesplatError(f"Data path {data} does not exist",
                           hint="check --data, or leave it out to train on the built-in synthetic scene")
 
 
-def _load_transforms(data: Path) -> Tuple[Path, Dict[str, Any]]:
-    """Check the path and parse transforms.json; returns (json path, meta)."""
+def transforms_path(data: Path) -> Path:
+    """The transforms.json that ``data`` (a dataset folder or the .json itself) names, or the clear error of why
+    there is none."""
     if not data.exists():
         raise missing_data_error(data)
     if data.is_file():
@@ -262,16 +262,50 @@ def _load_transforms(data: Path) -> Tuple[Path, Dict[str, Any]]:
                 f"Data path {data} is a file but not a .json file",
                 hint="pass the dataset directory (holding transforms.json) or the transforms .json file itself",
             )
-        path = data
-    else:
-        path = data / "transforms.json"
-        if not path.is_file():
-            hint = "convert captures with ns-process-data, or pick the dataparser of your format"
-            if (data / "transforms_train.json").exists():
-                hint = "this looks like a Blender dataset: use the blender-data dataparser"
-            elif (data / "sparse").exists() or (data / "colmap").exists():
-                hint = "this looks like COLMAP output: use the colmap dataparser, or run ns-process-data"
-            raise BytesplatError(f"No transforms.json in data directory {data}", hint=hint)
+        return data
+    path = data / "transforms.json"
+    if not path.is_file():
+        hint = "convert captures with ns-process-data, or pick the dataparser of your format"
+        if (data / "transforms_train.json").exists():
+            hint = "this looks like a Blender dataset: use the blender-data dataparser"
+        elif (data / "sparse").exists() or (data / "colmap").exists():
+            hint = "this looks like COLMAP output: use the colmap dataparser, or run ns-process-data"
+        raise BytesplatError(f"No transforms.json in data directory {data}", hint=hint)
+    return path
+
+
+def check_data_inputs(datamanager) -> None:
+    """What the configured dataparser will read, checked before anything is written or loaded (the trainer config
+    runs this before ns-train writes the run's config.yml): the --data path, and for nerfstudio-data and
+    bytesplat-scene its transforms.json, for colmap its sparse model and images folder. nerfstudio's own parsers
+    stop at these with a traceback, after the run directory exists."""
+    from nerfstudio.data.dataparsers.colmap_dataparser import ColmapDataParserConfig
+
+    dataparser = getattr(datamanager, "dataparser", None)
+    data = getattr(datamanager, "data", None) or getattr(dataparser, "data", None)
+    if data is None:
+        return
+    data = Path(data)
+    if not data.exists():
+        raise missing_data_error(data)
+    if isinstance(dataparser, NerfstudioDataParserConfig):
+        transforms_path(data)
+    elif isinstance(dataparser, ColmapDataParserConfig):
+        model = data / dataparser.colmap_path
+        if not model.exists():
+            hint = "run COLMAP (or ns-process-data) first, or give the model's folder relative to --data with --colmap-path after colmap"
+            if (data / "transforms.json").exists():
+                hint = "this folder holds transforms.json: use the nerfstudio-data dataparser"
+            raise BytesplatError(f"No COLMAP model at {model}", hint=hint)
+        images = data / dataparser.images_path
+        if not images.is_dir():
+            raise BytesplatError(f"No images folder at {images}",
+                                 hint="give the images' folder relative to --data with --images-path after colmap")
+
+
+def _load_transforms(data: Path) -> Tuple[Path, Dict[str, Any]]:
+    """Check the path and parse transforms.json; returns (json path, meta)."""
+    path = transforms_path(data)
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:

@@ -82,6 +82,18 @@ def test_missing_data_path_with_nerfstudios_dataparser(ns_train_run, workdir):
     assert not (workdir / "test_missing_data_path_with_nerfstudios_dataparser" / "out").exists()
 
 
+@inputs_of("test_colmap_dataparser_without_a_model")
+def _(tmp: Path):
+    (tmp / "scene" / "images").mkdir(parents=True)
+    return ["--data", str(tmp / "scene"), "colmap"]
+
+
+def test_colmap_dataparser_without_a_model(ns_train_run, workdir):
+    """nerfstudio's colmap parser would stop at an assert (a traceback) after the run directory exists."""
+    assert_clear_error(ns_train_run, "No COLMAP model", "colmap/sparse/0")
+    assert not (workdir / "test_colmap_dataparser_without_a_model" / "out").exists()
+
+
 @inputs_of("test_transforms_without_frames")
 def _(tmp: Path):
     scene = tmp / "scene"
@@ -121,6 +133,27 @@ def _(tmp: Path):
 
 def test_checkpoint_from_another_method(ns_train_run):
     assert_clear_error(ns_train_run, "not written by a Gaussian-splatting")
+
+
+@inputs_of("test_missing_load_dir")
+def _(tmp: Path):
+    return ["--load-dir", str(tmp / "nowhere")]
+
+
+def test_missing_load_dir(ns_train_run, workdir):
+    """Checked before the run directory is written and the data loaded."""
+    assert_clear_error(ns_train_run, "Checkpoint directory", "nowhere", "does not exist")
+    assert not (workdir / "test_missing_load_dir" / "out").exists()
+
+
+@inputs_of("test_missing_load_checkpoint")
+def _(tmp: Path):
+    return ["--load-checkpoint", str(tmp / "step-000000010.ckpt")]
+
+
+def test_missing_load_checkpoint(ns_train_run, workdir):
+    assert_clear_error(ns_train_run, "step-000000010.ckpt does not exist")
+    assert not (workdir / "test_missing_load_checkpoint" / "out").exists()
 
 
 @inputs_of("test_truncated_checkpoint")

@@ -95,6 +95,43 @@ def test_colmap_directory_gets_a_hint(tmp_path):
     assert "colmap" in (err.hint or "")
 
 
+def test_the_trainer_checks_each_dataparsers_inputs_before_anything_is_written(dataset, tmp_path):
+    """``check_data_inputs`` (what the trainer config runs before ns-train writes config.yml): the --data path for
+    any dataparser, transforms.json for nerfstudio-data and bytesplat-scene, the sparse model and images folder for
+    colmap (nerfstudio's parsers stop at these with a traceback); valid inputs and no --data pass."""
+    from nerfstudio.data.datamanagers.full_images_datamanager import FullImageDatamanagerConfig
+    from nerfstudio.data.dataparsers.colmap_dataparser import ColmapDataParserConfig
+    from nerfstudio.data.dataparsers.nerfstudio_dataparser import NerfstudioDataParserConfig
+
+    from bytesplat_ns.data.dataparser import check_data_inputs
+
+    def check(dataparser, data):
+        check_data_inputs(FullImageDatamanagerConfig(dataparser=dataparser, data=data))
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for dataparser in (NerfstudioDataParserConfig(), BytesplatSceneDataParserConfig(), ColmapDataParserConfig()):
+        with pytest.raises(BytesplatError, match="does not exist"):
+            check(dataparser, tmp_path / "nowhere")
+    for dataparser in (NerfstudioDataParserConfig(), BytesplatSceneDataParserConfig()):
+        with pytest.raises(BytesplatError, match="No transforms.json"):
+            check(dataparser, empty)
+        check(dataparser, dataset)
+        check(dataparser, dataset / "transforms.json")
+    check(BytesplatSceneDataParserConfig(), None)  # the built-in scene
+    with pytest.raises(BytesplatError, match="No COLMAP model") as err:
+        check(ColmapDataParserConfig(), dataset)
+    assert "nerfstudio-data" in err.value.hint
+    (empty / "colmap" / "sparse" / "0").mkdir(parents=True)
+    with pytest.raises(BytesplatError, match="No images folder"):
+        check(ColmapDataParserConfig(), empty)
+    (empty / "images").mkdir()
+    check(ColmapDataParserConfig(), empty)
+    (empty / "model").mkdir()
+    check(ColmapDataParserConfig(colmap_path=Path("model")), empty)
+    check(ColmapDataParserConfig(data=empty), None)  # the dataparser's own --data
+
+
 def test_data_file_that_is_not_json(dataset):
     expect_error(dataset / "sparse_pc.ply", "not a .json file")
 
