@@ -32,6 +32,7 @@ import dataclasses
 import fcntl
 import json
 import os
+import re
 import shlex
 import sys
 import threading
@@ -69,10 +70,16 @@ def named_steps(suite: Suite) -> Suite:
                                                   for i, step in enumerate(suite.steps, 1)))
 
 
+def data_meaning(suite: Suite) -> str:
+    """What --data names for ``suite``: what its purpose says after ``--data:``, else the capture its runs use."""
+    said = re.search(r"--data: ([^)]*)\)", suite.purpose)
+    return said.group(1) if said else "the capture (a dataset folder) its runs use"
+
+
 def plan(suite: Suite, out_dir: Path, data: Optional[Path]) -> List[Piece]:
     """One matrix piece per step: the process to run, its output file and its environment."""
     if suite.needs_data and data is None:
-        raise BytesplatError(f"suite '{suite.name}' needs a dataset", hint="add --data PATH")
+        raise BytesplatError(f"suite '{suite.name}' needs --data: {data_meaning(suite)}", hint="add --data PATH")
     work = (out_dir / "work").resolve()
     pieces = []
     for i, step in enumerate(suite.steps, 1):

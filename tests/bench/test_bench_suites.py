@@ -56,8 +56,11 @@ def test_a_matrix_step_writes_a_folder_indexed_by_its_matrix_json(tmp_path):
 
 
 def test_a_suite_that_needs_data_says_so(tmp_path):
-    with pytest.raises(BytesplatError, match="needs a dataset"):
+    """And what --data is for that suite: a capture, or for the baselines' suites gsplat 1.5.3's install folder."""
+    with pytest.raises(BytesplatError, match="needs --data: the capture"):
         suite_runner.plan(SUITES["wallclock-fox"], tmp_path, None)
+    with pytest.raises(BytesplatError, match="needs --data: the folder gsplat 1.5.3 is pip-installed into"):
+        suite_runner.plan(SUITES["step-baselines"], tmp_path, None)
 
 
 def test_a_bad_step_option_is_caught_by_the_subcommands_parser(tmp_path):
