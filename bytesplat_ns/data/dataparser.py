@@ -291,6 +291,11 @@ def check_data_inputs(datamanager) -> None:
     if isinstance(dataparser, NerfstudioDataParserConfig):
         transforms_path(data)
     elif isinstance(dataparser, ColmapDataParserConfig):
+        if data.is_file():
+            raise BytesplatError(f"Data path {data} is a file; the colmap dataparser takes the dataset folder",
+                                 hint="pass the folder holding colmap/sparse/0 and images/, or use nerfstudio-data "
+                                      "for a transforms.json" if data.suffix == ".json" else
+                                      "pass the folder holding colmap/sparse/0 and images/")
         model = data / dataparser.colmap_path
         if not model.exists():
             hint = "run COLMAP (or ns-process-data) first, or give the model's folder relative to --data with --colmap-path after colmap"

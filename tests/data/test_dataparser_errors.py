@@ -122,6 +122,9 @@ def test_the_trainer_checks_each_dataparsers_inputs_before_anything_is_written(d
     with pytest.raises(BytesplatError, match="No COLMAP model") as err:
         check(ColmapDataParserConfig(), dataset)
     assert "nerfstudio-data" in err.value.hint
+    with pytest.raises(BytesplatError, match="takes the dataset folder") as err:
+        check(ColmapDataParserConfig(), dataset / "transforms.json")
+    assert "nerfstudio-data" in err.value.hint
     (empty / "colmap" / "sparse" / "0").mkdir(parents=True)
     with pytest.raises(BytesplatError, match="No images folder"):
         check(ColmapDataParserConfig(), empty)
