@@ -51,20 +51,20 @@ def run(config):
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if config.data:
+        config.pipeline.datamanager.data = config.data
+    if config.load_config:
+        raise BytesplatError("--load-config is not supported by bytesplat_ns.train; pass the arguments again.")
+    # A bad command line fails on every rank alike (rank 0 alone prints it) before the ranks meet: a rank that
+    # left after the process group formed could leave a peer still connecting to its store.
+    if hasattr(config, "check_inputs"):
+        config.check_inputs()
     if launched_distributed():
         if config.machine.device_type == "cuda" and not torch.cuda.is_available():
             raise BytesplatError("--machine.device-type cuda was asked for but no CUDA device is available.")
         init_distributed("nccl" if config.machine.device_type == "cuda" else "gloo",
                          timeout_s=getattr(config.pipeline, "rank_timeout", DEFAULT_TIMEOUT_S))
     config.machine.num_devices = world
-    if config.data:
-        config.pipeline.datamanager.data = config.data
-    if config.load_config:
-        raise BytesplatError("--load-config is not supported by bytesplat_ns.train; pass the arguments again.")
-
-    # A bad command line fails on every rank alike (rank 0 alone prints it), before rank 0 writes anything.
-    if hasattr(config, "check_inputs"):
-        config.check_inputs()
     # One timestamp (output directory) for all ranks.
     if rank == 0:
         config.set_timestamp()

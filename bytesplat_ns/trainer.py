@@ -116,8 +116,10 @@ class ByteSplatTrainerConfig(TrainerConfig):
         """What can be wrong with the command line before anything is written or loaded: the device, the data
         the dataparser will read, the checkpoint to load, the settings. Run by set_timestamp (before ns-train
         writes config.yml) and by every rank of a torchrun launch (bytesplat_ns/train.py)."""
+        from bytesplat_ns.data.dataparser import check_data_inputs
+
         check_rasterizer_device(self)
-        check_data_path(self)
+        check_data_inputs(getattr(self.pipeline, "datamanager", None))
         check_checkpoint_exists(self)
         if self.batched_scalars_steps_per_write < 1:
             raise SettingError(f"--batched-scalars-steps-per-write must be at least 1, got {self.batched_scalars_steps_per_write}")
@@ -127,14 +129,6 @@ class ByteSplatTrainerConfig(TrainerConfig):
         super().set_timestamp()
         # Before ns-train writes config.yml into the run directory.
         refuse_existing_run(self.get_checkpoint_dir(), self.load_dir, self.load_checkpoint)
-
-
-def check_data_path(config: TrainerConfig) -> None:
-    """The data the dataparser will read (``data.dataparser.check_data_inputs``), checked before ns-train writes
-    the run's config.yml: a bad --data fails with one line and leaves no run directory behind."""
-    from bytesplat_ns.data.dataparser import check_data_inputs
-
-    check_data_inputs(getattr(config.pipeline, "datamanager", None))
 
 
 def check_checkpoint_exists(config: TrainerConfig) -> None:
