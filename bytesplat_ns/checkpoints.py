@@ -58,10 +58,15 @@ def checkpoint_to_load(config) -> Optional[Path]:
     return config.load_checkpoint
 
 
+def require_checkpoint_file(path: Path) -> None:
+    """A clear error when the checkpoint file ``path`` names is not there."""
+    if not Path(path).is_file():
+        raise BytesplatError(f"Checkpoint {path} does not exist.")
+
+
 def read_checkpoint(path: Path) -> dict:
     """torch.load a nerfstudio checkpoint, turning the usual failures into one clear message."""
-    if not path.is_file():
-        raise BytesplatError(f"Checkpoint {path} does not exist.")
+    require_checkpoint_file(path)
     if path.stat().st_size == 0:
         raise BytesplatError(f"Checkpoint {path} is empty (0 bytes).")
     try:

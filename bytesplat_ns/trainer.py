@@ -27,6 +27,7 @@ from bytesplat_ns.checkpoints import (  # noqa: F401  (re-exported: the sharded 
     latest_checkpoint,
     read_checkpoint,
     refuse_existing_run,
+    require_checkpoint_file,
     write_checkpoint,
 )
 from bytesplat_ns.divergence import DivergenceGuard
@@ -135,8 +136,8 @@ def check_checkpoint_exists(config: TrainerConfig) -> None:
     """The checkpoint --load-dir/--load-step/--load-checkpoint name exists, checked before ns-train writes the run's
     config.yml and loads the data (it is read only when the trainer sets up)."""
     path = checkpoint_to_load(config)  # a --load-dir that does not exist or holds no checkpoint fails here
-    if path is not None and not Path(path).is_file():
-        raise BytesplatError(f"Checkpoint {path} does not exist.")
+    if path is not None:
+        require_checkpoint_file(path)
 
 
 def check_rasterizer_device(config: TrainerConfig) -> None:
