@@ -36,6 +36,7 @@ from bytesplat_ns.gaussian_budget import (BudgetSettings, GaussianBudget, budget
                                           view_blending_weights)
 from bytesplat_ns.image_metrics import Lpips, psnr
 from bytesplat_ns.optim import DeviceAdam
+from bytesplat_ns.pair_capacity import PairRoom
 from bytesplat_ns.raster import rasterize, resolve_backend
 from bytesplat_ns.pruning import HardwarePruner
 from bytesplat_ns.raster.loss import SSIM_WIN_SIZE
@@ -217,6 +218,10 @@ class ByteSplatModel(SplatfactoModel):
         self._budget_settings()  # a bad value stops here, before any training
         self._train_cameras: Optional[Cameras] = None
         self._run_end_step: Optional[int] = None  # set by get_training_callbacks: the budget's console line
+        self._pair_room: Optional[PairRoom] = None
+        self._adam_on_device: Tuple[int, bool] = (-1, False)  # (Gaussians, answer) of _gaussian_steps_on_device
+        self.binning_exactly = False  # set while the trainer trains a view again (pair_capacity.py)
+        self.sized_binning_allowed = True  # the trainer's say: off with gradient scaling or accumulation
 
     @property
     def pruning(self) -> HardwarePruner:
@@ -240,6 +245,47 @@ class ByteSplatModel(SplatfactoModel):
             if self._budget.enabled:
                 CONSOLE.log(budget_announcement(self._budget, self._run_end_step))
         return self._budget
+
+    @property
+    def pair_room(self) -> Optional[PairRoom]:
+        """The training step's tile-pair room (pair_capacity.py; ``--pipeline.model.fused.sync-free-binning``),
+        or None where the steps bin by the count read back from the GPU."""
+        if self._pair_room is None and self.config.fused.sync_free_binning and self.sized_binning_allowed:
+            self._pair_room = PairRoom(self.config.fused.pair_room_margin)
+        return self._pair_room if self.sized_binning_allowed else None
+
+    def _room_for_pairs(self, contribution: bool) -> Optional[int]:
+        """This training step's room for tile pairs, or None: binned by the count read back. None for a view
+        trained again, for a step whose render also scores Gaussians for pruning (its scores are not gated by
+        the step's flag), and where a Gaussian's Adam step cannot be decided on the GPU."""
+        room = self.pair_room
+        if room is None or self.binning_exactly or contribution or self.camera_optimizer.config.mode != "off":
+            return None
+        if not self._gaussian_steps_on_device():
+            return None
+        return room.room(self.num_points)
+
+    def _gaussian_steps_on_device(self) -> bool:
+        """Whether every Gaussian optimizer is bytesplat's Adam with its kernel for every group (asked again
+        whenever the Gaussian count changes)."""
+        known_for, answer = self._adam_on_device
+        if known_for != self.num_points:
+            optimizers = [getattr(self, "optimizers", {}).get(name) for name in GAUSSIAN_PARAM_NAMES]
+            answer = all(isinstance(o, DeviceAdam) and o.decides_on_device() for o in optimizers)
+            self._adam_on_device = (self.num_points, answer)
+        return answer
+
+    def views_to_train_again(self, step: int) -> List[Tuple[Cameras, Dict]]:
+        """The (camera, batch) of earlier steps whose tile lists did not fit their room, to be trained again at
+        ``step`` (pair_capacity.py); empty where the steps are not binned into a room."""
+        room = self._pair_room
+        return room.views_to_train_again(step) if room is not None else []
+
+    def record_densification_statistics(self, step: int) -> None:
+        """gsplat's running statistics of this render (the first half of its step_post_backward), for a view
+        trained again outside the step's own callbacks."""
+        if step < self.strategy.refine_stop_iter:
+            self.strategy._update_state(self.gauss_params, self.strategy_state, self.info, packed=False)
 
     def _budget_settings(self) -> BudgetSettings:
         return BudgetSettings(float(self.config.budget_prune_fraction), tuple(self.config.budget_prune_steps))
@@ -377,7 +423,8 @@ class ByteSplatModel(SplatfactoModel):
             # The fused kernel needs the ground truth to compute the loss inside the same launch;
             # nerfstudio hands the batch over in get_metrics_dict, which finishes the step there
             # (or renders the usual way there when the batch carries a mask).
-            return {"fused_pending": (raster_args, sh_degree, camera.metadata), "background": self._get_background_color()}
+            return {"fused_pending": (raster_args, sh_degree, camera.metadata, camera),
+                    "background": self._get_background_color()}
         return self._render_outputs(raster_args, sh_degree, self._get_background_color(), camera.metadata)
 
     def _intrinsics_and_size(self, camera: Cameras, scale_factor: float) -> Tuple[torch.Tensor, int, int]:
@@ -435,6 +482,14 @@ class ByteSplatModel(SplatfactoModel):
         sharded pipeline calls it too, with this rank's Gaussians in the batch's views."""
         step = self.step if step is None else step
         self.strategy.step_pre_backward(self.gauss_params, self.optimizers, self.strategy_state, step, self.info)
+        if self._pair_room is not None:
+            # whether the step's tile lists fitted their room (pair_capacity.py); None, for a step binned by the
+            # count read back, also clears an earlier step's flag that an optimizer without gradients kept
+            valid = self.info.get("step_valid")
+            for name in GAUSSIAN_PARAM_NAMES:
+                optimizer = self.optimizers.get(name)
+                if isinstance(optimizer, DeviceAdam):
+                    optimizer.step_valid = valid
         if not self.config.optimize_visible_only:
             return
         radii = self.info["radii"]
@@ -484,7 +539,7 @@ class ByteSplatModel(SplatfactoModel):
         """Render, compute splatfacto's loss and its 2D gradients in the fused kernel (training only)."""
         from bytesplat_ns.raster.fused import fused_render_loss
 
-        raster_args, sh_degree, _ = outputs.pop("fused_pending")
+        raster_args, sh_degree, _, camera = outputs.pop("fused_pending")
         background = outputs["background"]
         gt = self.composite_with_background(self.get_gt_img(batch["image"]), background)
         gt_images, backgrounds = gt[None, ..., :3].float().contiguous(), background[None].float()
@@ -504,6 +559,8 @@ class ByteSplatModel(SplatfactoModel):
                 self.fused_check_log = []
             self.fused_check_log.append(errors)
             CONSOLE.log("bytesplat fused check: " + " ".join(f"{k}={v:.3g}" for k, v in errors.items()))
+        contribution = self.pruning.wants_contribution(self.step)  # the pruning score, from the backward kernel
+        room = self._room_for_pairs(contribution)
         loss, rgb, alpha, self.info = fused_render_loss(
             *raster_args,
             gt_images,
@@ -511,9 +568,14 @@ class ByteSplatModel(SplatfactoModel):
             sh_degree=sh_degree,
             ssim_lambda=self.config.ssim_lambda,
             absgrad=self.strategy.absgrad,
-            contribution=self.pruning.wants_contribution(self.step),  # the pruning score, from the backward kernel
+            contribution=contribution,
             options=options,
+            pair_room=room,
         )
+        if self.pair_room is not None:
+            # None where binned by the count read back; else False when the lists did not fit the room
+            self.info["step_valid"] = self.pair_room.send(self.step, self.info["pair_total"], room, self.num_points,
+                                                          (camera, batch))
         self.after_training_render()
         outputs.update(rgb=rgb.squeeze(0), accumulation=alpha.squeeze(0), depth=None, fused_loss=loss)
 
@@ -522,7 +584,7 @@ class ByteSplatModel(SplatfactoModel):
             if "mask" in batch:
                 # The fused loss has no mask term: render with the same kernels and let splatfacto's
                 # loss apply the mask (its masked L1/SSIM), as with the other backends.
-                raster_args, sh_degree, metadata = outputs.pop("fused_pending")
+                raster_args, sh_degree, metadata, _ = outputs.pop("fused_pending")
                 outputs.update(self._render_outputs(raster_args, sh_degree, outputs["background"], metadata))
             else:
                 self._run_fused_step(outputs, batch)

@@ -21,6 +21,12 @@ is the tensor's, as for every row). The model sets it from the step's render
 (``--pipeline.model.optimize-visible-only``); it holds for one step. The kernel skips the hidden
 rows' bytes; elsewhere :func:`masked_adam_step` (torch's Adam arithmetic, then the visible rows kept).
 
+A step decided on the GPU: when ``step_valid`` (one bool on the device) is set before a step, that step
+changes nothing where it is False, parameters, moments and step counts alike, without the host reading
+it. The model sets it on the training steps whose tile lists were binned into a buffer sized ahead
+(``bytesplat_ns/pair_capacity.py``): False when the lists did not fit, and the step is redone later. It
+holds for one step and needs the kernel for every group (:meth:`DeviceAdam.decides_on_device`).
+
 One pass (:class:`OnePassOptimizers`, the trainer's ``--optimizer-steps-in-one-pass``): nerfstudio clears
 and steps its six Gaussian optimizers one by one, each step through ``GradScaler.step`` and torch's
 ``Optimizer.step`` wrapper; about 0.4 ms of host time per training step, which a host-bound step pays
@@ -37,7 +43,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, List, Literal, Optional, Sequence, Tuple, Type
+from typing import Callable, Dict, Iterable, List, Literal, Optional, Sequence, Tuple, Type
 
 import torch
 from nerfstudio.engine.optimizers import AdamOptimizerConfig, Optimizers
@@ -136,6 +142,7 @@ class DeviceAdam(torch.optim.Adam):
     """``torch.optim.Adam`` whose update runs where ``implementation`` says (module docstring)."""
 
     visible_rows: Optional[Tensor] = None  # this step's visible Gaussians (module docstring)
+    step_valid: Optional[Tensor] = None  # this step's flag on the device: False changes nothing (module docstring)
 
     def __init__(self, params: Iterable, implementation: AdamImplementation = "bytesplat", **kwargs):
         if implementation not in IMPLEMENTATIONS:
@@ -154,8 +161,12 @@ class DeviceAdam(torch.optim.Adam):
     @torch.no_grad()
     def step(self, closure=None):
         visible, self.visible_rows = self.visible_rows, None  # one step's
+        valid, self.step_valid = self.step_valid, None
+        if valid is not None and not self.decides_on_device():
+            raise SettingError("an Adam step decided on the GPU (step_valid) needs bytesplat's Adam kernel for "
+                               "every parameter group")
         if visible is not None:
-            return self._visible_rows_step(visible, closure)
+            return self._visible_rows_step(visible, closure, valid)
         amp = getattr(self, "grad_scale", None) is not None or getattr(self, "found_inf", None) is not None
         kernel_groups: List[dict] = []
         if getattr(self, "implementation", "torch") == "bytesplat" and not amp:
@@ -168,7 +179,7 @@ class DeviceAdam(torch.optim.Adam):
             with torch.enable_grad():
                 loss = closure()
         for group in kernel_groups:
-            self._kernel_step(group, kernel)
+            self._kernel_step(group, kernel, None, valid)
         rest = [g for g in self.param_groups if not any(g is k for k in kernel_groups)]
         if rest:  # torch's own step over the other groups only
             groups, self.param_groups = self.param_groups, rest
@@ -178,7 +189,7 @@ class DeviceAdam(torch.optim.Adam):
                 self.param_groups = groups
         return loss
 
-    def _visible_rows_step(self, visible: Tensor, closure=None):
+    def _visible_rows_step(self, visible: Tensor, closure=None, valid: Optional[Tensor] = None):
         """This step on the ``visible`` rows only: the kernel where it applies, :func:`masked_adam_step`
         elsewhere."""
         if getattr(self, "grad_scale", None) is not None or getattr(self, "found_inf", None) is not None:
@@ -198,7 +209,7 @@ class DeviceAdam(torch.optim.Adam):
         for group in self.param_groups:
             kernel = _adam_kernel() if use_kernel and _kernel_fits(group, self.state) else None
             if kernel is not None:
-                self._kernel_step(group, kernel, visible)
+                self._kernel_step(group, kernel, visible, valid)
                 continue
             beta1, beta2 = group["betas"]
             for p in group["params"]:
@@ -207,8 +218,18 @@ class DeviceAdam(torch.optim.Adam):
                                      float(group["eps"]), visible)
         return loss
 
-    def _kernel_step(self, group: dict, kernel: Callable, visible: Optional[Tensor] = None) -> None:
-        _launch_kernel_steps(kernel, [(p, state, group) for p, state in self._kernel_todo(group)], visible)
+    def _kernel_step(self, group: dict, kernel: Callable, visible: Optional[Tensor] = None,
+                     valid: Optional[Tensor] = None) -> None:
+        _launch_kernel_steps(kernel, [(p, state, group) for p, state in self._kernel_todo(group)], visible, valid)
+
+    def decides_on_device(self) -> bool:
+        """Whether a step with ``step_valid`` can be decided on the GPU: bytesplat's kernel steps every group
+        (no gradient scaling, every group's options and tensors as the kernel takes them)."""
+        if getattr(self, "implementation", "torch") != "bytesplat":
+            return False
+        if getattr(self, "grad_scale", None) is not None or getattr(self, "found_inf", None) is not None:
+            return False
+        return all(_kernel_fits(g, self.state) for g in self.param_groups) and _adam_kernel() is not None
 
     def _kernel_todo(self, group: dict) -> List[Tuple[Tensor, dict]]:
         """The group's parameters with a gradient and their state, initialised as torch's fused Adam does."""
@@ -245,16 +266,24 @@ def _global_step_hooks() -> bool:
     return bool(optimizer._global_optimizer_pre_hooks or optimizer._global_optimizer_post_hooks)
 
 
-def _launch_kernel_steps(kernel: Callable, todo: List[Tuple[Tensor, dict, dict]], visible: Optional[Tensor] = None) -> None:
+def _launch_kernel_steps(kernel: Callable, todo: List[Tuple[Tensor, dict, dict]], visible: Optional[Tensor] = None,
+                        valid: Optional[Tensor] = None) -> None:
     """One Adam step of each (parameter, state, group) in ``todo``: one launch for all their counts (as
-    torch's fused Adam does per group), then the kernel per tensor, which reads its count there."""
+    torch's fused Adam does per group), then the kernel per tensor, which reads its count there. With
+    ``valid`` (one bool on the device) the counts get the flag added and the kernel changes nothing where
+    it is False."""
     if not todo:
         return
-    torch._foreach_add_([state["step"] for _, state, _ in todo], 1)
+    counts = [state["step"] for _, state, _ in todo]
+    if valid is None:
+        torch._foreach_add_(counts, 1)
+    else:  # a list of the flag: foreach's add of one tensor reads it on the host
+        torch._foreach_add_(counts, [valid.to(torch.float32)] * len(counts))
+    extra = () if valid is None else (valid,)
     for p, state, group in todo:
         beta1, beta2 = group["betas"]
         kernel(p, p.grad, state["exp_avg"], state["exp_avg_sq"], state["step"], group["lr"], beta1, beta2,
-               group["eps"], visible)
+               group["eps"], visible, *extra)
     torch.autograd.graph.increment_version([p for p, _, _ in todo])  # written through raw pointers
 
 
@@ -265,17 +294,20 @@ def step_in_one_pass(optimizers: Sequence[torch.optim.Optimizer]) -> None:
     one kernel per tensor, without torch's per-optimizer ``step`` wrapper (its hook and profiler
     bookkeeping, ~0.05 ms of host time each). The same arithmetic on the same state as their own ``step``."""
     kernel = None
-    todo: List[Tuple[Tensor, dict, dict]] = []
+    # the optimizers' work by their step_valid flag (None, or the model's one flag for every Gaussian optimizer)
+    batches: Dict[int, Tuple[Optional[Tensor], List[Tuple[Tensor, dict, dict]]]] = {}
     for optimizer in optimizers:
         if isinstance(optimizer, DeviceAdam) and optimizer.steps_in_one_pass():
             kernel = kernel or _adam_kernel()
             if kernel is not None:
-                todo += [(p, state, group) for group in optimizer.param_groups
-                         for p, state in optimizer._kernel_todo(group)]
+                valid, optimizer.step_valid = optimizer.step_valid, None
+                batches.setdefault(id(valid), (valid, []))[1].extend(
+                    (p, state, group) for group in optimizer.param_groups for p, state in optimizer._kernel_todo(group))
                 optimizer._opt_called = True  # what torch's wrapper records for the LR scheduler's order check
                 continue
         optimizer.step()
-    _launch_kernel_steps(kernel, todo)
+    for valid, todo in batches.values():
+        _launch_kernel_steps(kernel, todo, None, valid)
 
 
 class OnePassOptimizers(Optimizers):

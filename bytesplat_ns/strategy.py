@@ -53,6 +53,9 @@ class SyncFreeDefaultStrategy(DefaultStrategy):
                 state[key] = torch.zeros(n, device=grads.device)
         radii = info["radii"]  # [C, N]
         visible = radii > 0.0
+        valid = info.get("step_valid")  # False: the step's tile lists did not fit their room (pair_capacity.py)
+        if valid is not None:
+            visible = visible & valid
         if visible.shape[0] == 1:  # one camera (every training step): the sums over it are its values
             state["grad2d"] += torch.where(visible[0], norms[0], 0.0)
             state["count"] += visible[0]

@@ -243,6 +243,8 @@ class ByteSplatTrainer(Trainer):
     def train_iteration(self, step: int):
         model = getattr(self.pipeline, "model", None)
         if isinstance(model, ByteSplatModel):
+            for camera, batch in model.views_to_train_again(step):
+                self.train_view_again(model, camera, batch, step)
             # nerfstudio's loop writes the metrics dict only on these steps (Trainer.train)
             wanted = step_check(step, self.config.logging.steps_per_log, run_at_zero=True)
             object.__setattr__(model, "training_metrics_wanted", wanted)  # a plain attribute: not Module's slow path
@@ -251,6 +253,25 @@ class ByteSplatTrainer(Trainer):
         if self.divergence_guard.due(step):
             self.check_finite(step)
         return loss, loss_dict, metrics_dict
+
+    def train_view_again(self, model: ByteSplatModel, camera, batch: dict, step: int) -> None:
+        """Train an earlier step's view once more, its tile lists binned by the count read back: the step
+        whose lists did not fit their room changed nothing (bytesplat_ns/pair_capacity.py). What
+        ``train_iteration`` does for the view (clear, render and loss, backward, the optimizers' step) and the
+        densification statistics of its render; no scheduler step, callbacks or logged values of its own."""
+        self.optimizers.zero_grad_all()
+        model.binning_exactly, wanted = True, model.training_metrics_wanted
+        object.__setattr__(model, "training_metrics_wanted", False)
+        try:
+            outputs = model(camera)
+            metrics_dict = model.get_metrics_dict(outputs, batch)
+            loss = functools.reduce(torch.add, model.get_loss_dict(outputs, batch, metrics_dict).values())
+        finally:
+            model.binning_exactly = False
+            object.__setattr__(model, "training_metrics_wanted", wanted)
+        loss.backward()
+        self.optimizers.optimizer_scaler_step_all(self.grad_scaler)
+        model.record_densification_statistics(step)
 
     def setup(self, test_mode="val") -> None:
         if self.config.fast_event_checksums:
@@ -267,6 +288,11 @@ class ByteSplatTrainer(Trainer):
         if (config.lean_training_loop and isinstance(self.optimizers, OnePassOptimizers)
                 and not event_writers.read_between_logged_steps("learning_rates")):
             self.optimizers.learning_rate_events_every = max(1, config.logging.steps_per_log)
+        model = getattr(self.pipeline, "model", None)
+        if isinstance(model, ByteSplatModel):
+            # a view trained again (pair_capacity.py) is one plain step: no scaled or accumulated gradients
+            model.sized_binning_allowed = (not self.use_grad_scaler
+                                           and all(n == 1 for n in self.gradient_accumulation_steps.values()))
 
     def train(self) -> None:
         if self.config.freeze_heap_after_setup:
@@ -338,6 +364,14 @@ class ByteSplatTrainer(Trainer):
         return self._eval_logger
 
     def _after_train(self) -> None:
+        model = getattr(self.pipeline, "model", None)
+        room = getattr(model, "pair_room", None) if isinstance(model, ByteSplatModel) else None
+        if room is not None:  # the last steps' views whose lists did not fit, before the final checkpoint
+            for camera, batch in room.finish():
+                self.train_view_again(model, camera, batch, self.step)
+            if room.overflows:
+                CONSOLE.log(f"bytesplat: {room.overflows} of {room.sized_steps} steps binned into a room sized ahead "
+                            "did not fit it and were trained again")
         if self._eval_logger is not None:
             self._eval_logger.close()  # every queued eval image is written before training reports done
             self._eval_logger = None

@@ -16,7 +16,10 @@
 // and its tensor-list metadata.
 //
 // With a row mask (`visible`, one bool per Gaussian) only the visible rows are updated, as gsplat's
-// SelectiveAdam: Adam's arithmetic on those rows, the others left as they are.
+// SelectiveAdam: Adam's arithmetic on those rows, the others left as they are. With `valid` (one bool
+// on the device) the whole step is made on the GPU's word: false leaves the tensor and its moments as
+// they are (a training step whose tile lists did not fit their buffer, bytesplat_ns/pair_capacity.py;
+// the caller adds the same flag, not 1, to the step count).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -77,7 +80,8 @@ template <bool kVec>
 __global__ void __launch_bounds__(kAdamThreads)
     adam_step_kernel(float *__restrict__ param, const float *__restrict__ grad, float *__restrict__ exp_avg,
                      float *__restrict__ exp_avg_sq, int64_t n, const float *__restrict__ step_count,
-                     AdamScalars s, RowMask mask) {
+                     AdamScalars s, RowMask mask, const bool *__restrict__ valid) {
+    if (valid != nullptr && !*valid) return;
     const AdamFactors f = adam_factors(s, step_count);
     const int64_t stride = static_cast<int64_t>(gridDim.x) * kAdamThreads;
     const int64_t tid = static_cast<int64_t>(blockIdx.x) * kAdamThreads + threadIdx.x;
@@ -128,7 +132,8 @@ void check_operand(const at::Tensor &t, const at::Tensor &param, const char *nam
                 param.numel());
 }
 
-using AdamKernel = void (*)(float *, const float *, float *, float *, int64_t, const float *, AdamScalars, RowMask);
+using AdamKernel = void (*)(float *, const float *, float *, float *, int64_t, const float *, AdamScalars, RowMask,
+                           const bool *);
 
 // Blocks of `kernel` the whole GPU holds at once: the grid-stride grid is exactly one full wave (a
 // larger grid would leave a partly filled second wave holding an equal share of the work). Cached
@@ -155,7 +160,7 @@ bool aligned16(const at::Tensor &t) { return reinterpret_cast<uintptr_t>(t.data_
 
 void adam_step(at::Tensor param, const at::Tensor &grad, at::Tensor exp_avg, at::Tensor exp_avg_sq,
                const at::Tensor &step, double lr, double beta1, double beta2, double eps,
-               const c10::optional<at::Tensor> &visible) {
+               const c10::optional<at::Tensor> &visible, const c10::optional<at::Tensor> &valid) {
     check_operand(param, param, "param");
     check_operand(grad, param, "grad");
     check_operand(exp_avg, param, "exp_avg");
@@ -174,6 +179,14 @@ void adam_step(at::Tensor param, const at::Tensor &grad, at::Tensor exp_avg, at:
                     "adam_step: visible has ", rows.numel(), " rows, param ", param.dim() ? param.size(0) : 0);
         mask = RowMask{rows.const_data_ptr<bool>(), n / std::max<int64_t>(rows.numel(), 1)};
     }
+    const bool *valid_p = nullptr;
+    if (valid.has_value()) {
+        const at::Tensor &flag = *valid;
+        TORCH_CHECK(flag.is_cuda() && flag.device() == param.device() && flag.scalar_type() == at::kBool &&
+                        flag.numel() == 1,
+                    "adam_step: valid must be one bool on ", param.device());
+        valid_p = flag.const_data_ptr<bool>();
+    }
     if (n == 0) return;
     const at::cuda::CUDAGuard guard(param.device());
     const bool vec = aligned16(param) && aligned16(grad) && aligned16(exp_avg) && aligned16(exp_avg_sq);
@@ -187,7 +200,7 @@ void adam_step(at::Tensor param, const at::Tensor &grad, at::Tensor exp_avg, at:
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
     kernel<<<blocks, kAdamThreads, 0, stream>>>(param.data_ptr<float>(), grad.const_data_ptr<float>(),
                                                 exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>(), n,
-                                                step.const_data_ptr<float>(), s, mask);
+                                                step.const_data_ptr<float>(), s, mask, valid_p);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

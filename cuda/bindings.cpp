@@ -56,7 +56,7 @@ at::Tensor sh_views_bwd(const at::Tensor &means, const at::Tensor &dc, const at:
 // Adam step (cuda/adam.cu)
 void adam_step(at::Tensor param, const at::Tensor &grad, at::Tensor exp_avg, at::Tensor exp_avg_sq,
                const at::Tensor &step, double lr, double beta1, double beta2, double eps,
-               const c10::optional<at::Tensor> &visible);
+               const c10::optional<at::Tensor> &visible, const c10::optional<at::Tensor> &valid);
 }  // namespace bytesplat
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -72,8 +72,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("loss_grad", &bytesplat::loss_grad,
           "splatfacto loss gradient dL/d render + per-tile loss partials (split schedule)");
     m.def("bin_tiles", &bytesplat::bin_tiles,
-          "per-tile Gaussian lists sorted by depth (offsets, flatten_ids); known_total >= 0: the "
-          "number of tile intersections, when the caller knows it (no device read)",
+          "per-tile Gaussian lists sorted by depth (offsets, flatten_ids, total: the number of tile "
+          "intersections [1] int64 on the device); known_total >= 0: that number when the caller knows it, "
+          "or room for at least that many (no device read; a larger true total drops the pairs past it)",
           py::arg("means2d"), py::arg("radii"), py::arg("depths"), py::arg("width"),
           py::arg("height"), py::arg("tile_size"), py::arg("known_total") = -1);
     m.def("tile_intersections", &bytesplat::tile_intersections,
@@ -99,7 +100,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("adam_step", &bytesplat::adam_step,
           "one torch.optim.Adam step (amsgrad/weight_decay/maximize off) of one contiguous float32 "
           "tensor in place: param, exp_avg, exp_avg_sq; step: its float32 count, already incremented; "
-          "visible (optional, [rows] bool): only those rows are updated",
+          "visible (optional, [rows] bool): only those rows are updated; valid (optional, one bool on the "
+          "device): false leaves everything as it is",
           py::arg("param"), py::arg("grad"), py::arg("exp_avg"), py::arg("exp_avg_sq"), py::arg("step"),
-          py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("visible") = py::none());
+          py::arg("lr"), py::arg("beta1"), py::arg("beta2"), py::arg("eps"), py::arg("visible") = py::none(),
+          py::arg("valid") = py::none());
 }

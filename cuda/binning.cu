@@ -13,8 +13,11 @@
 //
 // Step 2's total is read back to size the pairs: the one device read of binning. A caller that
 // already knows the total (the sharded step gathers every sender's `tile_intersections` with its
-// record counts) passes it and the read is skipped. Should it ever be wrong, nothing is written
-// out of bounds: pairs past the true total keep a sentinel key that sorts behind every tile.
+// record counts) or that gives room for at least that many pairs (the training step's pair
+// capacity, bytesplat_ns/pair_capacity.py) passes it and the read is skipped. Nothing is written out
+// of bounds: pairs past the true total keep a sentinel key that sorts behind every tile, and a total
+// above the room given drops the pairs past it (the lists are then incomplete: the caller compares
+// the true total, returned on the device, with the room it gave).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -192,14 +195,15 @@ std::vector<at::Tensor> bin_tiles(const at::Tensor &means2d, const at::Tensor &r
     TORCH_CHECK(ntot < (int64_t(1) << 31), "bytesplat: ", ntot, " tiles exceed the 32-bit tile key");
     const auto i32 = radii.options().dtype(at::kInt);
     at::Tensor offsets = at::zeros({ntot + 1}, i32);
-    if (CN == 0) return {offsets, at::empty({0}, i32)};
+    if (CN == 0) return {offsets, at::empty({0}, i32), at::zeros({1}, radii.options().dtype(at::kLong))};
 
     const auto *m2 = reinterpret_cast<const float2 *>(means2d.data_ptr<float>());
     at::Tensor cum = at::cumsum(tile_counts(means2d, radii, width, height, tile_size, stream), 0);
+    at::Tensor total = cum.narrow(0, CN - 1, 1);  // the true number of pairs, on the device
     const bool known = known_total >= 0;
     // one sync, as the torch twin, unless the caller knows the total
-    const int64_t M = known ? known_total : cum[CN - 1].item<int64_t>();
-    if (M == 0) return {offsets, at::empty({0}, i32)};
+    const int64_t M = known ? known_total : total.item<int64_t>();
+    if (M == 0) return {offsets, at::empty({0}, i32), total};
     // offsets are int32 and cub takes an int item count.
     TORCH_CHECK(M <= INT_MAX, "bytesplat: ", M, " tile intersections exceed int32 offsets");
 
@@ -236,7 +240,7 @@ std::vector<at::Tensor> bin_tiles(const at::Tensor &means2d, const at::Tensor &r
     offsets_kernel<<<blocks_for(M), kBinThreads, 0, stream>>>(M, ntot, keys_out_p,
                                                               offsets.data_ptr<int32_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    return {offsets, flatten_ids};
+    return {offsets, flatten_ids, total};
 }
 
 }  // namespace bytesplat

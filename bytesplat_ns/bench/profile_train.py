@@ -141,11 +141,19 @@ def profile_method(label: str, config, data: Path, warmup: int, iters: int, work
         "device_busy_ms_per_iteration": busy_ms,
         "syncs_per_iteration": syncs,
         "sync_sources": sources,
+        "pair_room": _pair_room_counts(trainer.pipeline.model),
         "top_host": _table(events, "self_cpu_time_total", top),
         "top_device": _table(events, "self_device_time_total", top) if device == "cuda" else [],
         "python_top": python_top,
     }
     return result
+
+
+def _pair_room_counts(model) -> Optional[Dict[str, int]]:
+    """The steps binned into a room sized ahead and those that did not fit it (bytesplat_ns/pair_capacity.py),
+    over the whole run, warm-up included; None where the steps read their pair count back."""
+    room = getattr(model, "pair_room", None)
+    return None if room is None else {"sized_steps": room.sized_steps, "overflows": room.overflows}
 
 
 @contextlib.contextmanager
@@ -242,7 +250,8 @@ def main(argv: Optional[List[str]] = None) -> Dict:
         report["runs"].append(r)
         print(f"{label}: {r['num_gaussians']} Gaussians, wall {r['wall_ms_per_iteration']:.2f} ms/it "
               f"(median {r['wall_ms_median']:.2f}, garbage collections {r['gc_pauses']}), "
-              f"GPU busy {r['device_busy_ms_per_iteration']:.2f} ms/it, syncs/it {r['syncs_per_iteration']}", flush=True)
+              f"GPU busy {r['device_busy_ms_per_iteration']:.2f} ms/it, syncs/it {r['syncs_per_iteration']}, "
+              f"pair room {r['pair_room']}", flush=True)
         for row in r["top_host"][:12]:
             print(f"   host {row['host_ms'] / a.profile_iters:7.3f} ms/it  x{row['calls'] / a.profile_iters:5.1f}  {row['name'][:70]}")
         for row in r["top_device"][:12]:

@@ -288,7 +288,7 @@ def _rows_contiguous(t: Tensor) -> Tensor:
 
 
 def check_adam_operands(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step: Tensor,
-                        visible: Optional[Tensor] = None) -> None:
+                        visible: Optional[Tensor] = None, valid: Optional[Tensor] = None) -> None:
     """RuntimeError naming the first operand ``adam_step`` cannot take (metadata only: no device access)."""
     for name, t in (("param", param), ("grad", grad), ("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq)):
         if not t.is_cuda or t.device != param.device:
@@ -308,16 +308,22 @@ def check_adam_operands(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq
         if param.dim() == 0 or visible.numel() != param.shape[0]:
             raise RuntimeError(f"adam_step: visible has {visible.numel()} rows, param "
                                f"{param.shape[0] if param.dim() else 0}")
+    if valid is not None and (not valid.is_cuda or valid.device != param.device or valid.dtype != torch.bool
+                              or valid.numel() != 1):
+        raise RuntimeError(f"adam_step: valid must be one bool on {param.device}")
 
 
 def adam_step(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step: Tensor, lr: float,
-              beta1: float, beta2: float, eps: float, visible: Optional[Tensor] = None) -> None:
+              beta1: float, beta2: float, eps: float, visible: Optional[Tensor] = None,
+              valid: Optional[Tensor] = None) -> None:
     """One ``torch.optim.Adam`` step of one contiguous float32 CUDA tensor, in place (cuda/adam.cu).
 
     ``step`` is the tensor's float32 step count on its device, already incremented for this step
     (read by the kernel, so no host sync); the scalars are plain floats (no tensor ``lr``). The operands
     are checked here, before the extension is called (the same checks as the kernel's own). ``visible``
-    ([rows] bool): only those rows (first dimension) are updated; the others keep their values and moments."""
-    check_adam_operands(param, grad, exp_avg, exp_avg_sq, step, visible)
+    ([rows] bool): only those rows (first dimension) are updated; the others keep their values and moments.
+    ``valid`` (one bool on the device): False leaves everything as it is (the caller's count gets the same
+    flag added instead of 1), decided on the GPU without a host read."""
+    check_adam_operands(param, grad, exp_avg, exp_avg_sq, step, visible, valid)
     _ops().adam_step(param, grad, exp_avg, exp_avg_sq, step, float(lr), float(beta1), float(beta2), float(eps),
-                     visible)
+                     visible, valid)

@@ -39,9 +39,9 @@ from bytesplat_ns.raster.warp_masks import trim_tile_lists_torch
 
 __all__ = [
     "DEFAULT_OPTIONS", "RENDER_BATCH", "SCHEDULES", "SSIM_WIN_SIGMA", "SSIM_WIN_SIZE", "TILE_SIZE",
-    "FusedOptions", "bin_tiles", "bin_tiles_torch", "fused_render_loss", "project", "rasterize_fused",
+    "FusedOptions", "bin_tiles", "bin_tiles_in_room", "bin_tiles_torch", "fused_render_loss", "project", "rasterize_fused",
     "render_2d_torch", "resolve_projection", "splatfacto_loss_torch", "ssim_window", "tile_intersections",
-    "tile_lists", "trim_tile_lists",
+    "tile_lists", "tile_lists_in_room", "trim_tile_lists",
 ]
 
 
@@ -182,13 +182,36 @@ def bin_tiles(
     """
     ops = _binning_on_gpu(means2d, radii, binning)
     if ops is not None:
-        return tuple(ops.bin_tiles(
-            means2d.detach().float().contiguous(),
-            radii.to(torch.int32).contiguous(),
-            depths.detach().float().contiguous(),
-            int(width), int(height), int(tile_size), -1 if known_total is None else int(known_total),
-        ))
+        return _bin_tiles_cuda(ops, means2d, radii, depths, width, height, tile_size, known_total)[:2]
     return bin_tiles_torch(means2d, radii, depths, width, height, tile_size, known_total)
+
+
+def _bin_tiles_cuda(ops, means2d: Tensor, radii: Tensor, depths: Tensor, width: int, height: int, tile_size: int,
+                    known_total: Optional[int]) -> Tuple[Tensor, Tensor, Tensor]:
+    return tuple(ops.bin_tiles(
+        means2d.detach().float().contiguous(),
+        radii.to(torch.int32).contiguous(),
+        depths.detach().float().contiguous(),
+        int(width), int(height), int(tile_size), -1 if known_total is None else int(known_total),
+    ))
+
+
+@torch.no_grad()
+def bin_tiles_in_room(
+    means2d: Tensor, radii: Tensor, depths: Tensor, width: int, height: int, tile_size: int = TILE_SIZE,
+    room: Optional[int] = None, binning: str = "cuda",
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """:func:`bin_tiles` into buffers with room for ``room`` (Gaussian, tile) pairs, sized by the caller
+    ahead of time, so that nothing is read back from the GPU (None: sized by the true count, read back).
+    Returns ``(offsets, flatten_ids, total)``, ``total`` [1] int64 on the inputs' device being the true
+    number of pairs: the lists are :func:`bin_tiles`' exactly when ``total <= room`` (``flatten_ids`` may be
+    longer than the lists, as with ``trim_tile_lists``); otherwise the pairs past the room are missing. The
+    torch twin reads its count and always returns the complete lists."""
+    ops = _binning_on_gpu(means2d, radii, binning)
+    if ops is not None:
+        return _bin_tiles_cuda(ops, means2d, radii, depths, width, height, tile_size, room)
+    offsets, flatten_ids = bin_tiles_torch(means2d, radii, depths, width, height, tile_size)
+    return offsets, flatten_ids, torch.full((1,), flatten_ids.numel(), dtype=torch.int64, device=means2d.device)
 
 
 @torch.no_grad()
@@ -243,8 +266,24 @@ def tile_lists(means2d: Tensor, radii: Tensor, depths: Tensor, conics: Tensor, o
     :func:`tile_radii`, then with ``options.trim_tile_lists`` :func:`trim_tile_lists`."""
     offsets, flatten_ids = bin_tiles(means2d, tile_radii(radii, conics, opacities, options), depths, width, height,
                                      tile_size, known_total=known_total, binning=options.binning)
+    return _trimmed(means2d, conics, opacities, offsets, flatten_ids, width, height, options)
+
+
+def tile_lists_in_room(means2d: Tensor, radii: Tensor, depths: Tensor, conics: Tensor, opacities: Tensor, width: int,
+                       height: int, tile_size: int, options: FusedOptions,
+                       room: Optional[int]) -> Tuple[Tensor, Tensor, Tensor]:
+    """:func:`tile_lists` binned by :func:`bin_tiles_in_room`: ``(offsets, flatten_ids, total)``, the lists
+    complete when ``total <= room``."""
+    offsets, flatten_ids, total = bin_tiles_in_room(means2d, tile_radii(radii, conics, opacities, options), depths,
+                                                    width, height, tile_size, room=room, binning=options.binning)
+    offsets, flatten_ids = _trimmed(means2d, conics, opacities, offsets, flatten_ids, width, height, options)
+    return offsets, flatten_ids, total
+
+
+def _trimmed(means2d: Tensor, conics: Tensor, opacities: Tensor, offsets: Tensor, flatten_ids: Tensor, width: int,
+             height: int, options: FusedOptions) -> Tuple[Tensor, Tensor]:
     if options.trim_tile_lists:
-        offsets, flatten_ids = trim_tile_lists(means2d, conics, opacities, offsets, flatten_ids, width, height)
+        return trim_tile_lists(means2d, conics, opacities, offsets, flatten_ids, width, height)
     return offsets, flatten_ids
 
 
@@ -367,6 +406,7 @@ def fused_render_loss(
     blocks_per_sm: int = 2,
     contribution: bool = False,
     options: FusedOptions = DEFAULT_OPTIONS,
+    pair_room: Optional[int] = None,
 ) -> Tuple[Tensor, Tensor, Tensor, Dict]:
     """splatfacto's loss and its gradients for C views in the fused kernels (``options.schedule``).
 
@@ -390,6 +430,9 @@ def fused_render_loss(
     backward also gathers each Gaussian's pruning score per view (its largest ``alpha * T``, the
     Gaussian that stops a pixel counting with the weight it would have had: exactly
     ``pruning.contribution_scores_2d``), returned as ``info["contribution"]`` [C,N].
+    ``pair_room``: bin into buffers with room for that many (Gaussian, tile) pairs instead of reading the
+    count back from the GPU (:func:`bin_tiles_in_room`); ``info["pair_total"]`` ([1] int64 on the device,
+    always there) is the true count: the outputs are exact when it is at most ``pair_room``.
     """
     _check(width, height, tile_size, means.device)
     C = viewmats.shape[0]
@@ -403,7 +446,8 @@ def fused_render_loss(
         means, quats, scales, opacities, colors, viewmats, Ks, width, height,
         sh_degree=sh_degree, near_plane=near_plane, far_plane=far_plane, eps2d=eps2d, projection=options.projection,
     )
-    offsets, flatten_ids = tile_lists(means2d, radii, depths, conics, opac, width, height, tile_size, options)
+    offsets, flatten_ids, pair_total = tile_lists_in_room(means2d, radii, depths, conics, opac, width, height,
+                                                          tile_size, options, pair_room)
     loss, img, alpha, stats, contrib = _FusedLoss.apply(
         means2d, conics, rgb, opac, backgrounds.detach(), gt_images.detach(), offsets, flatten_ids,
         width, height, ssim_lambda, absgrad, capacity, blocks_per_sm, options.schedule, options.butterfly,
@@ -415,6 +459,7 @@ def fused_render_loss(
         "l1": stats[0],
         "ssim": stats[1],
         "kernel": dict(_FusedLoss.last_kernel_info),
+        "pair_total": pair_total,
     }
     if contribution:
         info["contribution"] = contrib  # read by pruning.scores_from_info (CONTRIBUTION_INFO_KEY)

@@ -59,9 +59,10 @@ def twin_kernel(monkeypatch):
     """CPU float32 tensors count as kernel operands and the kernel is the twin; returns its calls."""
     calls = []
 
-    def kernel(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, visible=None):
+    def kernel(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, visible=None, valid=None):
         calls.append((param, float(step), lr))
-        _twin_adam_step(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, visible)
+        if valid is None or bool(valid):  # the kernel reads the flag on the device
+            _twin_adam_step(param, grad, exp_avg, exp_avg_sq, step, lr, beta1, beta2, eps, visible)
 
     def fits(t, like):
         return isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.is_contiguous() and t.shape == like.shape
@@ -336,3 +337,49 @@ def test_the_kernel_wrapper_checks_its_operands_before_calling_the_extension(mon
         _wrapper.check_adam_operands(cuda_like, cuda_like, cuda_like, double, cuda_like)
     with pytest.raises(RuntimeError, match="step must be one float32"):
         _wrapper.check_adam_operands(cuda_like, cuda_like, cuda_like, cuda_like, short)
+
+
+@pytest.mark.parametrize("one_pass", [False, True])
+def test_a_step_flagged_invalid_on_the_device_changes_nothing(twin_kernel, one_pass):
+    """step_valid False (the step's tile lists did not fit their room): parameters, moments and step counts
+    stay as they are, in DeviceAdam.step and in the one pass; True: the plain step."""
+    from bytesplat_ns.optim import step_in_one_pass
+
+    a, b = _params(), _params()
+    ours = DeviceAdam(a, lr=1e-2, eps=1e-15)
+    plain = DeviceAdam(b, lr=1e-2, eps=1e-15)
+    gen = torch.Generator().manual_seed(3)
+    grads = [[torch.randn(p.shape, generator=gen) for p in a] for _ in range(3)]
+    junk = [torch.randn(p.shape, generator=gen) for p in a]
+
+    def step(opt, params, g, valid=None):
+        for p, gp in zip(params, g):
+            p.grad = gp.clone()
+        opt.step_valid = valid
+        step_in_one_pass([opt]) if one_pass else opt.step()
+        assert opt.step_valid is None  # one step's
+
+    step(ours, a, grads[0], torch.tensor(True))
+    step(ours, a, junk, torch.tensor(False))
+    step(ours, a, grads[1])
+    step(ours, a, junk, torch.tensor(False))
+    step(ours, a, grads[2], torch.tensor(True))
+    for g in grads:
+        step(plain, b, g)
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(ours.state[x][key], plain.state[y][key]), key
+
+
+def test_a_step_decided_on_the_device_needs_the_kernel():
+    from bytesplat_ns.errors import SettingError
+
+    params = _params()
+    opt = DeviceAdam(params, implementation="torch", lr=1e-2)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt.step_valid = torch.tensor(True)
+    assert not opt.decides_on_device()
+    with pytest.raises(SettingError, match="needs bytesplat's Adam kernel"):
+        opt.step()

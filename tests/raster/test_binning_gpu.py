@@ -53,7 +53,8 @@ def _check(means2d, radii, depths, W, H, tile_size=16):
     from bytesplat_ns.raster.fused import bin_tiles, bin_tiles_torch
 
     ref_off, ref_ids = bin_tiles_torch(means2d, radii, depths, W, H, tile_size)
-    off, ids = _ops().bin_tiles(means2d.contiguous(), radii.contiguous(), depths.contiguous(), W, H, tile_size)
+    off, ids, total = _ops().bin_tiles(means2d.contiguous(), radii.contiguous(), depths.contiguous(), W, H, tile_size)
+    assert total.tolist() == [ref_ids.numel()]
     torch.cuda.synchronize()
     assert off.dtype == torch.int32 and ids.dtype == torch.int32
     assert off.shape == ref_off.shape and ids.shape == ref_ids.shape
@@ -160,9 +161,9 @@ def test_known_total_reads_nothing_and_lists_the_same():
     """Given the total (``tile_intersections``' sum, what the sharded step gathers), the kernel
     reads nothing back (sync debug mode "error" would raise) and lists the same pairs. A wrong
     total stays in bounds: a larger one pads with sentinels behind every tile (same lists), a
-    smaller one truncates (never writes past its pairs)."""
+    smaller one truncates (never writes past its pairs); the true count comes back on the device."""
     from bytesplat_ns.raster._wrapper import _ops
-    from bytesplat_ns.raster.fused import bin_tiles_torch, tile_intersections
+    from bytesplat_ns.raster.fused import bin_tiles_in_room, bin_tiles_torch, tile_intersections
 
     W, H = 203, 117
     m, r, d = _scene(3, 5000, W, H, seed=11, huge=0.005)
@@ -176,15 +177,17 @@ def test_known_total_reads_nothing_and_lists_the_same():
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        off, ids = ops.bin_tiles(m, r, d, W, H, 16, M)
+        off, ids, total = ops.bin_tiles(m, r, d, W, H, 16, M)
+        room_off, room_ids, room_total = bin_tiles_in_room(m, r, d, W, H, room=M + 1000)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert torch.equal(off, ref_off) and torch.equal(ids, ref_ids)
-    off, ids = ops.bin_tiles(m, r, d, W, H, 16, M + 1000)
-    assert torch.equal(off, ref_off) and torch.equal(ids[:M], ref_ids)
-    off, ids = ops.bin_tiles(m, r, d, W, H, 16, M - 1000)
+    assert torch.equal(off, ref_off) and torch.equal(ids, ref_ids) and total.tolist() == [M]
+    # a room larger than the count (the training step's, pair_capacity.py): the same lists, the true count
+    assert torch.equal(room_off, ref_off) and torch.equal(room_ids[:M], ref_ids) and room_ids.numel() == M + 1000
+    assert room_total.tolist() == [M]
+    off, ids, total = ops.bin_tiles(m, r, d, W, H, 16, M - 1000)
     torch.cuda.synchronize()
-    assert ids.numel() == M - 1000 and int(off[-1]) <= M - 1000
+    assert ids.numel() == M - 1000 and int(off[-1]) <= M - 1000 and total.tolist() == [M]
     assert bool((off[1:] >= off[:-1]).all()) and int(ids.min()) >= 0 and int(ids.max()) < 3 * 5000
 
 
