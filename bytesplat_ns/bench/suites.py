@@ -91,6 +91,7 @@ _GSPLAT_TORCH_ADAM = ("gsplat_torch_adam=bytesplat --pipeline.model.rasterizer g
 _UNTRIMMED = "untrimmed=bytesplat --pipeline.model.fused.trim-tile-lists False"
 _PER_OPTIMIZER = "per_optimizer=bytesplat --optimizer-steps-in-one-pass False"
 _NERFSTUDIO_LOOP = "nerfstudio_loop=bytesplat --lean-training-loop False"
+_SIZED_ROOM = "sized_room=bytesplat --pipeline.model.fused.sync-free-binning True"
 _COUNT_READ_BACK = "count_read_back=bytesplat --pipeline.model.fused.sync-free-binning False"
 _LEVERS = "levers=bytesplat --pipeline.model.fused.fast-exp True --pipeline.model.fused.bwd-pixels-per-thread 2"
 _RASTER_1080P = "--num-gaussians 1000000 4000000 --width 1920 --height 1080"
@@ -400,13 +401,15 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           needs_data=True),
     Suite("sync-free-binning",
           "the training step's tile pairs binned into a room sized from earlier steps (--pipeline.model.fused."
-          "sync-free-binning, default) against the count read back from the GPU every step: nerfstudio's training loop "
-          "body on a real capture (--data, full resolution from the start) under the profilers after 2000 iterations, "
-          "then ns-train + ns-eval, 5000 iterations, 3 seeds, each pair back to back",
+          "sync-free-binning True) against the count read back from the GPU every step (the default): nerfstudio's "
+          "training loop body on a real capture (--data, full resolution from the start) under the profilers after "
+          "2000 iterations, then ns-train + ns-eval, 5000 iterations, 3 seeds, each pair back to back (the document of "
+          "2026-12-06, when the room was the default, labels the room's runs bytesplat)",
           1,
-          (Step("profile", _args("--data {data} --methods bytesplat bytesplat@fused.sync_free_binning=false "
-                                 "--warmup-iters 2000 --profile-iters 100 --work-dir {work}/profile"), name="loop_capture"),)
-          + _per_seed_on_capture(f"bytesplat '{_COUNT_READ_BACK}'", 5000, "wallclock", "seed{seed}"),
+          (Step("profile", _args("--data {data} --methods bytesplat@fused.sync_free_binning=true "
+                                 "bytesplat@fused.sync_free_binning=false --warmup-iters 2000 --profile-iters 100 "
+                                 "--work-dir {work}/profile"), name="loop_capture"),)
+          + _per_seed_on_capture(f"'{_SIZED_ROOM}' '{_COUNT_READ_BACK}'", 5000, "wallclock", "seed{seed}"),
           needs_data=True),
     Suite("lean-training-loop",
           "bytesplat's training loop (the trainer's --lean-training-loop, default) against nerfstudio's Trainer.train on "
