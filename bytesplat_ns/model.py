@@ -254,16 +254,16 @@ class ByteSplatModel(SplatfactoModel):
             self._pair_room = PairRoom(self.config.fused.pair_room_margin)
         return self._pair_room if self.sized_binning_allowed else None
 
-    def _room_for_pairs(self, contribution: bool) -> Optional[int]:
-        """This training step's room for tile pairs, or None: binned by the count read back. None for a view
-        trained again, for a step whose render also scores Gaussians for pruning (its scores are not gated by
+    def _room_for_pairs(self, contribution: bool, view_key: Optional[int] = None) -> Optional[int]:
+        """This training step's room for tile pairs (``view_key``: the training image's index), or None: binned
+        by the count read back. None for a view trained again, for a step whose render also scores Gaussians for pruning (its scores are not gated by
         the step's flag), and where a Gaussian's Adam step cannot be decided on the GPU."""
         room = self.pair_room
         if room is None or self.binning_exactly or contribution or self.camera_optimizer.config.mode != "off":
             return None
         if not self._gaussian_steps_on_device():
             return None
-        return room.room(self.num_points)
+        return room.room(self.num_points, view_key)
 
     def _gaussian_steps_on_device(self) -> bool:
         """Whether every Gaussian optimizer is bytesplat's Adam with its kernel for every group (asked again
@@ -539,7 +539,7 @@ class ByteSplatModel(SplatfactoModel):
         """Render, compute splatfacto's loss and its 2D gradients in the fused kernel (training only)."""
         from bytesplat_ns.raster.fused import fused_render_loss
 
-        raster_args, sh_degree, _, camera = outputs.pop("fused_pending")
+        raster_args, sh_degree, metadata, camera = outputs.pop("fused_pending")
         background = outputs["background"]
         gt = self.composite_with_background(self.get_gt_img(batch["image"]), background)
         gt_images, backgrounds = gt[None, ..., :3].float().contiguous(), background[None].float()
@@ -560,7 +560,8 @@ class ByteSplatModel(SplatfactoModel):
             self.fused_check_log.append(errors)
             CONSOLE.log("bytesplat fused check: " + " ".join(f"{k}={v:.3g}" for k, v in errors.items()))
         contribution = self.pruning.wants_contribution(self.step)  # the pruning score, from the backward kernel
-        room = self._room_for_pairs(contribution)
+        view_key = (metadata or {}).get("cam_idx")  # the datamanager's training image index
+        room = self._room_for_pairs(contribution, view_key)
         loss, rgb, alpha, self.info = fused_render_loss(
             *raster_args,
             gt_images,
@@ -575,7 +576,7 @@ class ByteSplatModel(SplatfactoModel):
         if self.pair_room is not None:
             # None where binned by the count read back; else False when the lists did not fit the room
             self.info["step_valid"] = self.pair_room.send(self.step, self.info["pair_total"], room, self.num_points,
-                                                          (camera, batch))
+                                                          (camera, batch), view_key)
         self.after_training_render()
         outputs.update(rgb=rgb.squeeze(0), accumulation=alpha.squeeze(0), depth=None, fused_loss=loss)
 

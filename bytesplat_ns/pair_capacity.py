@@ -10,8 +10,9 @@ The rules, the same whatever the GPU's timing (so a run is reproducible):
 
 - every training step's true total is copied to the host without a wait; the copy of step ``s`` is read at
   step ``s + lag`` (waiting for it then, which in practice finished long before);
-- the room at step ``s``: ``margin`` times the largest total read in the last ``window`` steps, each scaled
-  by the Gaussian count now over the count at its step (densification grows the scene between reads); before
+- the room at step ``s`` for a view: ``margin`` times that view's last total read, scaled by the Gaussian
+  count now over the count at its step (densification grows the scene between reads); for a view with no
+  total read yet, ``margin`` times the largest total read in the last ``window`` steps, scaled alike; before
   any total is read, no room (the binning reads its total, as without this);
 - a step whose true total exceeded its room rendered incomplete tile lists. Its Adam step and its
   densification statistics depend on a flag on the GPU (``valid``) and change nothing; the trainer trains
@@ -24,7 +25,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Deque, List, Optional, Tuple
+from typing import Any, Deque, Dict, Hashable, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -40,6 +41,7 @@ class _Sent:
     value: int
     room: Optional[int]
     gaussians: int
+    key: Optional[Hashable]  # the view's, for its room next time
     view: Any  # what the trainer needs to train the step's view again
 
 
@@ -53,6 +55,7 @@ class PairRoom:
         self.margin = float(margin)
         self.lag = int(lag)
         self.recent: Deque[Tuple[int, int]] = deque(maxlen=int(window))  # (total, Gaussians) read so far
+        self.by_view: Dict[Hashable, Tuple[int, int]] = {}  # each view's last (total, Gaussians) read
         self.sent: Deque[_Sent] = deque()
         self.sized_steps = 0
         self.overflows = 0
@@ -60,24 +63,30 @@ class PairRoom:
         self._events: List[Any] = []
         self._next_slot = 0
 
-    def room(self, gaussians: int) -> Optional[int]:
-        """Pairs to make room for in a step rendering ``gaussians`` Gaussians; None before any total was read."""
-        if not self.recent:
+    def room(self, gaussians: int, key: Optional[Hashable] = None) -> Optional[int]:
+        """Pairs to make room for in a step rendering view ``key`` with ``gaussians`` Gaussians; None before any
+        total was read."""
+        last = self.by_view.get(key) if key is not None else None
+        if last is not None:
+            scaled = last[0] * gaussians / max(last[1], 1)
+        elif self.recent:
+            scaled = max(total * gaussians / max(then, 1) for total, then in self.recent)
+        else:
             return None
-        scaled = max(total * gaussians / max(then, 1) for total, then in self.recent)
         return int(math.ceil(self.margin * scaled)) + 1024  # the slack: views with few pairs
 
-    def send(self, step: int, total: Tensor, room: Optional[int], gaussians: int, view: Any = None) -> Optional[Tensor]:
-        """Queue the read of step ``step``'s true ``total`` ([1] int64); returns the step's flag on the
-        device (``total <= room``: its lists were complete), or None for a step binned without a room."""
+    def send(self, step: int, total: Tensor, room: Optional[int], gaussians: int, view: Any = None,
+             key: Optional[Hashable] = None) -> Optional[Tensor]:
+        """Queue the read of step ``step``'s true ``total`` ([1] int64) for view ``key``; returns the step's flag
+        on the device (``total <= room``: its lists were complete), or None for a step binned without a room."""
         valid = None if room is None else (total[0] <= room)
         if room is not None:
             self.sized_steps += 1
         if total.is_cuda:
             slot = self._copy_out(total)
-            self.sent.append(_Sent(step, slot, 0, room, gaussians, view))
+            self.sent.append(_Sent(step, slot, 0, room, gaussians, key, view))
         else:
-            self.sent.append(_Sent(step, -1, int(total[0]), room, gaussians, view))
+            self.sent.append(_Sent(step, -1, int(total[0]), room, gaussians, key, view))
         return valid
 
     def views_to_train_again(self, step: int) -> List[Any]:
@@ -97,6 +106,8 @@ class PairRoom:
                 self._events[sent.slot].synchronize()
                 total = int(self._ring[sent.slot])
             self.recent.append((total, sent.gaussians))
+            if sent.key is not None:
+                self.by_view[sent.key] = (total, sent.gaussians)
             if sent.room is not None and total > sent.room:
                 self.overflows += 1
                 again.append(sent.view)

@@ -154,16 +154,17 @@ class FusedRasterConfig:
     scenes, where the trimming costs about what it saves (random Gaussians; docs/fused_ssim.md)."""
     sync_free_binning: bool = False
     """Bin each training step's tile lists into buffers sized from the true pair counts of earlier steps
-    (pair_room_margin times the largest recent one, scaled by the Gaussian count) instead of reading the
+    (pair_room_margin times the view's last one, scaled by the Gaussian count) instead of reading the
     step's own count back from the GPU: the host never waits for the GPU within a step. A step whose lists
     did not fit changes nothing (its Adam step and densification statistics are decided on the GPU) and its
     view is trained again two steps later, binned exactly (bytesplat_ns/pair_capacity.py). Needs bytesplat's
     Adam for the Gaussians (the default optimizer config), no gradient scaling or accumulation and no camera
     optimizer; otherwise, and for steps that score Gaussians for pruning, the count is read back. Off: on one
-    H100, ns-train's median step on fox 2.98 against 2.63 ms (suite sync-free-binning, docs/wallclock.md)."""
+    H100, ns-train's median step on fox 2.98 against 2.63 ms with the room then sized from the largest recent
+    count of any view (suite sync-free-binning, docs/wallclock.md); the view's own count is not measured yet."""
     pair_room_margin: float = 1.2
-    """With sync_free_binning: the room given over the largest recent pair count (>= 1). More room, fewer views
-    trained twice; the radix sort also sorts the unused room."""
+    """With sync_free_binning: the room given over the view's last pair count (>= 1; a view not seen yet: the
+    largest recent count). More room, fewer views trained twice; the radix sort also sorts the unused room."""
     check_every: int = 0
     """Every this many training steps, compare the fused loss and gradients with the unfused (splatfacto) path
     and log the errors (model.fused_check_log; 0: off). Costs two extra steps each time."""

@@ -33,6 +33,20 @@ def test_no_room_before_a_total_is_read_then_the_largest_recent_one_scaled():
     assert room.room(1000) == 15 + 1024
 
 
+def test_a_view_seen_before_gets_room_for_its_own_last_count():
+    room = PairRoom(margin=1.25, lag=1)
+    room.send(0, _total(4000), None, 100, key="big")
+    room.send(1, _total(400), None, 100, key="small")
+    room.views_to_train_again(2)
+    assert room.room(100, "small") == 500 + 1024
+    assert room.room(200, "small") == 1000 + 1024  # scaled by the Gaussian count
+    assert room.room(100, "big") == 5000 + 1024
+    assert room.room(100, "new") == 5000 + 1024  # unseen: the largest recent count
+    room.send(2, _total(800), room.room(100, "small"), 100, key="small")
+    room.views_to_train_again(3)
+    assert room.room(100, "small") == 1000 + 1024  # its latest count
+
+
 def test_a_step_past_its_room_is_flagged_and_its_view_comes_back_after_the_lag():
     room = PairRoom(margin=1.0, lag=2)
     fits = room.send(5, _total(100), 100, 10, view="fits")

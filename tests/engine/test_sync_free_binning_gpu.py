@@ -59,8 +59,8 @@ def test_a_step_past_its_room_is_trained_again_after_two_steps_the_same_on_every
     forced = {41, 42, 67}  # steps given room for one pair
     real_room = ByteSplatModel._room_for_pairs
 
-    def room_for_pairs(self, contribution):
-        room = real_room(self, contribution)
+    def room_for_pairs(self, contribution, view_key=None):
+        room = real_room(self, contribution, view_key)
         return 1 if room is not None and self.step in forced else room
 
     monkeypatch.setattr(ByteSplatModel, "_room_for_pairs", room_for_pairs)
