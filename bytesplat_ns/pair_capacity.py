@@ -2,9 +2,12 @@
 
 Binning a view's Gaussians into tile lists (cuda/binning.cu) needs the number of (Gaussian, tile) pairs to
 size its buffers. Read back from the GPU, it makes the host wait once per training step for everything
-queued before it; the step is bound by its host side (docs/wallclock.md), so the GPU then idles while the
-host issues the rest of the step. :class:`PairRoom` sizes the buffer from the totals of earlier steps
-instead, and the binning reads nothing back (``raster.fused.bin_tiles_in_room``).
+queued before it, and where the step is bound by its host side the GPU then idles while the host issues
+the rest of the step. :class:`PairRoom` sizes the buffer from the totals of earlier steps instead, and the
+binning reads nothing back (``raster.fused.bin_tiles_in_room``). The price is a longer sort (the unused
+room is sorted too); on the H100 measured the wait hid less than that cost, so it is opt-in
+(``--pipeline.model.fused.sync-free-binning``, docs/wallclock.md). It is also what gives a step the
+fixed-size buffers a CUDA graph of it would need.
 
 The rules, the same whatever the GPU's timing (so a run is reproducible):
 
@@ -17,7 +20,8 @@ The rules, the same whatever the GPU's timing (so a run is reproducible):
 - a step whose true total exceeded its room rendered incomplete tile lists. Its Adam step and its
   densification statistics depend on a flag on the GPU (``valid``) and change nothing; the trainer trains
   that view again at step ``s + lag``, binned exactly, before the step's own view
-  (``ByteSplatTrainer.train_iteration``). Steps that fit are exactly the steps without a room.
+  (``ByteSplatTrainer.train_iteration``). A step that fits bins the same tile lists as one that reads its
+  count back.
 """
 
 from __future__ import annotations
