@@ -310,6 +310,7 @@ class ByteSplatTrainer(Trainer):
 
     @check_main_thread
     def save_checkpoint(self, step: int) -> None:
+        self.train_waiting_views(step)  # the checkpoint holds every view's update
         self.check_finite(step)  # never replace a finite checkpoint by a diverged one
         self.checkpoint_writer.save(self.checkpoint_contents(step), step)
 
@@ -363,15 +364,22 @@ class ByteSplatTrainer(Trainer):
             self._eval_logger = EvalImageLogger(summaries, self.config.eval_image_png_level)
         return self._eval_logger
 
-    def _after_train(self) -> None:
+    def train_waiting_views(self, step: int) -> None:
+        """Train now the views of the last steps whose tile lists did not fit their room (pair_capacity.py),
+        instead of ``lag`` steps later: before a checkpoint, so that it holds every view's update."""
         model = getattr(self.pipeline, "model", None)
-        room = getattr(model, "pair_room", None) if isinstance(model, ByteSplatModel) else None
-        if room is not None:  # the last steps' views whose lists did not fit, before the final checkpoint
+        room = model.pair_room if isinstance(model, ByteSplatModel) else None
+        if room is not None:
             for camera, batch in room.finish():
-                self.train_view_again(model, camera, batch, self.step)
-            if room.overflows:
-                CONSOLE.log(f"bytesplat: {room.overflows} of {room.sized_steps} steps binned into a room sized ahead "
-                            "did not fit it and were trained again")
+                self.train_view_again(model, camera, batch, step)
+
+    def _after_train(self) -> None:
+        self.train_waiting_views(self.step)  # the last steps' views, before the final checkpoint and the count below
+        model = getattr(self.pipeline, "model", None)
+        room = model.pair_room if isinstance(model, ByteSplatModel) else None
+        if room is not None and room.overflows:
+            CONSOLE.log(f"bytesplat: {room.overflows} of {room.sized_steps} steps binned into a room sized ahead "
+                        "did not fit it and were trained again")
         if self._eval_logger is not None:
             self._eval_logger.close()  # every queued eval image is written before training reports done
             self._eval_logger = None

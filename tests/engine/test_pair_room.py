@@ -121,3 +121,30 @@ def test_training_a_view_again_is_one_step_of_that_view(tmp_path):
     visible = (model.info["radii"] > 0).reshape(1, count.numel(), -1).all(-1)[0]
     assert torch.equal(model.strategy_state["count"], count + visible)
     assert model.binning_exactly is False
+
+
+def test_a_checkpoint_holds_the_update_of_a_view_still_waiting_to_be_trained_again(tmp_path, monkeypatch):
+    """A view whose lists did not fit is trained before a checkpoint is written, not after: a run resumed from
+    the checkpoint would otherwise never make that view's update."""
+    from bytesplat_ns.bench.train import setup_trainer
+    from bytesplat_ns.data.scene import SceneSpec, ensure_scene
+    from bytesplat_ns.method_configs.bytesplat import bytesplat_config
+    from bytesplat_ns.trainer import ByteSplatTrainer
+
+    scene = ensure_scene(SceneSpec(size="small", num_views=10, width=32), cache_dir=tmp_path / "scenes")
+    trainer, _ = setup_trainer("wait", copy.deepcopy(bytesplat_config), scene, 2, tmp_path / "out", seed=0,
+                               device="cpu")
+    trainer.train()
+    model = trainer.pipeline.model
+    room = model._pair_room = PairRoom(lag=2)
+    camera, batch = trainer.pipeline.datamanager.next_train(2)
+    room.send(2, _total(10), 5, model.num_points, view=(camera, batch))  # did not fit; due at step 4
+    trained, order = [], []
+    monkeypatch.setattr(ByteSplatTrainer, "train_view_again",
+                        lambda self, m, c, b, step: (trained.append((c, step)), order.append("again")))
+    real_save = trainer.checkpoint_writer.save
+    monkeypatch.setattr(trainer.checkpoint_writer, "save",
+                        lambda state, step: (order.append("save"), real_save(state, step)))
+    trainer.save_checkpoint(3)
+    trainer.checkpoint_writer.finish()
+    assert trained == [(camera, 3)] and order == ["again", "save"] and not room.sent

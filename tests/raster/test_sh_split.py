@@ -111,7 +111,7 @@ def test_model_passes_its_sh_parameters_unstacked():
     model.train()
     model._get_background_color = lambda: torch.zeros(3)
     outputs = model(make_camera())
-    (raster_args, sh_degree, _) = outputs["fused_pending"]
+    (raster_args, sh_degree, _, _) = outputs["fused_pending"]
     colors = raster_args[4]
     assert isinstance(colors, ShCoefficients) and sh_degree == 0
     assert colors.dc is model.gauss_params["features_dc"] and colors.rest is model.gauss_params["features_rest"]
