@@ -256,8 +256,9 @@ class ByteSplatModel(SplatfactoModel):
 
     def _room_for_pairs(self, contribution: bool, view_key: Optional[int] = None) -> Optional[int]:
         """This training step's room for tile pairs (``view_key``: the training image's index), or None: binned
-        by the count read back. None for a view trained again, for a step whose render also scores Gaussians for pruning (its scores are not gated by
-        the step's flag), and where a Gaussian's Adam step cannot be decided on the GPU."""
+        by the count read back. None for a view trained again, for a step whose render also scores Gaussians
+        for pruning (its scores are not gated by the step's flag), and where a Gaussian's Adam step cannot be
+        decided on the GPU."""
         room = self.pair_room
         if room is None or self.binning_exactly or contribution or self.camera_optimizer.config.mode != "off":
             return None

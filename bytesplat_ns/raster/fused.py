@@ -39,8 +39,8 @@ from bytesplat_ns.raster.warp_masks import trim_tile_lists_torch
 
 __all__ = [
     "DEFAULT_OPTIONS", "RENDER_BATCH", "SCHEDULES", "SSIM_WIN_SIGMA", "SSIM_WIN_SIZE", "TILE_SIZE",
-    "FusedOptions", "bin_tiles", "bin_tiles_in_room", "bin_tiles_torch", "fused_render_loss", "project", "rasterize_fused",
-    "render_2d_torch", "resolve_projection", "splatfacto_loss_torch", "ssim_window", "tile_intersections",
+    "FusedOptions", "bin_tiles", "bin_tiles_in_room", "bin_tiles_torch", "fused_render_loss", "project",
+    "rasterize_fused", "render_2d_torch", "resolve_projection", "splatfacto_loss_torch", "ssim_window", "tile_intersections",
     "tile_lists", "tile_lists_in_room", "trim_tile_lists",
 ]
 
