@@ -218,7 +218,8 @@ class ByteSplatModel(SplatfactoModel):
         self._budget_settings()  # a bad value stops here, before any training
         self._train_cameras: Optional[Cameras] = None
         self._run_end_step: Optional[int] = None  # set by get_training_callbacks: the budget's console line
-        self._pair_room: Optional[PairRoom] = None
+        # built here, so that a bad margin stops the run before any training
+        self._pair_room = PairRoom(self.config.fused.pair_room_margin) if self.config.fused.sync_free_binning else None
         self._adam_on_device: Tuple[int, bool] = (-1, False)  # (Gaussians, answer) of _gaussian_steps_on_device
         self.binning_exactly = False  # set while the trainer trains a view again (pair_capacity.py)
         self.sized_binning_allowed = True  # the trainer's say: off with gradient scaling or accumulation
@@ -250,8 +251,6 @@ class ByteSplatModel(SplatfactoModel):
     def pair_room(self) -> Optional[PairRoom]:
         """The training step's tile-pair room (pair_capacity.py; ``--pipeline.model.fused.sync-free-binning``),
         or None where the steps bin by the count read back from the GPU."""
-        if self._pair_room is None and self.config.fused.sync_free_binning and self.sized_binning_allowed:
-            self._pair_room = PairRoom(self.config.fused.pair_room_margin)
         return self._pair_room if self.sized_binning_allowed else None
 
     def _room_for_pairs(self, contribution: bool, view_key: Optional[int] = None) -> Optional[int]:

@@ -34,6 +34,8 @@ from typing import Any, Deque, Dict, Hashable, List, Optional, Tuple
 import torch
 from torch import Tensor
 
+from bytesplat_ns.errors import SettingError
+
 LAG = 2
 """Steps between a step and the read of its total: the host stays at most this many steps ahead of the GPU."""
 
@@ -55,7 +57,8 @@ class PairRoom:
 
     def __init__(self, margin: float = 1.2, window: int = 100, lag: int = LAG):
         if not margin >= 1.0:
-            raise ValueError(f"the pair room's margin must be at least 1, got {margin}")
+            raise SettingError(f"--pipeline.model.fused.pair-room-margin must be at least 1, got {margin}",
+                               hint="the room is this many times the view's last pair count")
         self.margin = float(margin)
         self.lag = int(lag)
         self.recent: Deque[Tuple[int, int]] = deque(maxlen=int(window))  # (total, Gaussians) read so far

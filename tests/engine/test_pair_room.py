@@ -66,8 +66,18 @@ def test_finish_reads_every_total_in_flight():
 
 
 def test_the_margin_must_leave_room_for_the_largest_count():
-    with pytest.raises(ValueError, match="at least 1"):
+    from nerfstudio.data.scene_box import SceneBox
+
+    from bytesplat_ns.errors import SettingError
+    from bytesplat_ns.model import ByteSplatModelConfig
+    from bytesplat_ns.raster.options import FusedRasterConfig
+
+    with pytest.raises(SettingError, match="pair-room-margin must be at least 1"):
         PairRoom(margin=0.9)
+    with pytest.raises(SettingError, match="pair-room-margin"):  # at model set-up, before any training
+        ByteSplatModelConfig(fused=FusedRasterConfig(sync_free_binning=True, pair_room_margin=0.5), num_random=10,
+                             random_init=True).setup(
+            scene_box=SceneBox(torch.tensor([[-1.0, -1, -1], [1, 1, 1]])), num_train_data=2, metadata={})
 
 
 def test_a_step_that_did_not_fit_leaves_the_densification_statistics_alone():
