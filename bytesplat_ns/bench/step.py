@@ -40,6 +40,10 @@ the gsplat of a ``--gsplat-site`` gets the same scene through a file, ``bench.sc
 - ``bytesplat-untrimmed``: ``bytesplat`` walking the tile lists as binned, without dropping the entries whose
   Gaussian reaches no 8x4 block of their tile (``--pipeline.model.fused.trim-tile-lists False``; the default
   trims them, cuda/warp_masks.cu ``trim_tile_lists``).
+- ``bytesplat-graph``: ``bytesplat``'s step captured once as a CUDA graph and replayed (:class:`BytesplatGraphStep`),
+  its tile lists binned into a room sized from its first step's pair count: the step with no host work but one
+  graph launch, the ceiling of graphing the trainer's step (the row's ``pair_room``; a replayed step whose pairs
+  outgrew it makes the row an error).
 
 Reported per implementation: ``wall_ms`` (host clock over ``--repeats`` back-to-back steps, the
 GPU drained at both ends: what a training loop gets), the stages' spans (CUDA events at the stage
@@ -73,7 +77,7 @@ LEARNING_RATES = {"means": 1.6e-4, "scales": 5e-3, "quats": 1e-3, "features_dc":
 ADAM_EPS = 1e-15
 IMPLEMENTATIONS = ("splatfacto", "gsplat", "bytesplat", "bytesplat-visible", "bytesplat-square-tiles",
                    "bytesplat-reach-torch", "bytesplat-fast-exp", "bytesplat-bwd-2px", "bytesplat-levers",
-                   "bytesplat-longest-first", "bytesplat-rows-cull", "bytesplat-untrimmed")
+                   "bytesplat-longest-first", "bytesplat-rows-cull", "bytesplat-untrimmed", "bytesplat-graph")
 
 # kernel name -> category; the first pattern that matches wins, "bwd"/"backward" in a name marks it backward
 KERNEL_CATEGORIES: Tuple[Tuple[str, str], ...] = (
@@ -206,6 +210,10 @@ class TrainingStep:
     def __call__(self, clock: StageClock) -> torch.Tensor:
         raise NotImplementedError
 
+    def report(self) -> Dict:
+        """What the implementation adds to its row."""
+        return {}
+
 
 class GsplatStep(TrainingStep):
     """gsplat's ``rasterization`` + splatfacto's loss (``ssim``) + ``optimizer`` + its strategy."""
@@ -290,13 +298,18 @@ class BytesplatStep(TrainingStep):
         self.strategy_state = self.strategy.initialize_state(scene_scale=1.0)
 
     def __call__(self, clock: StageClock) -> torch.Tensor:
+        return self.train_step(clock)[0]
+
+    def train_step(self, clock: StageClock, pair_room: Optional[int] = None) -> Tuple[torch.Tensor, Dict]:
+        """One step; ``pair_room`` as ``fused_render_loss``'s (None: the pair count read back)."""
         from bytesplat_ns.optim import step_in_one_pass
         from bytesplat_ns.raster.fused import fused_render_loss
 
         s = self.scene
         clock.start()
         loss, _, _, info = fused_render_loss(*model_inputs(self.params), s["viewmats"], s["Ks"], self.W, self.H, s["gt"],
-                                             s["backgrounds"], sh_degree=self.sh_degree, options=self.options)
+                                             s["backgrounds"], sh_degree=self.sh_degree, options=self.options,
+                                             pair_room=pair_room)
         info["means2d"].retain_grad()
         clock.mark("rasterize+loss")
         loss.backward()
@@ -312,7 +325,74 @@ class BytesplatStep(TrainingStep):
         for param in self.params.values():
             param.grad = None
         clock.mark("optimizer")
-        return loss
+        return loss, info
+
+
+class _NoClock:
+    """A stage clock that records nothing: no CUDA events in a graph capture."""
+
+    def start(self) -> None:
+        pass
+
+    def mark(self, stage: str) -> None:
+        pass
+
+
+class BytesplatGraphStep(BytesplatStep):
+    """``bytesplat``'s step captured once as a CUDA graph and then replayed: what the step costs when the host
+    issues nothing but one graph launch (no Python, no per-kernel launches, no allocator), the ceiling of
+    graphing the trainer's step. The tile lists are binned into a room sized from the first step's pair count
+    (``fused_render_loss(pair_room=)``: nothing is read back, every shape and pointer stays the same); a step
+    whose pairs outgrow the room would be inexact, so the graph also records whether any did (:meth:`report`)."""
+
+    room_margin = 1.2  # as --pipeline.model.fused.pair-room-margin
+    warmup_steps = 2  # eager steps on a side stream before the capture: lazily built state, cuBLAS/cub workspaces
+
+    def __init__(self, scene: Dict):
+        super().__init__(scene)
+        self.label = self.label + ", the whole step replayed as one CUDA graph"
+        self.graph: Optional[torch.cuda.CUDAGraph] = None
+        self.pair_room = 0
+        self.eager_steps = 0
+        self.replays = 0
+        self.first_loss = float("nan")
+
+    def _capture(self) -> None:
+        loss, info = self.train_step(_NoClock())  # the pair count read back, once
+        self.first_loss = float(loss)
+        self.pair_room = int(int(info["pair_total"]) * self.room_margin) + 1024
+        # the loss's autograd graph would keep the parameters' gradient accumulators, and with them the stream they
+        # were made on, alive into the capture: the backward would then make that stream wait on the capture
+        del loss, info
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(self.warmup_steps):
+                self.train_step(_NoClock(), self.pair_room)
+        torch.cuda.current_stream().wait_stream(side)
+        self.eager_steps = 1 + self.warmup_steps
+        self.overflowed = torch.zeros((), dtype=torch.bool, device="cuda")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.loss, info = self.train_step(_NoClock(), self.pair_room)
+            self.overflowed |= (info["pair_total"] > self.pair_room).squeeze()
+        self.graph = graph
+
+    def __call__(self, clock: StageClock) -> torch.Tensor:
+        if self.graph is None:
+            self._capture()
+        clock.start()
+        self.graph.replay()
+        clock.mark("graph replay")
+        self.replays += 1
+        return self.loss
+
+    def report(self) -> Dict:
+        """The room and the steps run; raises if any replayed step's pairs did not fit (its row is then an error)."""
+        if self.graph is not None and bool(self.overflowed):
+            raise RuntimeError(f"a replayed step's tile lists outgrew their room of {self.pair_room} pairs")
+        return {"pair_room": self.pair_room, "eager_steps": self.eager_steps, "graph_replays": self.replays,
+                "loss_step0": self.first_loss}
 
 
 def build_step(implementation: str, scene: Dict) -> TrainingStep:
@@ -340,6 +420,8 @@ def build_step(implementation: str, scene: Dict) -> TrainingStep:
         return BytesplatStep(scene, cull_rows=True)
     if implementation == "bytesplat-untrimmed":
         return BytesplatStep(scene, trim_lists=False)
+    if implementation == "bytesplat-graph":
+        return BytesplatGraphStep(scene)
     raise ValueError(f"unknown implementation {implementation!r} (choose from {IMPLEMENTATIONS})")
 
 
@@ -409,6 +491,7 @@ def measure(step: TrainingStep, warmup: int, repeats: int, profile_steps: int) -
             "wall_ms": wall_ms, "stages_ms": stages, "stages_sum_ms": sum(stages.values()),
             "gpu_busy_ms": busy, "host_gaps_ms": max(0.0, wall_ms - busy), "host_issue_ms": host_ms,
             "host_issue_stages_ms": host_stages,
+            **step.report(),
             "kernel_categories_ms": categories,
             "top_kernels_ms": {k: v / 1000.0 / profile_steps for k, v in sorted(kernels.items(), key=lambda kv: -kv[1])[:12]}}
 

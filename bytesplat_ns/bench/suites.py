@@ -78,7 +78,7 @@ def _budget_on_large(budget: str) -> Step:
 _COUNTS = "--views 4 --warmup 1 --repeats 3 --communicators pixel sparse-grad dense"
 _SEEDS = "--scene large --iterations 3000 --num-downscales 0 --seeds 1 2 3 4 5"
 _GSPLAT_153 = "/tmp/gsplat-1.5.3"  # where scripts/gpu_setup.sh installs the carried gsplat 1.5.3 wheel
-_TRAINED_CAPTURE = "{work}/train/bytesplat-seed0/bytesplat/bytesplat/seed0"  # the train_30k step's run
+_TRAINED_CAPTURE = "{work}/train/bytesplat-seed0/bytesplat/bytesplat/seed0"  # a train_30k / train_5k step's run
 _VISIBLE_ONLY = "visible=bytesplat --pipeline.model.optimize-visible-only True"
 _FAST_EXP = "fast_exp=bytesplat --pipeline.model.fused.fast-exp True"
 _TRIMMED = "trimmed=bytesplat --pipeline.model.fused.trim-tile-lists True"
@@ -403,13 +403,26 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           "the training step's tile pairs binned into a room sized from earlier steps (--pipeline.model.fused."
           "sync-free-binning True) against the count read back from the GPU every step (the default): nerfstudio's "
           "training loop body on a real capture (--data, full resolution from the start) under the profilers after "
-          "2000 iterations, then ns-train + ns-eval, 5000 iterations, 3 seeds, each pair back to back (the document of "
-          "2026-12-06, when the room was the default, labels the room's runs bytesplat)",
+          "2000 iterations, then ns-train + ns-eval, 5000 iterations, 3 seeds, each pair back to back",
           1,
           (Step("profile", _args("--data {data} --methods bytesplat@fused.sync_free_binning=true "
                                  "bytesplat@fused.sync_free_binning=false --warmup-iters 2000 --profile-iters 100 "
                                  "--work-dir {work}/profile"), name="loop_capture"),)
           + _per_seed_on_capture(f"'{_SIZED_ROOM}' '{_COUNT_READ_BACK}'", 5000, "wallclock", "seed{seed}"),
+          needs_data=True),
+    Suite("step-graph",
+          "the ceiling of CUDA graphs for the training step: our whole step (projection, SH, binning into a room sized "
+          "from its first pair count, render + loss, backward, densification statistics, Adam) captured once and "
+          "replayed, against the same step issued from Python (wall, GPU busy, host issue time): on a real capture "
+          "(--data) after 5000 iterations of ns-train bytesplat, one train view at full resolution, and on 1M random "
+          "Gaussians at 1080p",
+          1,
+          (Step("wallclock", _args("--data {data} --methods bytesplat --iterations 5000 --seeds 0 --no-eval "
+                                   "--offline-lpips --work-dir {work}/train"), name="train_5k"),
+           Step("step", _args(f"--trained {_TRAINED_CAPTURE} --warmup 10 --repeats 100 --implementations bytesplat "
+                              "bytesplat-graph"), name="step_trained"),
+           Step("step", _args("--num-gaussians 1000000 --width 1920 --height 1080 --warmup 10 --repeats 50 "
+                              "--implementations bytesplat bytesplat-graph"), name="step_1m")),
           needs_data=True),
     Suite("lean-training-loop",
           "bytesplat's training loop (the trainer's --lean-training-loop, default) against nerfstudio's Trainer.train on "

@@ -199,3 +199,19 @@ def test_host_issue_time_starts_each_step_on_an_idle_device_and_takes_the_median
     assert ms == pytest.approx(2.0)  # the median of 4, 1 and 2 ms
     assert stages == pytest.approx({"render": 0.5, "optimizer": 1.5})  # each stage's median
     assert clock.events == [] and clock.host == []
+
+
+def test_graph_row_is_registered_and_reports_its_room():
+    """``bytesplat-graph`` (its capture and replay are GPU-only: tests/bench/test_step_graph_gpu.py): a choice of
+    the subcommand, in the step-graph suite beside ``bytesplat``, and a row that says its room and its steps."""
+    from bytesplat_ns.bench import suites
+    from bytesplat_ns.bench.commands import step_parser
+
+    assert step_parser("step").parse_args(["--implementations", "bytesplat-graph"]).implementations == ["bytesplat-graph"]
+    graphed = step.build_step("bytesplat-graph", synthetic_scene(200, 32, 24, 3, seed=3, device="cpu"))
+    assert isinstance(graphed, step.BytesplatGraphStep) and "one CUDA graph" in graphed.label
+    assert graphed.report() == {"pair_room": 0, "eager_steps": 0, "graph_replays": 0, "loss_step0": pytest.approx(
+        float("nan"), nan_ok=True)}
+    for name in ("step_trained", "step_1m"):
+        args = next(s for s in suites.SUITES["step-graph"].steps if s.name == name).args
+        assert args[args.index("--implementations") + 1:][:2] == ("bytesplat", "bytesplat-graph")
