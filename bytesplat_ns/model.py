@@ -23,6 +23,7 @@ from nerfstudio.models.splatfacto import (
     SplatfactoModelConfig,
     num_sh_bases,
     random_quat_tensor,
+    resize_image,
 )
 from nerfstudio.utils import writer
 from nerfstudio.utils.colors import get_color
@@ -96,6 +97,11 @@ class ByteSplatModelConfig(SplatfactoModelConfig):
     tile_stats_every: int = 0
     """Every this many steps, log how many tiles hold more Gaussians than the fused kernel keeps on chip
     (tensorboard tiles/*, model.tile_occupancy.log; 0: off). Any backend; capacity as for hw-prune."""
+    gt_downscale: Literal["pool", "conv"] = "conv"
+    """How a training image is shrunk while splatfacto's coarse start (num_downscales) trains below full
+    resolution: conv (splatfacto's convolution with a d x d box filter) or pool (one d x d average pool). The
+    same pixels up to the order of each box's sum; the convolution loads cuDNN at the first training step and
+    goes through cuDNN's dispatch at every step. pool is opt-in until suite gt-downscale has timed both."""
     min_train_resolution: int = 100
     """splatfacto's coarse start (num_downscales) never trains on images whose longer side is below this
     many pixels. Its quarter resolution is meant for photos; on small images (the built-in 128x96 scene:
@@ -117,6 +123,13 @@ def nearest_neighbour_distances(points: np.ndarray, k: int) -> np.ndarray:
     through scipy's k-d tree, which nerfstudio has imported already)."""
     distances, _ = cKDTree(points).query(points, k=k + 1)
     return distances[:, 1:]
+
+
+def box_downscale(image: torch.Tensor, d: int) -> torch.Tensor:
+    """splatfacto's ``resize_image`` ([H,W,C] to [H//d,W//d,C] float32, each output pixel the mean of a d x d
+    box) as one average pool: no cuDNN, the same pixels up to the order of each box's sum."""
+    chw = image.to(torch.float32).permute(2, 0, 1)[:, None]
+    return torch.nn.functional.avg_pool2d(chw, d, stride=d).squeeze(1).permute(1, 2, 0)
 
 
 def training_psnr(predicted: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -158,6 +171,12 @@ class ByteSplatModel(SplatfactoModel):
             CONSOLE.log(f"bytesplat: training images are {long_side} px on their longer side; starting at 1/{2**allowed} "
                         f"of that instead of splatfacto's 1/{2**wanted} (min_train_resolution {floor} px; 0 turns this off)")
         return allowed
+
+    def _downscale_if_required(self, image: torch.Tensor) -> torch.Tensor:
+        d = self._get_downscale_factor()
+        if d == 1:
+            return image
+        return box_downscale(image, d) if self.config.gt_downscale == "pool" else resize_image(image, d)
 
     def _get_downscale_factor(self):
         if getattr(_EVAL_RESOLUTION, "pinned", False):
