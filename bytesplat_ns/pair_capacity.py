@@ -4,10 +4,11 @@ Binning a view's Gaussians into tile lists (cuda/binning.cu) needs the number of
 size its buffers. Read back from the GPU, it makes the host wait once per training step for everything
 queued before it, and where the step is bound by its host side the GPU then idles while the host issues
 the rest of the step. :class:`PairRoom` sizes the buffer from the totals of earlier steps instead, and the
-binning reads nothing back (``raster.fused.bin_tiles_in_room``). The price is a longer sort (the unused
-room is sorted too); on the H100 measured the wait hid less than that cost, so it is opt-in
-(``--pipeline.model.fused.sync-free-binning``, docs/wallclock.md). It is also what gives a step the
-fixed-size buffers a CUDA graph of it would need.
+binning reads nothing back (``raster.fused.bin_tiles_in_room``). The sort also sorts the unused room; sized
+per view, that cost no measurable GPU time on an H100, and nerfstudio's profiled loop body ran faster on a slow
+host, but ``ns-train``'s steps did not, so it is opt-in (``--pipeline.model.fused.sync-free-binning``,
+docs/wallclock.md). It is also what gives a step the fixed-size buffers a CUDA graph of it needs
+(``bench/step.py`` ``BytesplatGraphStep``).
 
 The rules, the same whatever the GPU's timing (so a run is reproducible):
 
@@ -38,6 +39,13 @@ from bytesplat_ns.errors import SettingError
 
 LAG = 2
 """Steps between a step and the read of its total: the host stays at most this many steps ahead of the GPU."""
+SLACK = 1024
+"""Pairs added to every room: views with few pairs."""
+
+
+def room_for(pairs: float, margin: float) -> int:
+    """The room for a step expected to bin ``pairs`` (Gaussian, tile) pairs: ``margin`` times them, plus :data:`SLACK`."""
+    return int(math.ceil(margin * pairs)) + SLACK
 
 
 @dataclass
@@ -80,7 +88,7 @@ class PairRoom:
             scaled = max(total * gaussians / max(then, 1) for total, then in self.recent)
         else:
             return None
-        return int(math.ceil(self.margin * scaled)) + 1024  # the slack: views with few pairs
+        return room_for(scaled, self.margin)
 
     def send(self, step: int, total: Tensor, room: Optional[int], gaussians: int, view: Any = None,
              key: Optional[Hashable] = None) -> Optional[Tensor]:

@@ -364,19 +364,22 @@ class ByteSplatTrainer(Trainer):
             self._eval_logger = EvalImageLogger(summaries, self.config.eval_image_png_level)
         return self._eval_logger
 
+    def _pair_room(self):
+        """The model's tile-pair room (pair_capacity.py), or None where its steps bin by the count read back."""
+        model = getattr(self.pipeline, "model", None)
+        return model.pair_room if isinstance(model, ByteSplatModel) else None
+
     def train_waiting_views(self, step: int) -> None:
         """Train now the views of the last steps whose tile lists did not fit their room (pair_capacity.py),
         instead of ``lag`` steps later: before a checkpoint, so that it holds every view's update."""
-        model = getattr(self.pipeline, "model", None)
-        room = model.pair_room if isinstance(model, ByteSplatModel) else None
+        room = self._pair_room()
         if room is not None:
             for camera, batch in room.finish():
-                self.train_view_again(model, camera, batch, step)
+                self.train_view_again(self.pipeline.model, camera, batch, step)
 
     def _after_train(self) -> None:
         self.train_waiting_views(self.step)  # the last steps' views, before the final checkpoint and the count below
-        model = getattr(self.pipeline, "model", None)
-        room = model.pair_room if isinstance(model, ByteSplatModel) else None
+        room = self._pair_room()
         if room is not None and room.overflows:
             CONSOLE.log(f"bytesplat: {room.overflows} of {room.sized_steps} steps binned into a room sized ahead "
                         "did not fit it and were trained again")

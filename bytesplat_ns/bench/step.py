@@ -358,9 +358,11 @@ class BytesplatGraphStep(BytesplatStep):
         self.first_loss = float("nan")
 
     def _capture(self) -> None:
+        from bytesplat_ns.pair_capacity import room_for
+
         loss, info = self.train_step(_NoClock())  # the pair count read back, once
         self.first_loss = float(loss)
-        self.pair_room = int(int(info["pair_total"]) * self.room_margin) + 1024
+        self.pair_room = room_for(int(info["pair_total"]), self.room_margin)
         # the loss's autograd graph would keep the parameters' gradient accumulators, and with them the stream they
         # were made on, alive into the capture: the backward would then make that stream wait on the capture
         del loss, info
