@@ -24,7 +24,8 @@ their before/after callbacks, i.e. densification), ``eval`` (in-training eval it
 ``write_out_storage`` into ``gpu_wait``, ``tensorboard_scalar``, ``tensorboard_image``, ``console``), ``save`` (checkpoints), ``step_ms`` (each train
 iteration's milliseconds as nerfstudio's own iteration timer measures it, from the first), ``eval_curve``
 (the PSNR and SSIM of each all-images eval the trainer logs, with its step and each image's PSNR), plus the final
-Gaussian count and the peak GPU memory. ``gc`` counts the garbage collector's collections while
+Gaussian count, the peak GPU memory and the model's and evals' schedules (``schedule``, which steps refine,
+change the SH degree or the training resolution, or follow an eval). ``gc`` counts the garbage collector's collections while
 ``Trainer.train`` runs, per generation, with their seconds (inside whatever phase they interrupt:
 a full collection that stalls a step is step time).
 
@@ -432,7 +433,29 @@ def final_state(trainer) -> Dict[str, Optional[float]]:
         num_gaussians = int(model.num_points)
     peak = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     return {"num_gaussians": num_gaussians, "peak_gpu_memory_mb": peak, "train_image_size": train_image_size(trainer),
-            "budget_removed": budget_removed(model)}
+            "budget_removed": budget_removed(model), "schedule": training_schedule(trainer)}
+
+
+SPLAT_SCHEDULE = ("refine_every", "warmup_length", "stop_split_at", "sh_degree", "sh_degree_interval",
+                  "resolution_schedule", "num_downscales")
+EVAL_SCHEDULE = ("steps_per_eval_image", "steps_per_eval_all_images", "steps_per_eval_batch")
+
+
+def training_schedule(trainer) -> Optional[Dict[str, int]]:
+    """The schedules that make some steps cost more than others (densification, the SH degree and the
+    training resolution growing, evals), for ``wallclock``'s steps by kind; None for a model without
+    splatfacto's schedule."""
+    model = getattr(getattr(trainer, "pipeline", None), "model", None)
+    model_config = getattr(model, "config", None)
+    if model_config is None or not all(hasattr(model_config, key) for key in SPLAT_SCHEDULE):
+        return None
+    schedule = {key: int(getattr(model_config, key)) for key in SPLAT_SCHEDULE}
+    capped = getattr(model, "_max_downscales", None)  # bytesplat may start at a finer resolution than asked
+    if capped is not None:
+        schedule["num_downscales"] = int(capped)
+    schedule.update({key: int(getattr(trainer.config, key)) for key in EVAL_SCHEDULE})
+    schedule["start_step"] = int(getattr(trainer, "_start_step", 0))
+    return schedule
 
 
 def budget_removed(model) -> Optional[int]:

@@ -125,12 +125,15 @@ def gc_fields(timings: Dict) -> Dict[str, float]:
 
 
 SLOW_STEP_FACTOR = 3.0
+STEP_WINDOW = 1000  # nerfstudio's schedules (SH degree, splatfacto's coarse-to-fine resolution) change on thousands
 
 
 def step_time_fields(step_ms: List[float]) -> Dict[str, float]:
     """The distribution of single step times (in the order they ran): the typical step, its tail, the
     first (kernel loading and lazy initialisation land there), and the steps slower than
-    ``SLOW_STEP_FACTOR`` x the median with the seconds they took beyond a median step."""
+    ``SLOW_STEP_FACTOR`` x the median with the seconds they took beyond a median step; and the median of
+    each ``STEP_WINDOW`` steps in turn (a step's cost moves with the schedule: the Gaussian count, the SH
+    degree and the training image's resolution all grow)."""
     if not step_ms:
         return {}
     ordered = sorted(step_ms)
@@ -139,7 +142,45 @@ def step_time_fields(step_ms: List[float]) -> Dict[str, float]:
     pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
     return {"step_median_ms": median, "step_p90_ms": pick(0.9), "step_p99_ms": pick(0.99), "step_max_ms": ordered[-1],
             "first_step_ms": step_ms[0],
-            "slow_steps": len(slow), "slow_steps_excess_s": sum(t - median for t in slow) / 1000.0}
+            "slow_steps": len(slow), "slow_steps_excess_s": sum(t - median for t in slow) / 1000.0,
+            "step_median_ms_by_window": [statistics.median(step_ms[i:i + STEP_WINDOW])
+                                         for i in range(0, len(step_ms), STEP_WINDOW)]}
+
+
+STEP_KINDS = ("first", "schedule_change", "refine", "after_eval", "plain")
+
+
+def step_kind(step: int, schedule: Dict[str, int]) -> str:
+    """What a train iteration does beyond a plain step (its own after-callbacks included), by the run's
+    ``schedule`` (``timed_ns_train.training_schedule``): the first; a change of the SH degree or of the
+    training resolution (new shapes); a densification step (splatfacto's refine_every, from its warm-up to
+    stop_split_at); the step after an eval (whose render it queued behind); otherwise plain. The first
+    match in that order."""
+    if step == schedule["start_step"]:
+        return "first"
+    sh_every, res_every = schedule["sh_degree_interval"], schedule["resolution_schedule"]
+    if (sh_every > 0 and step % sh_every == 0 and step // sh_every <= schedule["sh_degree"]) or (
+            res_every > 0 and step % res_every == 0 and step // res_every <= schedule["num_downscales"]):
+        return "schedule_change"
+    refine = schedule["refine_every"]
+    if refine > 0 and step % refine == 0 and schedule["warmup_length"] < step < schedule["stop_split_at"]:
+        return "refine"
+    evals = (schedule["steps_per_eval_image"], schedule["steps_per_eval_all_images"], schedule["steps_per_eval_batch"])
+    if step - 1 > 0 and any(every > 0 and (step - 1) % every == 0 for every in evals):
+        return "after_eval"  # nerfstudio's step_check: no eval at step 0
+    return "plain"
+
+
+def step_kind_fields(step_ms: List[float], schedule: Optional[Dict[str, int]]) -> Dict:
+    """The steps by kind (``step_kind``): how many, their median and their total, so that a run's step time
+    splits into the plain steps' and the scheduled extra work's."""
+    if not step_ms or not schedule:
+        return {}
+    kinds: Dict[str, List[float]] = {}
+    for i, ms in enumerate(step_ms):
+        kinds.setdefault(step_kind(schedule["start_step"] + i, schedule), []).append(ms)
+    return {"step_kinds": {kind: {"steps": len(kinds[kind]), "median_ms": statistics.median(kinds[kind]),
+                                  "total_s": sum(kinds[kind]) / 1000.0} for kind in STEP_KINDS if kind in kinds}}
 
 
 def read_eval(path: Path, lpips_measured: bool = True) -> Dict[str, float]:
@@ -205,6 +246,7 @@ def run_one(entry: MethodEntry, seed: int, args: argparse.Namespace, repeat: int
         # the trainer's all-images eval on its schedule (steps_per_eval_all_images): when quality moved
         "eval_curve": timings.get("eval_curve", []),
         **gc_fields(timings), **step_time_fields(timings.get("step_ms") or []),
+        **step_kind_fields(timings.get("step_ms") or [], timings.get("schedule")),
         **({"detail_s": timings["detail_s"]} if timings.get("detail_s") else {}),
         "ns_train_command": f"{entry.launcher} " + shlex.join(train_args),
         "launched_command": shlex.join(command), "config": str(config),

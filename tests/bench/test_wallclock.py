@@ -67,6 +67,28 @@ def test_step_time_fields():
     assert fields["first_step_ms"] == 605.0 and fields["step_median_ms"] == 5.0 and fields["step_max_ms"] == 605.0 and fields["step_p90_ms"] == 5.0
     assert fields["slow_steps"] == 2 and fields["slow_steps_excess_s"] == pytest.approx((45.0 + 600.0) / 1000)
     assert wallclock.step_time_fields([]) == {}
+    windows = wallclock.step_time_fields([2.0] * wallclock.STEP_WINDOW + [4.0, 3.0, 100.0])
+    assert windows["step_median_ms_by_window"] == [2.0, 4.0]  # the last window is the steps left over
+
+
+SCHEDULE = {"refine_every": 100, "warmup_length": 500, "stop_split_at": 15000, "sh_degree": 3, "sh_degree_interval": 1000,
+            "resolution_schedule": 3000, "num_downscales": 2, "steps_per_eval_image": 100,
+            "steps_per_eval_all_images": 1000, "steps_per_eval_batch": 0, "start_step": 0}
+
+
+def test_steps_by_kind_follow_splatfactos_schedule():
+    kind = lambda step, **changes: wallclock.step_kind(step, {**SCHEDULE, **changes})  # noqa: E731
+    assert kind(0) == "first" and kind(7000, start_step=7000) == "first"  # a resumed run's first step
+    assert [kind(s) for s in (1000, 2000, 3000, 6000)] == ["schedule_change"] * 4  # SH 1..3 (and 1/2 resolution); full resolution
+    assert kind(4000) == "refine"  # SH degree 3 already
+    assert kind(9000) == "refine" and kind(9000, num_downscales=0) == "refine"  # SH at 3 already, no coarse start
+    assert [kind(s) for s in (500, 600, 14900, 15000)] == ["plain", "refine", "refine", "plain"]  # after the warm-up, before the stop
+    assert [kind(s) for s in (1, 101, 1001, 102)] == ["plain", "after_eval", "after_eval", "plain"]  # no eval at step 0
+    fields = wallclock.step_kind_fields([900.0, 3.0, 5.0, 4.0], {**SCHEDULE, "refine_every": 2, "warmup_length": 0})
+    assert fields["step_kinds"] == {"first": {"steps": 1, "median_ms": 900.0, "total_s": 0.9},
+                                    "refine": {"steps": 1, "median_ms": 5.0, "total_s": 0.005},
+                                    "plain": {"steps": 2, "median_ms": 3.5, "total_s": 0.007}}
+    assert wallclock.step_kind_fields([1.0], None) == {}  # a model without splatfacto's schedule
 
 
 def test_method_entries():
@@ -116,6 +138,9 @@ def test_two_configurations_end_to_end(tmp_path):
         assert run["train_image_size"][0] == 32  # the scene's --width: the resolution the run trained at
         assert 200 < run["peak_host_memory_mb"] < 64 * 1024  # torch + nerfstudio alone take a few hundred MB
         assert run["step_median_ms"] > 0 and run["step_max_ms"] >= run["step_p99_ms"] >= run["step_median_ms"]
+        kinds = run["step_kinds"]  # 3 steps: the first, then plain ones (the eval at step 2 is the last step's)
+        assert set(kinds) == {"first", "plain"} and sum(kind["steps"] for kind in kinds.values()) == 3
+        assert sum(kind["total_s"] for kind in kinds.values()) == pytest.approx(run["steps_s"], rel=0.5)
         assert run["gc_full_collections"] >= 0 and 0 <= run["gc_full_s"] <= run["gc_s"] < run["wall_s"]
         assert "--machine.seed 1" in run["ns_train_command"] and run["ns_train_command"].startswith("ns-train bytesplat")
         assert run["ns_eval_command"].startswith("ns-eval --load-config")
