@@ -97,11 +97,12 @@ class ByteSplatModelConfig(SplatfactoModelConfig):
     tile_stats_every: int = 0
     """Every this many steps, log how many tiles hold more Gaussians than the fused kernel keeps on chip
     (tensorboard tiles/*, model.tile_occupancy.log; 0: off). Any backend; capacity as for hw-prune."""
-    gt_downscale: Literal["pool", "conv"] = "conv"
+    gt_downscale: Literal["pool", "conv"] = "pool"
     """How a training image is shrunk while splatfacto's coarse start (num_downscales) trains below full
-    resolution: conv (splatfacto's convolution with a d x d box filter) or pool (one d x d average pool). The
+    resolution: pool (one d x d average pool) or conv (splatfacto's convolution with a d x d box filter). The
     same pixels up to the order of each box's sum; the convolution loads cuDNN at the first training step and
-    goes through cuDNN's dispatch at every step. pool is opt-in until suite gt-downscale has timed both."""
+    autotunes each new image size (nerfstudio turns cuDNN's benchmark mode on), which the pool needs neither
+    of: suite gt-downscale."""
     min_train_resolution: int = 100
     """splatfacto's coarse start (num_downscales) never trains on images whose longer side is below this
     many pixels. Its quarter resolution is meant for photos; on small images (the built-in 128x96 scene:

@@ -45,4 +45,4 @@ def test_the_model_shrinks_by_the_config_s_way(monkeypatch):
     assert ByteSplatModel._downscale_if_required(_model("conv", 2), image).shape == (4, 4, 3)
     assert ByteSplatModel._downscale_if_required(_model("pool", 1), image) is image  # full resolution: as it is
     assert calls == [("pool", 4), ("conv", 2)]
-    assert ByteSplatModelConfig().gt_downscale == "conv"  # splatfacto's, until suite gt-downscale has run
+    assert ByteSplatModelConfig().gt_downscale == "pool"  # the default: no cuDNN load or autotuning (suite gt-downscale)
