@@ -33,6 +33,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 from bytesplat_ns.bench.city_render import KINDS as CITY_VIEW_KINDS
 from bytesplat_ns.bench.gpu_sharing import measures_the_method, runs_sharing_gpu
 from bytesplat_ns.bench.plots import detect_kind
+from bytesplat_ns.bench.wallclock import STEP_KINDS
 from bytesplat_ns.errors import BytesplatError
 
 HOWTO = """\
@@ -323,7 +324,28 @@ def wallclock_table(steps: List[Dict]) -> List[str]:
     table = _table(["method", "seeds", *keys, "PSNR min-max", "PSNR diff vs the first method, by seed"],
                    [[m, n, *(_f(s[k]["mean"]) if k in s else "-" for k in keys), sp, d] for m, n, s, d, sp in rows])
     across = across_steps_table(steps) if len(steps) > 1 else []
-    return table + (["", *across] if across else [])
+    kinds = step_kinds_table(steps)
+    return table + (["", *across] if across else []) + (["", *kinds] if kinds else [])
+
+
+def step_kinds_table(steps: List[Dict]) -> List[str]:
+    """Per method, over its runs that recorded them: the steps by kind (``wallclock.step_kind``), the plain
+    steps' median and total and each other kind's total seconds (means over the runs)."""
+    by_method: Dict[str, List[Dict]] = {}
+    for step in steps:
+        for run in step["result"].get("runs", []):
+            if run.get("step_kinds"):
+                by_method.setdefault(run["method"], []).append(run["step_kinds"])
+    if not by_method:
+        return []
+    mean = lambda kinds, kind, key, fmt="{:.2f}": (  # noqa: E731
+        _f(statistics.fmean([k[kind][key] for k in kinds if kind in k]), fmt) if any(kind in k for k in kinds) else "-")
+    others = [kind for kind in STEP_KINDS if kind != "plain"]
+    rows = [[method, str(len(kinds)), mean(kinds, "plain", "steps", "{:.0f}"), mean(kinds, "plain", "median_ms"),
+             mean(kinds, "plain", "total_s"), *(mean(kinds, kind, "total_s") for kind in others)]
+            for method, kinds in by_method.items()]
+    return _table(["steps by kind: method", "runs", "plain steps", "plain median ms", "plain total s",
+                   *(f"{kind} total s" for kind in others)], rows)
 
 
 def _one_seed_per_step(steps: List[Dict]) -> bool:

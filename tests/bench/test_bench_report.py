@@ -262,6 +262,22 @@ def test_steps_split_by_seed_get_one_table_over_all_their_runs():
                                _wallclock_step("y", [run("a", 0, 2.0, 2.0)])]) == []
 
 
+def test_runs_with_steps_by_kind_get_a_table_of_them():
+    from bytesplat_ns.bench.report import step_kinds_table
+
+    def kinds(plain_ms, refine_s):
+        return {"first": {"steps": 1, "median_ms": 900.0, "total_s": 0.9},
+                "refine": {"steps": 41, "median_ms": 15.0, "total_s": refine_s},
+                "plain": {"steps": 4958, "median_ms": plain_ms, "total_s": plain_ms * 4.958}}
+
+    steps = [_wallclock_step(f"seed{s}", [{"method": "a", "seed": s, "step_kinds": kinds(3.0 + s, 0.5)},
+                                          {"method": "b", "seed": s}]) for s in (0, 1)]
+    header, _, a = step_kinds_table(steps)  # b recorded none: no row
+    assert header.split(" | ")[2:5] == ["plain steps", "plain median ms", "plain total s"]
+    assert a.split(" | ")[1:] == ["2", "4958", "3.50", "17.35", "0.90", "-", "0.50", "- |"]
+    assert step_kinds_table([_wallclock_step("x", [{"method": "b", "seed": 0}])]) == []
+
+
 def test_an_incomplete_document_names_the_steps_not_run_yet():
     from bytesplat_ns.bench.report import steps_not_run, suite_section
 
