@@ -41,6 +41,18 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy ")
+LAUNCH_EVENTS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
+
+
+def kernel_busy_ms(events) -> float:
+    """The GPU's kernel time in a profiler's ``key_averages()``, milliseconds (0 without CUDA)."""
+    kernels = [e for e in events if getattr(e, "device_type", None) is not None and "CUDA" in str(e.device_type)]
+    return sum(e.self_device_time_total for e in kernels) / 1e3
+
+
+def sync_calls(events) -> Dict[str, int]:
+    """The host-device synchronisations in a profiler's ``key_averages()``, by CUDA call."""
+    return {e.key: e.count for e in events if e.key.startswith(SYNC_EVENTS)}
 
 
 def loop_body(trainer, step: int) -> None:
@@ -116,9 +128,8 @@ def profile_method(label: str, config, data: Path, warmup: int, iters: int, work
             loop_body(trainer, step0 + iters + i)
         sync()
     events = prof.key_averages()
-    kernels = [e for e in events if getattr(e, "device_type", None) is not None and "CUDA" in str(e.device_type)]
-    busy_ms = sum(e.self_device_time_total for e in kernels) / 1e3 / iters
-    syncs = {e.key: e.count / iters for e in events if e.key.startswith(SYNC_EVENTS)}
+    busy_ms = kernel_busy_ms(events) / iters
+    syncs = {key: count / iters for key, count in sync_calls(events).items()}
     sources: List[Dict] = []
     if device == "cuda":
         def run_steps() -> None:

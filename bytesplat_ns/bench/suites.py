@@ -434,6 +434,17 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           1,
           _per_seed_on_capture(f"'{_GT_POOL}' '{_GT_CONV}'", 5000, "wallclock", "seed{seed}"),
           needs_data=True),
+    Suite("step-in-run",
+          "whether ns-train's plain step is bound by its host or by the GPU, measured inside the run: ns-train bytesplat "
+          "on a real capture (--data), 5000 iterations, seed 0, with torch.profiler over 100 of its iterations (the "
+          "GPU's kernel time, kernel launches and host-device synchronisations per step, against the unprofiled steps' "
+          "median), one run with the window at 2000 (quarter resolution) and one at 4000 (half resolution)",
+          1,
+          tuple(Step("wallclock", _args(f"--data {{data}} --methods bytesplat --iterations 5000 --seeds 0 --no-eval "
+                                        f"--offline-lpips --profile-steps {start}:{start + 100} "
+                                        f"--work-dir {{work}}/window{start}"), name=f"window_{start}")
+                for start in (2000, 4000)),
+          needs_data=True),
     Suite("lean-training-loop",
           "bytesplat's training loop (the trainer's --lean-training-loop, default) against nerfstudio's Trainer.train on "
           "a real capture (--data): ns-train at 30000 iterations without ns-eval, seeds 0 and 1, one step each with "

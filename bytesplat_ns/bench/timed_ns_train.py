@@ -25,9 +25,12 @@ their before/after callbacks, i.e. densification), ``eval`` (in-training eval it
 iteration's milliseconds as nerfstudio's own iteration timer measures it, from the first), ``eval_curve``
 (the PSNR and SSIM of each all-images eval the trainer logs, with its step and each image's PSNR), plus the final
 Gaussian count, the peak GPU memory and the model's and evals' schedules (``schedule``, which steps refine,
-change the SH degree or the training resolution, or follow an eval). ``gc`` counts the garbage collector's collections while
-``Trainer.train`` runs, per generation, with their seconds (inside whatever phase they interrupt:
-a full collection that stalls a step is step time).
+change the SH degree or the training resolution, or follow an eval). ``gc`` counts the garbage
+collector's collections while ``Trainer.train`` runs, per generation, with their seconds (inside
+whatever phase they interrupt: a full collection that stalls a step is step time).
+
+``--profile-steps START:STOP`` adds ``step_profile``: torch.profiler over those train iterations of
+the run itself (``StepWindowProfile``).
 
 ``--skip-image-writes`` (quality-only runs): the trainer still renders its eval images on its
 schedule, so the training and its random stream are unchanged, but tensorboard does not encode
@@ -48,7 +51,7 @@ import json  # noqa: E402
 import sys  # noqa: E402
 import threading  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Callable, Dict, List, Optional  # noqa: E402
+from typing import Callable, Dict, List, Optional, Tuple  # noqa: E402
 
 PHASES = ("data", "setup", "steps", "eval", "log", "save")
 WRITER_FUNCTIONS = ("put_image", "put_scalar", "put_dict", "put_config", "put_time", "write_out_storage")
@@ -466,6 +469,68 @@ def budget_removed(model) -> Optional[int]:
     return 0 if model._budget is None else int(sum(stats["removed"] for stats in model._budget.history))
 
 
+class StepWindowProfile:
+    """torch.profiler over train iterations ``start`` to ``stop - 1`` of the run itself, with all the loop
+    does between them (callbacks, logging, evals, writers, other threads): the GPU's kernel time, the
+    kernel launches and the host-device synchronisations per step. Against the unprofiled steps' median
+    (``step_ms``) the kernel time tells a step bound by the GPU from one bound by its host; the
+    profiler's own overhead lengthens the window's steps (kept in ``step_ms``: ``stop - start`` steps of a
+    run). The window opens and closes with the GPU drained."""
+
+    def __init__(self, start: int, stop: int):
+        self.start, self.stop = start, stop
+        self.result: Optional[Dict] = None
+        self._profiler = None
+        self._began = 0.0
+
+    def at_iteration(self, step: int) -> None:
+        if step == self.start and self._profiler is None and self.result is None:
+            import torch
+            from torch.profiler import ProfilerActivity, profile
+
+            cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+            if cuda:
+                torch.cuda.synchronize()
+            self._profiler = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else []))
+            self._profiler.__enter__()
+            self._began = time.perf_counter()
+        elif step == self.stop and self._profiler is not None:
+            self.close()
+
+    def close(self) -> None:
+        import torch
+
+        from bytesplat_ns.bench.profile_train import LAUNCH_EVENTS, kernel_busy_ms, sync_calls
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        wall_ms = 1e3 * (time.perf_counter() - self._began)
+        profiler, self._profiler = self._profiler, None
+        profiler.__exit__(None, None, None)
+        events = profiler.key_averages()
+        steps = self.stop - self.start
+        self.result = {"steps": [self.start, self.stop], "wall_ms_per_step": wall_ms / steps,
+                       "device_busy_ms_per_step": kernel_busy_ms(events) / steps,
+                       "kernel_launches_per_step": sum(e.count for e in events if e.key in LAUNCH_EVENTS) / steps,
+                       "syncs_per_step": {key: count / steps for key, count in sync_calls(events).items()}}
+
+
+def profile_step_window(window: StepWindowProfile) -> None:
+    """Open and close ``window`` at the train iterations it names: each Trainer class's own
+    ``train_iteration`` calls it (a nested super() call finds the window already moved on)."""
+    from nerfstudio.engine.trainer import Trainer
+
+    for cls in _with_subclasses(Trainer):
+        if "train_iteration" in vars(cls):
+            real = vars(cls)["train_iteration"]
+
+            def train_iteration(self, step, *args, _real=real, **kwargs):
+                window.at_iteration(step)
+                return _real(self, step, *args, **kwargs)
+
+            setattr(cls, "train_iteration", functools.wraps(real)(train_iteration))
+
+
 def write_timings(path: Path, timers: PhaseTimers, record: Dict, collections: Optional[CollectionTimer] = None) -> None:
     trainer = record.pop("trainer", None)
     out = {
@@ -483,6 +548,19 @@ def write_timings(path: Path, timers: PhaseTimers, record: Dict, collections: Op
     path.write_text(json.dumps(out, indent=2))
 
 
+def step_window(text: str) -> Tuple[int, int]:
+    """``START:STOP`` (train iterations, 0 < START < STOP) as a pair."""
+    import argparse
+
+    try:
+        start, stop = (int(part) for part in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected START:STOP, got {text!r}") from None
+    if not 0 < start < stop:
+        raise argparse.ArgumentTypeError(f"expected 0 < START < STOP, got {text!r}")
+    return start, stop
+
+
 def parse_own_arguments(argv: List[str]):
     """This module's options (before ``--``) and the launcher's arguments (after it)."""
     import argparse
@@ -492,11 +570,13 @@ def parse_own_arguments(argv: List[str]):
     cut = argv.index("--")
     p = argparse.ArgumentParser(prog="python -m bytesplat_ns.bench.timed_ns_train",
                                 usage="%(prog)s --timings PATH [--offline-lpips] [--skip-image-writes] [--launcher L] "
-                                      "-- METHOD [ns-train args]")
+                                      "[--profile-steps START:STOP] -- METHOD [ns-train args]")
     p.add_argument("--timings", type=Path, required=True)
     p.add_argument("--offline-lpips", action="store_true")
     p.add_argument("--skip-image-writes", action="store_true")
     p.add_argument("--launcher", choices=LAUNCHERS, default="ns-train")
+    p.add_argument("--profile-steps", type=step_window, default=None, metavar="START:STOP",
+                   help="torch.profiler over train iterations START to STOP-1 (StepWindowProfile)")
     own = p.parse_args(argv[:cut])
     if not argv[cut + 1:]:
         p.error("no METHOD after --")
@@ -515,6 +595,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     else:
         from nerfstudio.scripts.train import entrypoint
     install(timers, record, collections)
+    window = StepWindowProfile(*own.profile_steps) if own.profile_steps is not None else None
+    if window is not None:
+        profile_step_window(window)
     if own.skip_image_writes:
         skip_image_writes()
 
@@ -526,6 +609,8 @@ def main(argv: Optional[List[str]] = None) -> None:
             entrypoint()
     finally:
         gc.callbacks.remove(collections)
+        if window is not None and window.result is not None:
+            record["step_profile"] = window.result
         write_timings(own.timings, timers, record, collections)
 
 

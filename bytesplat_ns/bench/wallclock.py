@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from bytesplat_ns.bench.gpu_sharing import GpuProcessWatch
-from bytesplat_ns.bench.timed_ns_train import LAUNCHERS
+from bytesplat_ns.bench.timed_ns_train import LAUNCHERS, step_window
 from bytesplat_ns.errors import BytesplatError
 
 BREAKDOWN = ("startup_s", "data_s", "steps_s", "eval_s", "log_s", "save_s", "other_s")
@@ -215,7 +215,9 @@ def run_one(entry: MethodEntry, seed: int, args: argparse.Namespace, repeat: int
                                keep_checkpoints=args.spoilers)
     command = [sys.executable, "-m", "bytesplat_ns.bench.timed_ns_train", "--timings", str(timings_path),
                *(["--offline-lpips"] if args.offline_lpips else []),
-               *(["--skip-image-writes"] if args.skip_image_writes else []), "--launcher", entry.launcher, "--", *train_args]
+               *(["--skip-image-writes"] if args.skip_image_writes else []),
+               *(["--profile-steps", "{}:{}".format(*args.profile_steps)] if args.profile_steps else []),
+               "--launcher", entry.launcher, "--", *train_args]
     launch = time.time()
     with GpuProcessWatch() as gpu_watch:
         wall_s = _run_logged(command, run_dir / "train.log")
@@ -247,6 +249,7 @@ def run_one(entry: MethodEntry, seed: int, args: argparse.Namespace, repeat: int
         "eval_curve": timings.get("eval_curve", []),
         **gc_fields(timings), **step_time_fields(timings.get("step_ms") or []),
         **step_kind_fields(timings.get("step_ms") or [], timings.get("schedule")),
+        **({"step_profile": timings["step_profile"]} if timings.get("step_profile") else {}),
         **({"detail_s": timings["detail_s"]} if timings.get("detail_s") else {}),
         "ns_train_command": f"{entry.launcher} " + shlex.join(train_args),
         "launched_command": shlex.join(command), "config": str(config),
@@ -399,6 +402,10 @@ def parser() -> argparse.ArgumentParser:
                    help="after ns-eval, which Gaussians spoil the worst eval view and since when (bytesplat-bench "
                    "spoilers, recorded as spoilers); ns-train then keeps every checkpoint (--save-only-latest-checkpoint "
                    "False), one per steps-per-save")
+    p.add_argument("--profile-steps", type=step_window, default=None, metavar="START:STOP",
+                   help="torch.profiler over train iterations START to STOP-1 of each run, between its other "
+                   "steps (STOP below --iterations): its GPU kernel time, kernel launches and host-device "
+                   "synchronisations per step, recorded as step_profile (the window's steps are slower for it)")
     p.add_argument("--merge", nargs="+", type=Path, default=None, metavar="JSON",
                    help="run nothing: combine the runs of earlier wallclock JSON files (e.g. one per seed, "
                    "each in its own session) into --out, with the summary and plot over all of them")
@@ -437,6 +444,9 @@ def main(argv: Optional[List[str]] = None) -> Dict:
         raise BytesplatError("wallclock: two method entries share a label", hint="name them: 'LABEL=METHOD ARGS'")
     if args.data is not None and not args.data.exists():
         raise BytesplatError(f"wallclock: data path {args.data} does not exist")
+    if args.profile_steps is not None and args.profile_steps[1] >= args.iterations:
+        raise BytesplatError(f"wallclock: --profile-steps ends at iteration {args.profile_steps[1]}, which a run of "
+                             f"{args.iterations} iterations does not reach", hint="STOP below --iterations")
     if args.repeats < 1 or args.parallel < 1:
         raise BytesplatError("wallclock: --repeats and --parallel must be at least 1")
     jobs = [(entry, seed, repeat) for seed in args.seeds for repeat in range(args.repeats) for entry in entries]
