@@ -456,6 +456,8 @@ def training_schedule(trainer) -> Optional[Dict[str, int]]:
     capped = getattr(model, "_max_downscales", None)  # bytesplat may start at a finer resolution than asked
     if capped is not None:
         schedule["num_downscales"] = int(capped)
+    strategy = getattr(model, "strategy", None)  # gsplat's: no densification for a while after an opacity reset
+    schedule.update({key: int(getattr(strategy, key, 0)) for key in ("reset_every", "pause_refine_after_reset")})
     schedule.update({key: int(getattr(trainer.config, key)) for key in EVAL_SCHEDULE})
     schedule["start_step"] = int(getattr(trainer, "_start_step", 0))
     return schedule

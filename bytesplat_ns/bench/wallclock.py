@@ -154,7 +154,7 @@ def step_kind(step: int, schedule: Dict[str, int]) -> str:
     """What a train iteration does beyond a plain step (its own after-callbacks included), by the run's
     ``schedule`` (``timed_ns_train.training_schedule``): the first; a change of the SH degree or of the
     training resolution (new shapes); a densification step (splatfacto's refine_every, from its warm-up to
-    stop_split_at); the step after an eval (whose render it queued behind); otherwise plain. The first
+    stop_split_at, outside gsplat's pause after an opacity reset); the step after an eval (whose render it queued behind); otherwise plain. The first
     match in that order."""
     if step == schedule["start_step"]:
         return "first"
@@ -162,8 +162,9 @@ def step_kind(step: int, schedule: Dict[str, int]) -> str:
     if (sh_every > 0 and step % sh_every == 0 and step // sh_every <= schedule["sh_degree"]) or (
             res_every > 0 and step % res_every == 0 and step // res_every <= schedule["num_downscales"]):
         return "schedule_change"
-    refine = schedule["refine_every"]
-    if refine > 0 and step % refine == 0 and schedule["warmup_length"] < step < schedule["stop_split_at"]:
+    refine, reset = schedule["refine_every"], schedule.get("reset_every", 0)
+    paused = reset > 0 and step % reset < schedule.get("pause_refine_after_reset", 0)  # gsplat's rule after a reset
+    if refine > 0 and step % refine == 0 and schedule["warmup_length"] < step < schedule["stop_split_at"] and not paused:
         return "refine"
     evals = (schedule["steps_per_eval_image"], schedule["steps_per_eval_all_images"], schedule["steps_per_eval_batch"])
     if step - 1 > 0 and any(every > 0 and (step - 1) % every == 0 for every in evals):

@@ -84,6 +84,9 @@ def test_steps_by_kind_follow_splatfactos_schedule():
     assert kind(9000) == "refine" and kind(9000, num_downscales=0) == "refine"  # SH at 3 already, no coarse start
     assert [kind(s) for s in (500, 600, 14900, 15000)] == ["plain", "refine", "refine", "plain"]  # after the warm-up, before the stop
     assert [kind(s) for s in (1, 101, 1001, 102)] == ["plain", "after_eval", "after_eval", "plain"]  # no eval at step 0
+    # splatfacto's opacity reset every 3000 steps pauses densification for num_train_data + refine_every steps
+    paused = dict(reset_every=3000, pause_refine_after_reset=150)
+    assert [kind(s, **paused) for s in (3100, 3200, 6100, 2900)] == ["plain", "refine", "plain", "refine"]
     fields = wallclock.step_kind_fields([900.0, 3.0, 5.0, 4.0], {**SCHEDULE, "refine_every": 2, "warmup_length": 0})
     assert fields["step_kinds"] == {"first": {"steps": 1, "median_ms": 900.0, "total_s": 0.9},
                                     "refine": {"steps": 1, "median_ms": 5.0, "total_s": 0.005},
