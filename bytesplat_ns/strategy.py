@@ -19,6 +19,16 @@ import torch
 from gsplat.strategy import DefaultStrategy
 
 
+REFINE_SCHEDULE = ("refine_start_iter", "refine_stop_iter", "refine_every", "reset_every", "pause_refine_after_reset")
+
+
+def refine_due(step: int, refine_start_iter: int, refine_stop_iter: int, refine_every: int, reset_every: int,
+               pause_refine_after_reset: int) -> bool:
+    """gsplat DefaultStrategy's rule for its grow-and-prune steps, from its ``REFINE_SCHEDULE`` fields."""
+    return (refine_start_iter < step < refine_stop_iter and step % refine_every == 0
+            and step % reset_every >= pause_refine_after_reset)
+
+
 @dataclass
 class SyncFreeDefaultStrategy(DefaultStrategy):
     # (width, height, cameras, device) -> _pixel_scale's tensor
@@ -32,11 +42,7 @@ class SyncFreeDefaultStrategy(DefaultStrategy):
     def refines_at(self, step: int) -> bool:
         """Whether ``step_post_backward(step)`` may change the number of Gaussians: gsplat's rule for
         its grow-and-prune steps (the same on every rank, so sharded runs need no message to know)."""
-        return (
-            self.refine_start_iter < step < self.refine_stop_iter
-            and step % self.refine_every == 0
-            and step % self.reset_every >= self.pause_refine_after_reset
-        )
+        return refine_due(step, **{key: getattr(self, key) for key in REFINE_SCHEDULE})
 
     def _update_state(self, params, state: Dict[str, Any], info: Dict[str, Any], packed: bool = False):
         if packed:  # records already lists of visible Gaussians: gsplat's update has nothing to gather

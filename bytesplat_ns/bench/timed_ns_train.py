@@ -439,8 +439,7 @@ def final_state(trainer) -> Dict[str, Optional[float]]:
             "budget_removed": budget_removed(model), "schedule": training_schedule(trainer)}
 
 
-SPLAT_SCHEDULE = ("refine_every", "warmup_length", "stop_split_at", "sh_degree", "sh_degree_interval",
-                  "resolution_schedule", "num_downscales")
+SPLAT_SCHEDULE = ("sh_degree", "sh_degree_interval", "resolution_schedule", "num_downscales")
 EVAL_SCHEDULE = ("steps_per_eval_image", "steps_per_eval_all_images", "steps_per_eval_batch")
 
 
@@ -448,16 +447,18 @@ def training_schedule(trainer) -> Optional[Dict[str, int]]:
     """The schedules that make some steps cost more than others (densification, the SH degree and the
     training resolution growing, evals), for ``wallclock``'s steps by kind; None for a model without
     splatfacto's schedule."""
+    from bytesplat_ns.strategy import REFINE_SCHEDULE
+
     model = getattr(getattr(trainer, "pipeline", None), "model", None)
-    model_config = getattr(model, "config", None)
-    if model_config is None or not all(hasattr(model_config, key) for key in SPLAT_SCHEDULE):
+    model_config, strategy = getattr(model, "config", None), getattr(model, "strategy", None)
+    if not all(hasattr(model_config, key) for key in SPLAT_SCHEDULE) or not all(
+            hasattr(strategy, key) for key in REFINE_SCHEDULE):
         return None
     schedule = {key: int(getattr(model_config, key)) for key in SPLAT_SCHEDULE}
     capped = getattr(model, "_max_downscales", None)  # bytesplat may start at a finer resolution than asked
     if capped is not None:
         schedule["num_downscales"] = int(capped)
-    strategy = getattr(model, "strategy", None)  # gsplat's: no densification for a while after an opacity reset
-    schedule.update({key: int(getattr(strategy, key, 0)) for key in ("reset_every", "pause_refine_after_reset")})
+    schedule.update({key: int(getattr(strategy, key)) for key in REFINE_SCHEDULE})  # gsplat's densification
     schedule.update({key: int(getattr(trainer.config, key)) for key in EVAL_SCHEDULE})
     schedule["start_step"] = int(getattr(trainer, "_start_step", 0))
     return schedule

@@ -33,6 +33,7 @@ from typing import Dict, List, Optional, Sequence
 from bytesplat_ns.bench.gpu_sharing import GpuProcessWatch
 from bytesplat_ns.bench.timed_ns_train import LAUNCHERS, step_window
 from bytesplat_ns.errors import BytesplatError
+from bytesplat_ns.strategy import REFINE_SCHEDULE, refine_due
 
 BREAKDOWN = ("startup_s", "data_s", "steps_s", "eval_s", "log_s", "save_s", "other_s")
 SUMMARY_KEYS = ("wall_s", *BREAKDOWN, "psnr", "ssim", "lpips", "psnr_worst_image", "num_gaussians",
@@ -153,8 +154,7 @@ STEP_KINDS = ("first", "schedule_change", "refine", "after_eval", "plain")
 def step_kind(step: int, schedule: Dict[str, int]) -> str:
     """What a train iteration does beyond a plain step (its own after-callbacks included), by the run's
     ``schedule`` (``timed_ns_train.training_schedule``): the first; a change of the SH degree or of the
-    training resolution (new shapes); a densification step (splatfacto's refine_every, from its warm-up to
-    stop_split_at, outside gsplat's pause after an opacity reset); the step after an eval (whose render it queued behind); otherwise plain. The first
+    training resolution (new shapes); a densification step (gsplat's rule, ``strategy.refine_due``); the step after an eval (whose render it queued behind); otherwise plain. The first
     match in that order."""
     if step == schedule["start_step"]:
         return "first"
@@ -162,9 +162,7 @@ def step_kind(step: int, schedule: Dict[str, int]) -> str:
     if (sh_every > 0 and step % sh_every == 0 and step // sh_every <= schedule["sh_degree"]) or (
             res_every > 0 and step % res_every == 0 and step // res_every <= schedule["num_downscales"]):
         return "schedule_change"
-    refine, reset = schedule["refine_every"], schedule.get("reset_every", 0)
-    paused = reset > 0 and step % reset < schedule.get("pause_refine_after_reset", 0)  # gsplat's rule after a reset
-    if refine > 0 and step % refine == 0 and schedule["warmup_length"] < step < schedule["stop_split_at"] and not paused:
+    if refine_due(step, **{key: schedule[key] for key in REFINE_SCHEDULE}):
         return "refine"
     evals = (schedule["steps_per_eval_image"], schedule["steps_per_eval_all_images"], schedule["steps_per_eval_batch"])
     if step - 1 > 0 and any(every > 0 and (step - 1) % every == 0 for every in evals):

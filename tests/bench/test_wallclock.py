@@ -71,9 +71,10 @@ def test_step_time_fields():
     assert windows["step_median_ms_by_window"] == [2.0, 4.0]  # the last window is the steps left over
 
 
-SCHEDULE = {"refine_every": 100, "warmup_length": 500, "stop_split_at": 15000, "sh_degree": 3, "sh_degree_interval": 1000,
-            "resolution_schedule": 3000, "num_downscales": 2, "steps_per_eval_image": 100,
-            "steps_per_eval_all_images": 1000, "steps_per_eval_batch": 0, "start_step": 0}
+SCHEDULE = {"refine_every": 100, "refine_start_iter": 500, "refine_stop_iter": 15000, "reset_every": 3000,
+            "pause_refine_after_reset": 0, "sh_degree": 3, "sh_degree_interval": 1000, "resolution_schedule": 3000,
+            "num_downscales": 2, "steps_per_eval_image": 100, "steps_per_eval_all_images": 1000,
+            "steps_per_eval_batch": 0, "start_step": 0}
 
 
 def test_steps_by_kind_follow_splatfactos_schedule():
@@ -85,9 +86,9 @@ def test_steps_by_kind_follow_splatfactos_schedule():
     assert [kind(s) for s in (500, 600, 14900, 15000)] == ["plain", "refine", "refine", "plain"]  # after the warm-up, before the stop
     assert [kind(s) for s in (1, 101, 1001, 102)] == ["plain", "after_eval", "after_eval", "plain"]  # no eval at step 0
     # splatfacto's opacity reset every 3000 steps pauses densification for num_train_data + refine_every steps
-    paused = dict(reset_every=3000, pause_refine_after_reset=150)
+    paused = dict(pause_refine_after_reset=150)
     assert [kind(s, **paused) for s in (3100, 3200, 6100, 2900)] == ["plain", "refine", "plain", "refine"]
-    fields = wallclock.step_kind_fields([900.0, 3.0, 5.0, 4.0], {**SCHEDULE, "refine_every": 2, "warmup_length": 0})
+    fields = wallclock.step_kind_fields([900.0, 3.0, 5.0, 4.0], {**SCHEDULE, "refine_every": 2, "refine_start_iter": 0})
     assert fields["step_kinds"] == {"first": {"steps": 1, "median_ms": 900.0, "total_s": 0.9},
                                     "refine": {"steps": 1, "median_ms": 5.0, "total_s": 0.005},
                                     "plain": {"steps": 2, "median_ms": 3.5, "total_s": 0.007}}
