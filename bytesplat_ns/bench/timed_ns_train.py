@@ -515,7 +515,15 @@ class StepWindowProfile:
         self.result = {"steps": [self.start, self.stop], "wall_ms_per_step": wall_ms / steps,
                        "device_busy_ms_per_step": kernel_busy_ms(events) / steps,
                        "kernel_launches_per_step": sum(e.count for e in events if e.key in LAUNCH_EVENTS) / steps,
-                       "syncs_per_step": {key: count / steps for key, count in sync_calls(events).items()}}
+                       "syncs_per_step": {key: count / steps for key, count in sync_calls(events).items()},
+                       "host_top_ops_ms_per_step": host_top_ops(events, steps)}
+
+
+def host_top_ops(events, steps: int, top: int = 12) -> Dict[str, float]:
+    """The profiled ops (aten ops, CUDA runtime calls) that took the most of the host's own time, in ms
+    per step: where a host-bound step spends its issue time."""
+    ranked = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
+    return {e.key: round(e.self_cpu_time_total / 1e3 / steps, 4) for e in ranked if e.self_cpu_time_total > 0}
 
 
 def profile_step_window(window: StepWindowProfile) -> None:

@@ -404,7 +404,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--profile-steps", type=step_window, default=None, metavar="START:STOP",
                    help="torch.profiler over train iterations START to STOP-1 of each run, between its other "
                    "steps (STOP below --iterations): its GPU kernel time, kernel launches and host-device "
-                   "synchronisations per step, recorded as step_profile (the window's steps are slower for it)")
+                   "synchronisations per step, and the ops taking the most of the host's own time, recorded as "
+                   "step_profile (the window's steps are slower for it)")
     p.add_argument("--merge", nargs="+", type=Path, default=None, metavar="JSON",
                    help="run nothing: combine the runs of earlier wallclock JSON files (e.g. one per seed, "
                    "each in its own session) into --out, with the summary and plot over all of them")

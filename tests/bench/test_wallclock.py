@@ -160,6 +160,8 @@ def test_two_configurations_end_to_end(tmp_path):
         assert profiled["steps"] == [1, 2] and 0 < profiled["wall_ms_per_step"] < 1000 * run["steps_s"]
         assert profiled["device_busy_ms_per_step"] == 0 and profiled["kernel_launches_per_step"] == 0
         assert profiled["syncs_per_step"] == {}
+        top = profiled["host_top_ops_ms_per_step"]  # the host's own time by op: the step's aten ops ran
+        assert 0 < len(top) <= 12 and all(ms > 0 for ms in top.values()) and any(k.startswith("aten::") for k in top)
         kinds = run["step_kinds"]  # 3 steps: the first, then plain ones (the eval at step 2 is the last step's)
         assert set(kinds) == {"first", "plain"} and sum(kind["steps"] for kind in kinds.values()) == 3
         assert kinds["first"]["total_s"] == pytest.approx(run["first_step_ms"] / 1000.0)
