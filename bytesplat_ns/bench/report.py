@@ -325,7 +325,34 @@ def wallclock_table(steps: List[Dict]) -> List[str]:
                    [[m, n, *(_f(s[k]["mean"]) if k in s else "-" for k in keys), sp, d] for m, n, s, d, sp in rows])
     across = across_steps_table(steps) if len(steps) > 1 else []
     kinds = step_kinds_table(steps)
-    return table + (["", *across] if across else []) + (["", *kinds] if kinds else [])
+    profiles = step_profile_table(steps)
+    return (table + (["", *across] if across else []) + (["", *kinds] if kinds else [])
+            + (["", *profiles] if profiles else []))
+
+
+def step_profile_table(steps: List[Dict]) -> List[str]:
+    """One row per run that profiled a window of its steps (``wallclock --profile-steps``): per step in the
+    window, the wall (the profiler's overhead included), the GPU's kernel time, kernel launches, host-device
+    waits, and the three ops that took the most of the host's own time; beside the run's plain-step median."""
+    rows = []
+    for step in steps:
+        for run in step["result"].get("runs", []):
+            profile = run.get("step_profile")
+            if not profile:
+                continue
+            start, stop = profile["steps"]
+            plain = (run.get("step_kinds") or {}).get("plain", {}).get("median_ms")
+            top = sorted((profile.get("host_top_ops_ms_per_step") or {}).items(), key=lambda kv: -kv[1])[:3]
+            rows.append([f"{step['name']}: {run['method']}" if len(steps) > 1 else run["method"], f"{start}-{stop - 1}",
+                         _f(plain) if plain is not None else "-", _f(profile["wall_ms_per_step"]),
+                         _f(profile["device_busy_ms_per_step"]), _f(profile["kernel_launches_per_step"], "{:.1f}"),
+                         _f(sum(profile["syncs_per_step"].values())),
+                         "; ".join(f"{name} {ms:.2f}" for name, ms in top) or "-"])
+    if not rows:
+        return []
+    return _table(["profiled steps: method", "steps", "plain step median ms (whole run)", "wall ms per step",
+                   "GPU kernel ms per step", "kernel launches per step", "host-device waits per step",
+                   "most host time of their own (ms per step)"], rows)
 
 
 def step_kinds_table(steps: List[Dict]) -> List[str]:

@@ -396,3 +396,19 @@ def test_profile_runs_get_a_table_of_the_loop_bodys_host_time():
     lines = report.profile_table([step])
     assert lines[2] == ("| bytesplat | 200k | 4.00 | 3.80-4.70 | 5.00 | 2.50 | 1.04 | run_backward 1.00; "
                         "bytesplat_cuda_90_x.bin_tiles 0.50; viewmat 0.40 |")
+
+
+def test_runs_that_profiled_a_window_of_steps_get_a_row_each():
+    from bytesplat_ns.bench.report import step_profile_table
+
+    profile = {"steps": [2000, 2100], "wall_ms_per_step": 6.5, "device_busy_ms_per_step": 1.16,
+               "kernel_launches_per_step": 96.2, "syncs_per_step": {"cudaStreamSynchronize": 2.33, "cudaEventSynchronize": 0.11},
+               "host_top_ops_ms_per_step": {"aten::empty": 0.21, "cudaLaunchKernel": 0.72, "cudaHostAlloc": 0.47, "aten::mul": 0.09}}
+    kinds = {"plain": {"steps": 4907, "median_ms": 4.34, "total_s": 23.96}}
+    steps = [_wallclock_step("window_2000", [{"method": "a", "seed": 0, "step_profile": profile, "step_kinds": kinds}]),
+             _wallclock_step("plain", [{"method": "a", "seed": 1}])]
+    header, _, row = step_profile_table(steps)  # the run without a profile: no row
+    assert header.split(" | ")[1:3] == ["steps", "plain step median ms (whole run)"]
+    assert row.split(" | ")[:7] == ["| window_2000: a", "2000-2099", "4.34", "6.50", "1.16", "96.2", "2.44"]
+    assert row.split(" | ")[7] == "cudaLaunchKernel 0.72; cudaHostAlloc 0.47; aten::empty 0.21 |"
+    assert step_profile_table([_wallclock_step("x", [{"method": "a", "seed": 0}])]) == []
