@@ -93,10 +93,14 @@ def sync_sources(run_steps, iters: int) -> List[Dict]:
     return [{"where": where, "per_iteration": n / iters} for where, n in counts.most_common()]
 
 
+def top_events(events, key: str, top: int) -> List:
+    """The ``top`` profiled events with the most ``key`` (e.g. ``self_cpu_time_total``), the most first."""
+    return sorted(events, key=lambda e: getattr(e, key), reverse=True)[:top]
+
+
 def _table(events, key: str, top: int) -> List[Dict]:
-    rows = sorted(events, key=lambda e: getattr(e, key), reverse=True)[:top]
     return [{"name": e.key, "calls": e.count, "host_ms": e.self_cpu_time_total / 1e3,
-             "device_ms": getattr(e, "self_device_time_total", 0.0) / 1e3} for e in rows]
+             "device_ms": getattr(e, "self_device_time_total", 0.0) / 1e3} for e in top_events(events, key, top)]
 
 
 def profile_method(label: str, config, data: Path, warmup: int, iters: int, work_dir: Path, seed: int,

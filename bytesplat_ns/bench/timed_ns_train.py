@@ -522,8 +522,10 @@ class StepWindowProfile:
 def host_top_ops(events, steps: int, top: int = 12) -> Dict[str, float]:
     """The profiled ops (aten ops, CUDA runtime calls) that took the most of the host's own time, in ms
     per step: where a host-bound step spends its issue time."""
-    ranked = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]
-    return {e.key: round(e.self_cpu_time_total / 1e3 / steps, 4) for e in ranked if e.self_cpu_time_total > 0}
+    from bytesplat_ns.bench.profile_train import top_events
+
+    return {e.key: round(e.self_cpu_time_total / 1e3 / steps, 4)
+            for e in top_events(events, "self_cpu_time_total", top) if e.self_cpu_time_total > 0}
 
 
 def profile_step_window(window: StepWindowProfile) -> None:
