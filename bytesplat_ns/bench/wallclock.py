@@ -154,8 +154,8 @@ STEP_KINDS = ("first", "schedule_change", "refine", "after_eval", "plain")
 def step_kind(step: int, schedule: Dict[str, int]) -> str:
     """What a train iteration does beyond a plain step (its own after-callbacks included), by the run's
     ``schedule`` (``timed_ns_train.training_schedule``): the first; a change of the SH degree or of the
-    training resolution (new shapes); a densification step (gsplat's rule, ``strategy.refine_due``); the step after an eval (whose render it queued behind); otherwise plain. The first
-    match in that order."""
+    training resolution (new shapes); a densification step (gsplat's rule, ``strategy.refine_due``); the
+    step after an eval (whose render it queued behind); otherwise plain. The first match in that order."""
     if step == schedule["start_step"]:
         return "first"
     sh_every, res_every = schedule["sh_degree_interval"], schedule["resolution_schedule"]
