@@ -159,9 +159,9 @@ class FusedRasterConfig:
     did not fit changes nothing (its Adam step and densification statistics are decided on the GPU) and its
     view is trained again two steps later, binned exactly (bytesplat_ns/pair_capacity.py). Needs bytesplat's
     Adam for the Gaussians (the default optimizer config), no gradient scaling or accumulation and no camera
-    optimizer; otherwise, and for steps that score Gaussians for pruning, the count is read back. Off: on one
-    H100, ns-train's median step on fox 2.98 against 2.63 ms with the room then sized from the largest recent
-    count of any view (suite sync-free-binning, docs/wallclock.md); the view's own count is not measured yet."""
+    optimizer; otherwise, and for steps that score Gaussians for pruning, the count is read back. Off: it does
+    not pay in ns-train on fox (one H100, suite sync-free-binning, 5000 iterations, seeds 0-2: median step
+    3.50 against 3.23 ms with the count read back; docs/configuration.md)."""
     pair_room_margin: float = 1.2
     """With sync_free_binning: the room given over the view's last pair count (>= 1; a view not seen yet: the
     largest recent count). More room, fewer views trained twice; the radix sort also sorts the unused room."""
