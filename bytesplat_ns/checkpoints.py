@@ -123,7 +123,8 @@ def start_host_copy(value: Any) -> Tuple[Any, List["torch.cuda.Event"]]:
     """A copy of ``value`` whose tensors are new CPU tensors (training may change the originals while
     the copy is being written), and the events after which it is complete. CUDA tensors are copied
     into pinned memory without waiting, in stream order (later kernels cannot change what is being
-    copied); torch's pinned-memory cache reuses the blocks from one save to the next."""
+    copied); torch's pinned-memory cache reuses the blocks from one save to the next while the Gaussian
+    count fits them (a grown count allocates anew, docs/wallclock.md)."""
     devices = set()
 
     def copy(v: Any) -> Any:
