@@ -31,7 +31,8 @@ class DivergenceGuard:
     def observe(self, step: int, loss: torch.Tensor) -> None:
         """Add this step's loss into the device-side sum (no synchronisation)."""
         loss = loss.detach()
-        self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
+        # a copy to start the sum: a replayed step graph writes its loss into the same tensor every step
+        self._loss_sum = loss.clone() if self._loss_sum is None else self._loss_sum + loss
         if self._first_step is None:
             self._first_step = step
 

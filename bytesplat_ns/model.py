@@ -8,6 +8,7 @@ seconds of start-up (torchmetrics and sklearn imports).
 
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass, field
 from typing import Dict, List, Literal, Optional, Tuple, Type, Union
@@ -426,18 +427,7 @@ class ByteSplatModel(SplatfactoModel):
         if viewmat is None:
             viewmat = viewmat_from_camera_to_world(camera_to_world.to(self.device))
 
-        colors, sh_degree = self._colors_and_sh_degree(gaussians)
-        raster_args = (
-            gaussians["means"],
-            gaussians["quats"],
-            torch.exp(gaussians["scales"]),
-            torch.sigmoid(gaussians["opacities"]).squeeze(-1),
-            colors,
-            viewmat,
-            intrinsics,
-            width,
-            height,
-        )
+        raster_args, sh_degree = self._raster_args(gaussians, viewmat, intrinsics, width, height)
         if (self.training and self.rasterizer_backend == "fused" and not self.config.use_bilateral_grid
                 and min(width, height) >= SSIM_WIN_SIZE):
             # The fused kernel needs the ground truth to compute the loss inside the same launch;
@@ -446,6 +436,85 @@ class ByteSplatModel(SplatfactoModel):
             return {"fused_pending": (raster_args, sh_degree, camera.metadata, camera),
                     "background": self._get_background_color()}
         return self._render_outputs(raster_args, sh_degree, self._get_background_color(), camera.metadata)
+
+    def _raster_args(self, gaussians: Dict[str, torch.Tensor], viewmat: torch.Tensor, intrinsics: torch.Tensor,
+                     width: int, height: int) -> Tuple[Tuple, Optional[int]]:
+        """The rasterizer's arguments for ``gaussians`` seen by one camera, and the SH degree in use."""
+        colors, sh_degree = self._colors_and_sh_degree(gaussians)
+        return (gaussians["means"], gaussians["quats"], torch.exp(gaussians["scales"]),
+                torch.sigmoid(gaussians["opacities"]).squeeze(-1), colors, viewmat, intrinsics, width, height), sh_degree
+
+    def graph_step_view(self, camera: Cameras) -> Tuple[torch.Tensor, torch.Tensor, int, int]:
+        """A training camera's view matrix [1,4,4], intrinsics [1,3,3] and size at this step's resolution, as
+        ``get_outputs`` takes them: the per-step inputs of a training step replayed as a CUDA graph
+        (step_graphs.py)."""
+        intrinsics, width, height = self._intrinsics_and_size(camera, self._get_downscale_factor())
+        self.last_size = (height, width)
+        viewmat = world_to_camera(camera)
+        assert viewmat is not None, "graph steps need the datamanager's view matrices (no camera optimizer)"
+        return viewmat, intrinsics, width, height
+
+    def graph_step_blocker(self, step: int) -> Optional[str]:
+        """Why training ``step`` must run eagerly rather than as a replayed CUDA graph of its render, loss and
+        backward (step_graphs.py), or None: the graph holds everything but the per-step view, ground truth
+        and background, so a step that renders, scores or logs anything else, or that cannot bin into a
+        fixed room, is not one. The view's own reasons: :meth:`graph_view_blocker`."""
+        if not self.training or self.rasterizer_backend != "fused":
+            return "the fused rasterizer is not training"
+        if self.config.use_bilateral_grid or self.camera_optimizer.config.mode != "off":
+            return "a bilateral grid or a camera optimizer"
+        if self.config.optimize_visible_only:
+            return "Adam on the visible Gaussians only"
+        if self.pair_room is None or not self._gaussian_steps_on_device():
+            return "no sized binning (--pipeline.model.fused.sync-free-binning) or an Adam that cannot skip a step"
+        if self.training_metrics_wanted:
+            return "a logged step"
+        if self.config.use_scale_regularization and step % 10 == 0:
+            return "a scale-regularisation step"
+        check_every = self.config.fused.check_every
+        if (check_every > 0 and step % check_every == 0) or self.pruning.wants_contribution(step):
+            return "a diagnostic or pruning-score step"
+        return None
+
+    @staticmethod
+    def graph_view_blocker(batch: Dict, width: int, height: int) -> Optional[str]:
+        """Why this view's step runs eagerly (the fused loss does not take it), or None."""
+        if "mask" in batch:
+            return "a mask"
+        if min(width, height) < SSIM_WIN_SIZE:
+            return "an image smaller than the SSIM window"
+        return None
+
+    def graph_step_loss(self, viewmat: torch.Tensor, intrinsics: torch.Tensor, width: int, height: int,
+                        image: torch.Tensor, room: int) -> torch.Tensor:
+        """The training loss of one view, everything the step computes before its backward, from the inputs
+        a CUDA graph holds fixed (step_graphs.py): its tile lists binned into ``room`` pairs, its flag
+        (``info["step_valid"]``) set on the device, the pair total read after the replay
+        (:meth:`graph_step_replayed`)."""
+        gaussians = {name: self.gauss_params[name] for name in GAUSSIAN_PARAM_NAMES}
+        raster_args, sh_degree = self._raster_args(gaussians, viewmat, intrinsics, width, height)
+        outputs = {"fused_pending": (raster_args, sh_degree, None, None), "background": self._get_background_color()}
+        batch = {"image": image}
+        self._run_fused_step(outputs, batch, graph_room=room)
+        return functools.reduce(torch.add, self.get_loss_dict(outputs, batch, {}).values())
+
+    def graph_step_room(self) -> Optional[int]:
+        """The room for a graph of the training step: the largest any training view would get now (one
+        graph serves every view), or None before any pair total was read."""
+        room = self.pair_room
+        if room is None:
+            return None
+        rooms = [room.room(self.num_points, key) for key in list(room.by_view) or [None]]
+        rooms = [r for r in rooms if r is not None]
+        return max(rooms) if rooms else None
+
+    def graph_step_replayed(self, info: Dict, room: int, camera: Cameras, batch: Dict) -> None:
+        """After a replay: the step's render statistics (``info``, the graph's) become this step's, its flag
+        goes to the Gaussians' optimizers and its pair total is read as any sized step's (pair_capacity.py)."""
+        self.info = info
+        self._hand_step_valid(info["step_valid"])
+        self.pair_room.send(self.step, info["pair_total"], room, self.num_points, (camera, batch),
+                            (camera.metadata or {}).get("cam_idx"))
 
     def _intrinsics_and_size(self, camera: Cameras, scale_factor: float) -> Tuple[torch.Tensor, int, int]:
         """K [1,3,3] on the model's device and (width, height) at ``1 / scale_factor`` resolution,
@@ -503,13 +572,7 @@ class ByteSplatModel(SplatfactoModel):
         step = self.step if step is None else step
         self.strategy.step_pre_backward(self.gauss_params, self.optimizers, self.strategy_state, step, self.info)
         if self._pair_room is not None:
-            # whether the step's tile lists fitted their room (pair_capacity.py); None, for a step binned by the
-            # count read back, also clears an earlier step's flag that an optimizer without gradients kept
-            valid = self.info.get("step_valid")
-            for name in GAUSSIAN_PARAM_NAMES:
-                optimizer = self.optimizers.get(name)
-                if isinstance(optimizer, DeviceAdam):
-                    optimizer.step_valid = valid
+            self._hand_step_valid(self.info.get("step_valid"))
         if not self.config.optimize_visible_only:
             return
         radii = self.info["radii"]
@@ -524,6 +587,15 @@ class ByteSplatModel(SplatfactoModel):
                     f"{type(optimizer).__name__}",
                     hint="keep the default optimizer config (DeviceAdamOptimizerConfig) or turn the switch off")
             optimizer.visible_rows = visible
+
+    def _hand_step_valid(self, valid: Optional[torch.Tensor]) -> None:
+        """Whether the step's tile lists fitted their room (pair_capacity.py), to the Gaussians' optimizers; None,
+        for a step binned by the count read back, also clears an earlier step's flag that an optimizer without
+        gradients kept."""
+        for name in GAUSSIAN_PARAM_NAMES:
+            optimizer = self.optimizers.get(name)
+            if isinstance(optimizer, DeviceAdam):
+                optimizer.step_valid = valid
 
     def step_post_backward(self, step):
         """splatfacto's densification step with hardware-aware pruning around it (pruning.py)."""
@@ -550,13 +622,24 @@ class ByteSplatModel(SplatfactoModel):
         """The rasterizer's colors and SH degree in use: the DC and rest parameters as they are
         (``ShCoefficients``: the fused path's SH kernel reads them without a per-step concatenation;
         the other backends stack them), or, without SH, the activated DC colors [N,3] and None."""
-        if self.config.sh_degree > 0:
-            degree = min(self.step // self.config.sh_degree_interval, self.config.sh_degree)
+        degree = self.sh_degree_in_use()
+        if degree is not None:
             return ShCoefficients(gaussians["features_dc"], gaussians["features_rest"]), degree
         return torch.sigmoid(gaussians["features_dc"]), None
 
-    def _run_fused_step(self, outputs: Dict, batch: Dict) -> None:
-        """Render, compute splatfacto's loss and its 2D gradients in the fused kernel (training only)."""
+    def sh_degree_in_use(self) -> Optional[int]:
+        """splatfacto's SH degree at this step (one more every sh_degree_interval steps); None without SH."""
+        if self.config.sh_degree > 0:
+            return min(self.step // self.config.sh_degree_interval, self.config.sh_degree)
+        return None
+
+    def gaussian_parameters(self) -> List[torch.nn.Parameter]:
+        """The Gaussians' parameters, in GAUSSIAN_PARAM_NAMES order."""
+        return [self.gauss_params[name] for name in GAUSSIAN_PARAM_NAMES]
+
+    def _run_fused_step(self, outputs: Dict, batch: Dict, graph_room: Optional[int] = None) -> None:
+        """Render, compute splatfacto's loss and its 2D gradients in the fused kernel (training only).
+        ``graph_room``: the fixed room of a step captured as a CUDA graph (:meth:`graph_step_loss`)."""
         from bytesplat_ns.raster.fused import fused_render_loss
 
         raster_args, sh_degree, metadata, camera = outputs.pop("fused_pending")
@@ -581,7 +664,7 @@ class ByteSplatModel(SplatfactoModel):
             CONSOLE.log("bytesplat fused check: " + " ".join(f"{k}={v:.3g}" for k, v in errors.items()))
         contribution = self.pruning.wants_contribution(self.step)  # the pruning score, from the backward kernel
         view_key = (metadata or {}).get("cam_idx")  # the datamanager's training image index
-        room = self._room_for_pairs(contribution, view_key)
+        room = self._room_for_pairs(contribution, view_key) if graph_room is None else graph_room
         loss, rgb, alpha, self.info = fused_render_loss(
             *raster_args,
             gt_images,
@@ -593,7 +676,9 @@ class ByteSplatModel(SplatfactoModel):
             options=options,
             pair_room=room,
         )
-        if self.pair_room is not None:
+        if graph_room is not None:  # the total is read after each replay (graph_step_replayed)
+            self.info["step_valid"] = self.info["pair_total"][0] <= graph_room
+        elif self.pair_room is not None:
             # None where binned by the count read back; else False when the lists did not fit the room
             self.info["step_valid"] = self.pair_room.send(self.step, self.info["pair_total"], room, self.num_points,
                                                           (camera, batch), view_key)

@@ -35,6 +35,7 @@ from bytesplat_ns.errors import BytesplatError, SettingError
 from bytesplat_ns.eval_logging import EVAL_METRICS_GROUP, EvalImageLogger, tensorboard_writers
 from bytesplat_ns.model import ByteSplatModel
 from bytesplat_ns.optim import OnePassOptimizers
+from bytesplat_ns.step_graphs import StepGraphs, graph_key
 
 
 @dataclass
@@ -94,6 +95,11 @@ class ByteSplatTrainerConfig(TrainerConfig):
     """When training starts, freeze every object the start-up created (torch, nerfstudio, the data), so
     that training's full garbage collections scan only what training creates (gc.freeze; under ns-train
     ~0.3 s of collections in a 5000-step run on the H200 machine; bytesplat-train freezes them already)."""
+    cuda_graph_steps: bool = False
+    """Replay the plain training steps' render, loss and backward as one CUDA graph, captured again when the
+    Gaussians, the SH degree or the resolution change (bytesplat_ns/step_graphs.py): the host issues a few
+    copies and one graph instead of ~80 launches a step. Needs --pipeline.model.fused.sync-free-binning (the
+    graph bins into a fixed room); logged, scale-regularisation and pruning-score steps run as before."""
     freeze_heap_at_exit: bool = True
     """After training, let the process exit without the interpreter's garbage-collector walk over its
     whole heap (gc.freeze at exit, ~2 s for a process holding torch and nerfstudio); the tensorboard
@@ -167,6 +173,7 @@ def resume_pipeline(trainer) -> Tuple[Optional[dict], Optional[Path]]:
 class ByteSplatTrainer(Trainer):
     config: ByteSplatTrainerConfig
     _eval_logger: Optional[EvalImageLogger] = None
+    step_graphs: Optional[StepGraphs] = None  # setup builds it where --cuda-graph-steps applies
 
     def _load_checkpoint(self) -> None:
         state, path = resume_pipeline(self)
@@ -242,16 +249,52 @@ class ByteSplatTrainer(Trainer):
 
     def train_iteration(self, step: int):
         model = getattr(self.pipeline, "model", None)
+        result = None
         if isinstance(model, ByteSplatModel):
             for camera, batch in model.views_to_train_again(step):
                 self.train_view_again(model, camera, batch, step)
             # nerfstudio's loop writes the metrics dict only on these steps (Trainer.train)
             wanted = step_check(step, self.config.logging.steps_per_log, run_at_zero=True)
             object.__setattr__(model, "training_metrics_wanted", wanted)  # a plain attribute: not Module's slow path
-        loss, loss_dict, metrics_dict = super().train_iteration(step)
+            if self.step_graphs is not None and model.graph_step_blocker(step) is None:
+                result = self.graph_iteration(model, step)
+        loss, loss_dict, metrics_dict = result if result is not None else super().train_iteration(step)
         self.divergence_guard.observe(step, loss)
         if self.divergence_guard.due(step):
             self.check_finite(step)
+        return loss, loss_dict, metrics_dict
+
+    def graph_iteration(self, model: ByteSplatModel, step: int):
+        """``train_iteration`` with the render, loss and backward replayed as a CUDA graph (step_graphs.py);
+        None where the step has no room to bin into yet (nothing was taken from the datamanager)."""
+        room = model.graph_step_room()
+        if room is None:
+            return None
+        camera, batch = self.pipeline.datamanager.next_train(step)
+        viewmat, intrinsics, width, height = model.graph_step_view(camera)
+        if model.graph_view_blocker(batch, width, height) is not None:
+            return self.iteration_on(step, camera, batch)
+        image = batch["image"]
+        key = graph_key(model.gaussian_parameters(), model.sh_degree_in_use(), width, height, image, room)
+        graph = self.step_graphs.run(model, key, viewmat, intrinsics, image, width, height, room,
+                                     model.pair_room.overflows)
+        model.graph_step_replayed(graph.info, room, camera, batch)
+        self.optimizers.optimizer_scaler_step_all(self.grad_scaler)
+        self.optimizers.scheduler_step_all(step)
+        return graph.loss, {"main_loss": graph.loss}, {"gaussian_count": model.num_points}
+
+    def iteration_on(self, step: int, camera, batch: dict):
+        """nerfstudio's ``train_iteration`` on a view already taken from the datamanager, where gradients are
+        neither scaled nor accumulated (what graph steps need, ``setup``)."""
+        model = self.pipeline.model
+        self.optimizers.zero_grad_all()
+        outputs = self.pipeline._model(camera)
+        metrics_dict = model.get_metrics_dict(outputs, batch)
+        loss_dict = model.get_loss_dict(outputs, batch, metrics_dict)
+        loss = functools.reduce(torch.add, loss_dict.values())
+        loss.backward()
+        self.optimizers.optimizer_scaler_step_all(self.grad_scaler)
+        self.optimizers.scheduler_step_all(step)
         return loss, loss_dict, metrics_dict
 
     def train_view_again(self, model: ByteSplatModel, camera, batch: dict, step: int) -> None:
@@ -293,6 +336,27 @@ class ByteSplatTrainer(Trainer):
             # a view trained again (pair_capacity.py) is one plain step: no scaled or accumulated gradients
             model.sized_binning_allowed = (not self.use_grad_scaler
                                            and all(n == 1 for n in self.gradient_accumulation_steps.values()))
+        self.step_graphs = self._step_graphs(model)
+
+    def _step_graphs(self, model) -> Optional[StepGraphs]:
+        """The training step's CUDA graph (``cuda_graph_steps``), where this trainer's steps can take one: one
+        process on a GPU, nerfstudio's plain pipeline, no scaled, accumulated or logged gradients."""
+        config = self.config
+        if not config.cuda_graph_steps:
+            return None
+        if not isinstance(model, ByteSplatModel) or not model.config.fused.sync_free_binning:
+            raise SettingError("--cuda-graph-steps needs --pipeline.model.fused.sync-free-binning True",
+                               hint="the graph bins each step's tile lists into a room sized ahead")
+        reasons = [why for why, blocks in (
+            ("no GPU", not torch.cuda.is_available() or model.device.type != "cuda"),
+            ("a sharded pipeline", type(self.pipeline) is not VanillaPipeline),
+            ("mixed precision or gradient accumulation", not model.sized_binning_allowed),
+            ("--logging.log-gradients", config.log_gradients),
+            ("optimizers outside one pass", not isinstance(self.optimizers, OnePassOptimizers))) if blocks]
+        if reasons:
+            CONSOLE.log(f"bytesplat: --cuda-graph-steps off for this run ({', '.join(reasons)})")
+            return None
+        return StepGraphs()
 
     def train(self) -> None:
         if self.config.freeze_heap_after_setup:
@@ -379,6 +443,10 @@ class ByteSplatTrainer(Trainer):
 
     def _after_train(self) -> None:
         self.train_waiting_views(self.step)  # the last steps' views, before the final checkpoint and the count below
+        if self.step_graphs is not None:
+            CONSOLE.log(f"bytesplat: {self.step_graphs.replays} training steps replayed as CUDA graphs "
+                        f"({self.step_graphs.captures} captures)")
+            self.step_graphs.current = None
         room = self._pair_room()
         if room is not None and room.overflows:
             CONSOLE.log(f"bytesplat: {room.overflows} of {room.sized_steps} steps binned into a room sized ahead "

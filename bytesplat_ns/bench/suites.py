@@ -93,6 +93,8 @@ _PER_OPTIMIZER = "per_optimizer=bytesplat --optimizer-steps-in-one-pass False"
 _NERFSTUDIO_LOOP = "nerfstudio_loop=bytesplat --lean-training-loop False"
 _SIZED_ROOM = "sized_room=bytesplat --pipeline.model.fused.sync-free-binning True"
 _COUNT_READ_BACK = "count_read_back=bytesplat --pipeline.model.fused.sync-free-binning False"
+_GRAPH_STEPS = "graph_steps=bytesplat --pipeline.model.fused.sync-free-binning True --cuda-graph-steps True"
+_PYTHON_STEPS = "python_steps=bytesplat"
 _GT_POOL = "gt_pool=bytesplat --pipeline.model.gt-downscale pool"
 _GT_CONV = "gt_conv=bytesplat --pipeline.model.gt-downscale conv"
 _LEVERS = "levers=bytesplat --pipeline.model.fused.fast-exp True --pipeline.model.fused.bwd-pixels-per-thread 2"
@@ -411,6 +413,14 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
                                  "bytesplat@fused.sync_free_binning=false --warmup-iters 2000 --profile-iters 100 "
                                  "--work-dir {work}/profile"), name="loop_capture"),)
           + _per_seed_on_capture(f"'{_SIZED_ROOM}' '{_COUNT_READ_BACK}'", 5000, "wallclock", "seed{seed}"),
+          needs_data=True),
+    Suite("cuda-graph-steps",
+          "the plain training steps' render, loss and backward replayed as a CUDA graph (--cuda-graph-steps True, "
+          "with the room sized ahead it needs: --pipeline.model.fused.sync-free-binning True) against the default "
+          "steps issued from Python: ns-train + ns-eval on a real capture (--data), 5000 iterations, 3 seeds, each "
+          "pair back to back",
+          1,
+          _per_seed_on_capture(f"'{_GRAPH_STEPS}' '{_PYTHON_STEPS}'", 5000, "wallclock", "seed{seed}"),
           needs_data=True),
     Suite("step-graph",
           "the ceiling of CUDA graphs for the training step: our whole step (projection, SH, binning into a room sized "

@@ -15,6 +15,7 @@ import torch
 from bytesplat_ns.bench.train import setup_trainer
 from bytesplat_ns.data.scene import SceneSpec, ensure_scene
 from bytesplat_ns.method_configs.bytesplat import bytesplat_config
+from tests.helpers.same_training import assert_same_training
 
 pytestmark = pytest.mark.gpu
 
@@ -34,33 +35,6 @@ def _trainer(tmp_path, iterations, sync_free=True, label="run", margin=1.2):
     return trainer
 
 
-def _assert_same_training(a, b):
-    """Two trainers trained the same Gaussians, but for what two GPU runs differ in: Adam (eps 1e-15) moves a
-    parameter by its learning rate whatever its gradient's size, so a gradient near zero whose sign the atomics'
-    order flips moves it the other way, and a Gaussian near a densification threshold may split in one run only.
-    So the counts agree within 2% and the two models render the train views alike: PSNR above 50 dB between them
-    (on an H100: 71 dB between a sized room and the count read back, 83 dB between two runs with the same steps
-    trained again)."""
-    counts = [t.pipeline.model.num_points for t in (a, b)]
-    assert abs(counts[0] - counts[1]) <= 0.02 * max(counts), counts
-    renders = [_renders(t) for t in (a, b)]
-    mse = torch.stack([(x - y).pow(2).mean() for x, y in zip(*renders)])
-    psnr = (-10 * torch.log10(mse.clamp_min(1e-12))).min().item()
-    assert psnr > 50, f"the two runs' renders of a train view differ: PSNR {psnr:.1f} dB between them"
-
-
-def _renders(trainer, views=3):
-    pipeline = trainer.pipeline
-    cameras = pipeline.datamanager.train_dataset.cameras
-    pipeline.eval()
-    try:
-        with torch.no_grad():
-            return [pipeline.model.get_outputs_for_camera(cameras[i:i + 1].to(pipeline.device))["rgb"]
-                    for i in range(views)]
-    finally:
-        pipeline.train()
-
-
 def test_room_sized_ahead_trains_the_same_gaussians_as_the_count_read_back(tmp_path):
     # room to spare: the first steps' few views say little about the next one's pairs
     sized = _trainer(tmp_path, 90, label="sized", margin=4.0)
@@ -70,7 +44,7 @@ def test_room_sized_ahead_trains_the_same_gaussians_as_the_count_read_back(tmp_p
     read_back.train()
     assert read_back.pipeline.model.pair_room is None
     assert room.sized_steps >= 80 and room.overflows == 0
-    _assert_same_training(sized, read_back)
+    assert_same_training(sized, read_back)
 
 
 def test_a_step_past_its_room_is_trained_again_after_two_steps_the_same_on_every_run(tmp_path, monkeypatch):
@@ -106,7 +80,7 @@ def test_a_step_past_its_room_is_trained_again_after_two_steps_the_same_on_every
             state = model.optimizers[name].state[model.gauss_params[name]]
             assert float(state["step"]) == 80.0, name
         runs.append(trainer)
-    _assert_same_training(*runs)
+    assert_same_training(*runs)
 
 
 def test_steps_binned_into_a_room_never_wait_for_the_gpu(tmp_path):

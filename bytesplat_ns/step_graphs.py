@@ -1,0 +1,123 @@
+"""Training steps replayed as CUDA graphs: the host issues one graph instead of a step's ~80 launches.
+
+Where a training step is bound by its host side (fox in ``ns-train``: the host takes longer to issue a step
+than the GPU to run it, docs/wallclock.md), the GPU waits between kernels. A CUDA graph of the step's render,
+loss and backward is captured once and replayed on the following steps; the host then issues a few copies,
+one graph launch and the Adam step (outside the graph: its learning rates change every step). What a graph
+holds fixed and what the trainer does about it:
+
+- the per-step inputs (the view matrix, intrinsics and ground-truth image) are copied into the graph's own
+  buffers before each replay; the random background is drawn inside the graph (CUDA graphs advance the
+  random stream at every replay);
+- the tile lists are binned into a fixed room (pair_capacity.py: ``--pipeline.model.fused.sync-free-binning``),
+  the largest any training view would get; a replayed step whose pairs outgrow it changes nothing on the
+  GPU and its view is trained again eagerly, as any sized step's; the graph is then captured again;
+- the Gaussians, their count, the SH degree and the image size: a densification step, an opacity reset,
+  a new SH degree or resolution makes the trainer capture again at the next graph step;
+- the gradients live in the graph's memory: after a replay each Gaussian parameter's ``.grad`` is pointed
+  at them again (an eager step in between leaves its own there);
+- steps that render, score or log anything else run eagerly (``ByteSplatModel.graph_step_blocker``): the
+  logged steps, splatfacto's scale regularisation (every 10th step), pruning scores and diagnostics.
+
+The replayed step is the eager step up to the order of float sums and the random background's stream
+(GPU test ``tests/engine/test_step_graphs_gpu.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from bytesplat_ns.model import ByteSplatModel
+
+WARMUP_STEPS = 1
+"""Eager passes on a side stream before a capture (lazily built kernels' state, cuBLAS workspaces)."""
+
+
+@dataclass
+class StepGraph:
+    """One captured render + loss + backward: its fixed inputs, outputs and what it was captured for."""
+
+    key: Tuple
+    graph: "torch.cuda.CUDAGraph"
+    viewmat: Tensor
+    intrinsics: Tensor
+    image: Tensor
+    loss: Tensor
+    info: Dict
+    grads: List[Optional[Tensor]]
+    room: int
+    overflows_at_capture: int
+
+    def replay(self, viewmat: Tensor, intrinsics: Tensor, image: Tensor) -> None:
+        self.viewmat.copy_(viewmat)
+        self.intrinsics.copy_(intrinsics)
+        self.image.copy_(image)
+        self.graph.replay()
+
+
+def graph_key(params: List[Tensor], sh_degree: Optional[int], width: int, height: int, image: Tensor,
+              room: int) -> Tuple:
+    """What a graph holds fixed besides its input buffers: every parameter tensor (a densification step or an
+    opacity reset replaces them), the SH degree, the image size and the room."""
+    return (tuple((id(p), p.data_ptr(), tuple(p.shape)) for p in params), sh_degree, width, height,
+            tuple(image.shape), image.dtype, room)
+
+
+class StepGraphs:
+    """The trainer's graph of its training step (module docstring): captured where a graph step finds none
+    that fits, replayed otherwise. Counts its replays and captures."""
+
+    def __init__(self):
+        self.current: Optional[StepGraph] = None
+        self.replays = 0
+        self.captures = 0
+        self._warmed_up = False
+
+    def run(self, model: "ByteSplatModel", key: Tuple, viewmat: Tensor, intrinsics: Tensor, image: Tensor,
+            width: int, height: int, room: int, overflows: int) -> StepGraph:
+        """Replay the graph for ``key`` on these inputs, capturing it first where the current one does not fit
+        (or a step overflowed its room since it was captured): ``model.graph_step_loss`` and its backward.
+        The Gaussian parameters' gradients then hold the step's."""
+        graph = self.current
+        if graph is None or graph.key != key or overflows > graph.overflows_at_capture:
+            self.current = None  # its memory goes back before the new capture takes its own
+            graph = self.current = self._capture(model, key, (viewmat, intrinsics, image), width, height, room,
+                                                 overflows)
+        graph.replay(viewmat, intrinsics, image)
+        for p, grad in zip(model.gaussian_parameters(), graph.grads):
+            p.grad = grad
+        self.replays += 1
+        return graph
+
+    def _capture(self, model: "ByteSplatModel", key: Tuple, views: Tuple[Tensor, Tensor, Tensor], width: int,
+                 height: int, room: int, overflows: int) -> StepGraph:
+        params = model.gaussian_parameters()
+        loss_of = model.graph_step_loss
+        viewmat, intrinsics, image = views
+        static = [viewmat.clone(), intrinsics.clone(), image.clone()]
+        inputs = (static[0], static[1], width, height, static[2], room)
+        if not self._warmed_up:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(WARMUP_STEPS):
+                    for p in params:
+                        p.grad = None
+                    loss_of(*inputs).backward()
+            torch.cuda.current_stream().wait_stream(side)
+            self._warmed_up = True
+        for p in params:
+            p.grad = None  # the captured backward then makes each gradient in the graph's memory
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: the eval images' worker thread may use the GPU while the training thread captures
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            loss = loss_of(*inputs)
+            loss.backward()
+        self.captures += 1
+        return StepGraph(key, graph, static[0], static[1], static[2], loss.detach(), dict(model.info),
+                         [p.grad for p in params], room, overflows)

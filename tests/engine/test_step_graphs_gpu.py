@@ -1,0 +1,105 @@
+"""Training steps replayed as CUDA graphs (--cuda-graph-steps, bytesplat_ns/step_graphs.py) on the GPU: the
+same training as the steps issued from Python, through densification (a new capture after each refine),
+with steps trained again after their pairs outgrew the room, and a replayed step issues a handful of
+launches and never waits for the GPU. Backgrounds are black in these runs: a graph draws its random
+background from another place in the random stream than the eager step, so random backgrounds would
+train different (equally good) Gaussians."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from bytesplat_ns.bench.train import setup_trainer
+from bytesplat_ns.data.scene import SceneSpec, ensure_scene
+from bytesplat_ns.method_configs.bytesplat import bytesplat_config
+
+from tests.helpers.same_training import assert_same_training
+
+pytestmark = pytest.mark.gpu
+
+NAMES = ("means", "scales", "quats", "features_dc", "features_rest", "opacities")
+
+
+def _trainer(tmp_path, iterations, graphs, label, margin=4.0):
+    scene = ensure_scene(SceneSpec(size="small"), cache_dir=tmp_path / "scenes")
+    config = copy.deepcopy(bytesplat_config)
+    config.cuda_graph_steps = graphs
+    model = config.pipeline.model
+    model.rasterizer = "fused"
+    model.background_color = "black"
+    model.fused.sync_free_binning = True
+    model.fused.pair_room_margin = margin
+    model.num_downscales = 0
+    model.warmup_length, model.refine_every = 20, 20  # refines (the Gaussian count changes) within the run
+    trainer, _ = setup_trainer(label, config, scene, iterations, tmp_path / label, seed=0, device="cuda")
+    return trainer
+
+
+def test_graph_steps_train_the_same_gaussians_as_steps_from_python(tmp_path):
+    graphed = _trainer(tmp_path, 90, True, "graphed")
+    graphed.train()
+    graphs = graphed.step_graphs
+    # steps 0-1 have no pair total read yet; every 10th step is logged (eager); refines at 20, 40, 60, 80
+    assert graphs.replays >= 70 and graphs.captures >= 4, (graphs.replays, graphs.captures)
+    eager = _trainer(tmp_path, 90, False, "eager")
+    eager.train()
+    assert eager.step_graphs is None
+    for name in NAMES:  # every step updated every parameter once
+        model = graphed.pipeline.model
+        assert float(model.optimizers[name].state[model.gauss_params[name]]["step"]) == 90.0, name
+    assert_same_training(graphed, eager)
+
+
+def test_a_replayed_step_past_its_room_is_trained_again_and_the_graph_captured_again(tmp_path, monkeypatch):
+    from bytesplat_ns.model import ByteSplatModel
+
+    real_room = ByteSplatModel.graph_step_room
+    model_steps = []
+
+    def graph_step_room(self):
+        room = real_room(self)
+        return 1 if room is not None and self.step == 33 else room  # room for one pair: the step cannot fit
+
+    monkeypatch.setattr(ByteSplatModel, "graph_step_room", graph_step_room)
+    trainer = _trainer(tmp_path, 50, True, "overflow")
+    model = trainer.pipeline.model
+    real_again = type(trainer).train_view_again
+
+    def train_view_again(self, model, camera, batch, step):
+        model_steps.append(step)
+        real_again(self, model, camera, batch, step)
+
+    monkeypatch.setattr(type(trainer), "train_view_again", train_view_again)
+    trainer.train()
+    assert model_steps == [35] and model.pair_room.overflows == 1
+    for name in NAMES:
+        assert float(model.optimizers[name].state[model.gauss_params[name]]["step"]) == 50.0, name
+
+
+def test_a_replayed_step_issues_few_launches_and_never_waits(tmp_path):
+    from torch.profiler import ProfilerActivity, profile
+
+    from bytesplat_ns.bench.profile_train import loop_body
+
+    launches = {}
+    for graphs in (True, False):
+        trainer = _trainer(tmp_path, 22, graphs, f"graphs_{graphs}")
+        trainer.train()
+        loop_body(trainer, 22)  # captured here where graphs are on: the profile below holds replays only
+        torch.cuda.synchronize()
+        steps = [s for s in range(23, 33) if s % 10 != 0]  # no refine, divergence check or logged step
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for step in steps:
+                loop_body(trainer, step)
+        events = prof.key_averages()
+        syncs = sum(e.count for e in events if e.key in ("cudaStreamSynchronize", "cudaDeviceSynchronize"))
+        assert syncs == 0, syncs
+        launches[graphs] = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel",
+                                                                   "cudaLaunchKernelExC", "cuLaunchKernelEx"))
+        launches[graphs] /= len(steps)
+        if graphs:
+            assert sum(e.count for e in events if e.key == "cudaGraphLaunch") == len(steps)
+    assert launches[True] < 0.4 * launches[False], launches
