@@ -1,0 +1,79 @@
+"""--cuda-graph-steps without a GPU (bytesplat_ns/step_graphs.py): the setting's requirements, which steps a
+graph may replay, and what makes a graph captured again. tests/engine/test_step_graphs_gpu.py trains with it."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from bytesplat_ns.bench.train import setup_trainer
+from bytesplat_ns.data.scene import SceneSpec, ensure_scene
+from bytesplat_ns.errors import SettingError
+from bytesplat_ns.method_configs.bytesplat import bytesplat_config
+from bytesplat_ns.model import ByteSplatModel
+from bytesplat_ns.step_graphs import graph_key
+
+
+def _trainer(tmp_path, sync_free=True, label="run"):
+    scene = ensure_scene(SceneSpec(size="small"), cache_dir=tmp_path / "scenes")
+    config = copy.deepcopy(bytesplat_config)
+    config.cuda_graph_steps = True
+    config.pipeline.model.fused.sync_free_binning = sync_free
+    trainer, _ = setup_trainer(label, config, scene, 3, tmp_path / label, seed=0, device="cpu")
+    return trainer
+
+
+def test_graph_steps_need_the_sized_room(tmp_path):
+    with pytest.raises(SettingError, match="sync-free-binning"):
+        _trainer(tmp_path, sync_free=False)
+
+
+def test_without_a_gpu_the_steps_run_as_before(tmp_path, capsys):
+    trainer = _trainer(tmp_path)
+    assert trainer.step_graphs is None
+    assert "--cuda-graph-steps off for this run (no GPU" in capsys.readouterr().out.replace("\n", " ")
+    trainer.train()  # the reference rasterizer's steps, unchanged
+    assert trainer.pipeline.model.step == 2
+
+
+def test_which_steps_a_graph_may_replay(tmp_path, monkeypatch):
+    trainer = _trainer(tmp_path)
+    model = trainer.pipeline.model
+    assert model.graph_step_blocker(5) == "the fused rasterizer is not training"
+    monkeypatch.setattr(ByteSplatModel, "rasterizer_backend", property(lambda self: "fused"))
+    monkeypatch.setattr(ByteSplatModel, "_gaussian_steps_on_device", lambda self: True)
+    model.train()
+    object.__setattr__(model, "training_metrics_wanted", False)
+    assert model.graph_step_blocker(5) is None
+    object.__setattr__(model, "training_metrics_wanted", True)
+    assert model.graph_step_blocker(5) == "a logged step"
+    object.__setattr__(model, "training_metrics_wanted", False)
+    model.config.use_scale_regularization = True
+    assert model.graph_step_blocker(10) == "a scale-regularisation step" and model.graph_step_blocker(11) is None
+    model.config.fused.check_every = 7
+    assert model.graph_step_blocker(14) == "a diagnostic or pruning-score step"
+    model.config.fused.check_every = 0
+    model.config.optimize_visible_only = True
+    assert model.graph_step_blocker(11) == "Adam on the visible Gaussians only"
+    model.config.optimize_visible_only = False
+    model.sized_binning_allowed = False  # mixed precision or gradient accumulation
+    assert model.graph_step_blocker(11).startswith("no sized binning")
+    assert model.graph_view_blocker({"mask": None}, 64, 64) == "a mask"
+    assert model.graph_view_blocker({}, 64, 8) == "an image smaller than the SSIM window"
+    assert model.graph_view_blocker({}, 64, 64) is None
+
+
+def test_a_graph_is_captured_again_for_new_gaussians_sh_degree_size_or_room():
+    params = [torch.nn.Parameter(torch.zeros(10, 3)), torch.nn.Parameter(torch.zeros(10, 1))]
+    image = torch.zeros(48, 64, 3, dtype=torch.uint8)
+    key = graph_key(params, 1, 64, 48, image, 5000)
+    assert graph_key(params, 1, 64, 48, image, 5000) == key
+    assert graph_key(params, 2, 64, 48, image, 5000) != key  # a new SH degree
+    assert graph_key(params, 1, 32, 24, image[::2, ::2], 5000) != key  # a new resolution
+    assert graph_key(params, 1, 64, 48, image, 6000) != key  # a new room
+    replaced = [torch.nn.Parameter(params[0].detach().clone()), params[1]]  # an opacity reset or densification
+    assert graph_key(replaced, 1, 64, 48, image, 5000) != key
+    grown = [torch.nn.Parameter(torch.zeros(12, 3)), params[1]]
+    assert graph_key(grown, 1, 64, 48, image, 5000) != key
