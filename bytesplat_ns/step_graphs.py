@@ -60,12 +60,11 @@ class StepGraph:
         self.graph.replay()
 
 
-def graph_key(params: List[Tensor], sh_degree: Optional[int], width: int, height: int, image: Tensor,
-              room: int) -> Tuple:
-    """What a graph holds fixed besides its input buffers: every parameter tensor (a densification step or an
-    opacity reset replaces them), the SH degree, the image size and the room."""
+def graph_key(params: List[Tensor], sh_degree: Optional[int], width: int, height: int, image: Tensor) -> Tuple:
+    """What a graph holds fixed besides its input buffers and room: every parameter tensor (a densification
+    step or an opacity reset replaces them), the SH degree and the image size."""
     return (tuple((id(p), p.data_ptr(), tuple(p.shape)) for p in params), sh_degree, width, height,
-            tuple(image.shape), image.dtype, room)
+            tuple(image.shape), image.dtype)
 
 
 class StepGraphs:
@@ -76,16 +75,22 @@ class StepGraphs:
         self.current: Optional[StepGraph] = None
         self.replays = 0
         self.captures = 0
+        self._stream: Optional["torch.cuda.Stream"] = None  # captures run on it (a graph is captured off the default stream)
         self._warmed_up = False
 
     def run(self, model: "ByteSplatModel", key: Tuple, viewmat: Tensor, intrinsics: Tensor, image: Tensor,
-            width: int, height: int, room: int, overflows: int) -> StepGraph:
+            width: int, height: int) -> Optional[StepGraph]:
         """Replay the graph for ``key`` on these inputs, capturing it first where the current one does not fit
-        (or a step overflowed its room since it was captured): ``model.graph_step_loss`` and its backward.
-        The Gaussian parameters' gradients then hold the step's."""
+        (or a step outgrew its room since it was captured): ``model.graph_step_loss`` and its backward, in the
+        room ``model.graph_step_room()`` gives then. The Gaussian parameters' gradients then hold the step's.
+        None, and nothing run, where the model has no room to give yet."""
+        overflows = model.pair_room.overflows
         graph = self.current
         if graph is None or graph.key != key or overflows > graph.overflows_at_capture:
             self.current = None  # its memory goes back before the new capture takes its own
+            room = model.graph_step_room()
+            if room is None:
+                return None
             graph = self.current = self._capture(model, key, (viewmat, intrinsics, image), width, height, room,
                                                  overflows)
         graph.replay(viewmat, intrinsics, image)
@@ -97,27 +102,32 @@ class StepGraphs:
     def _capture(self, model: "ByteSplatModel", key: Tuple, views: Tuple[Tensor, Tensor, Tensor], width: int,
                  height: int, room: int, overflows: int) -> StepGraph:
         params = model.gaussian_parameters()
-        loss_of = model.graph_step_loss
         viewmat, intrinsics, image = views
         static = [viewmat.clone(), intrinsics.clone(), image.clone()]
         inputs = (static[0], static[1], width, height, static[2], room)
-        if not self._warmed_up:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
+        if self._stream is None:
+            self._stream = torch.cuda.Stream()
+        stream = self._stream
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            if not self._warmed_up:
                 for _ in range(WARMUP_STEPS):
                     for p in params:
                         p.grad = None
-                    loss_of(*inputs).backward()
-            torch.cuda.current_stream().wait_stream(side)
-            self._warmed_up = True
-        for p in params:
-            p.grad = None  # the captured backward then makes each gradient in the graph's memory
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: the eval images' worker thread may use the GPU while the training thread captures
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            loss = loss_of(*inputs)
-            loss.backward()
+                    model.graph_step_loss(*inputs).backward()
+                self._warmed_up = True
+            for p in params:
+                p.grad = None  # the captured backward then makes each gradient in the graph's memory
+            graph = torch.cuda.CUDAGraph()
+            # thread_local: the eval images' worker thread may use the GPU meanwhile. capture_begin, not
+            # torch.cuda.graph, which would also empty the allocator's cache at every capture
+            graph.capture_begin(capture_error_mode="thread_local")
+            try:
+                loss = model.graph_step_loss(*inputs)
+                loss.backward()
+            finally:
+                graph.capture_end()
+        torch.cuda.current_stream().wait_stream(stream)
         self.captures += 1
         return StepGraph(key, graph, static[0], static[1], static[2], loss.detach(), dict(model.info),
                          [p.grad for p in params], room, overflows)

@@ -267,18 +267,18 @@ class ByteSplatTrainer(Trainer):
     def graph_iteration(self, model: ByteSplatModel, step: int):
         """``train_iteration`` with the render, loss and backward replayed as a CUDA graph (step_graphs.py);
         None where the step has no room to bin into yet (nothing was taken from the datamanager)."""
-        room = model.graph_step_room()
-        if room is None:
+        if self.step_graphs.current is None and model.graph_step_room() is None:
             return None
         camera, batch = self.pipeline.datamanager.next_train(step)
         viewmat, intrinsics, width, height = model.graph_step_view(camera)
         if model.graph_view_blocker(batch, width, height) is not None:
             return self.iteration_on(step, camera, batch)
         image = batch["image"]
-        key = graph_key(model.gaussian_parameters(), model.sh_degree_in_use(), width, height, image, room)
-        graph = self.step_graphs.run(model, key, viewmat, intrinsics, image, width, height, room,
-                                     model.pair_room.overflows)
-        model.graph_step_replayed(graph.info, room, camera, batch)
+        key = graph_key(model.gaussian_parameters(), model.sh_degree_in_use(), width, height, image)
+        graph = self.step_graphs.run(model, key, viewmat, intrinsics, image, width, height)
+        if graph is None:
+            return self.iteration_on(step, camera, batch)
+        model.graph_step_replayed(graph.info, graph.room, camera, batch)
         self.optimizers.optimizer_scaler_step_all(self.grad_scaler)
         self.optimizers.scheduler_step_all(step)
         return graph.loss, {"main_loss": graph.loss}, {"gaussian_count": model.num_points}

@@ -65,15 +65,14 @@ def test_which_steps_a_graph_may_replay(tmp_path, monkeypatch):
     assert model.graph_view_blocker({}, 64, 64) is None
 
 
-def test_a_graph_is_captured_again_for_new_gaussians_sh_degree_size_or_room():
+def test_a_graph_is_captured_again_for_new_gaussians_sh_degree_or_size():
     params = [torch.nn.Parameter(torch.zeros(10, 3)), torch.nn.Parameter(torch.zeros(10, 1))]
     image = torch.zeros(48, 64, 3, dtype=torch.uint8)
-    key = graph_key(params, 1, 64, 48, image, 5000)
-    assert graph_key(params, 1, 64, 48, image, 5000) == key
-    assert graph_key(params, 2, 64, 48, image, 5000) != key  # a new SH degree
-    assert graph_key(params, 1, 32, 24, image[::2, ::2], 5000) != key  # a new resolution
-    assert graph_key(params, 1, 64, 48, image, 6000) != key  # a new room
+    key = graph_key(params, 1, 64, 48, image)
+    assert graph_key(params, 1, 64, 48, image) == key
+    assert graph_key(params, 2, 64, 48, image) != key  # a new SH degree
+    assert graph_key(params, 1, 32, 24, image[::2, ::2]) != key  # a new resolution
     replaced = [torch.nn.Parameter(params[0].detach().clone()), params[1]]  # an opacity reset or densification
-    assert graph_key(replaced, 1, 64, 48, image, 5000) != key
+    assert graph_key(replaced, 1, 64, 48, image) != key
     grown = [torch.nn.Parameter(torch.zeros(12, 3)), params[1]]
-    assert graph_key(grown, 1, 64, 48, image, 5000) != key
+    assert graph_key(grown, 1, 64, 48, image) != key

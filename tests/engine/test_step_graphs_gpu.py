@@ -42,8 +42,9 @@ def test_graph_steps_train_the_same_gaussians_as_steps_from_python(tmp_path):
     graphed = _trainer(tmp_path, 90, True, "graphed")
     graphed.train()
     graphs = graphed.step_graphs
-    # steps 0-1 have no pair total read yet; every 10th step is logged (eager); refines at 20, 40, 60, 80
-    assert graphs.replays >= 70 and graphs.captures >= 4, (graphs.replays, graphs.captures)
+    # steps 0-1 have no pair total read yet, every 10th step is logged (eager); a capture at the first graph step
+    # and after each refine (steps 40, 60 and 80)
+    assert graphs.replays >= 70 and graphs.captures == 4, (graphs.replays, graphs.captures)
     eager = _trainer(tmp_path, 90, False, "eager")
     eager.train()
     assert eager.step_graphs is None
@@ -59,9 +60,9 @@ def test_a_replayed_step_past_its_room_is_trained_again_and_the_graph_captured_a
     real_room = ByteSplatModel.graph_step_room
     model_steps = []
 
-    def graph_step_room(self):
+    def graph_step_room(self):  # asked at each capture
         room = real_room(self)
-        return 1 if room is not None and self.step == 33 else room  # room for one pair: the step cannot fit
+        return 1 if room is not None and self.step == 41 else room  # room for one pair: the step cannot fit
 
     monkeypatch.setattr(ByteSplatModel, "graph_step_room", graph_step_room)
     trainer = _trainer(tmp_path, 50, True, "overflow")
@@ -74,7 +75,10 @@ def test_a_replayed_step_past_its_room_is_trained_again_and_the_graph_captured_a
 
     monkeypatch.setattr(type(trainer), "train_view_again", train_view_again)
     trainer.train()
-    assert model_steps == [35] and model.pair_room.overflows == 1
+    # captured at step 41, after the refine at step 40; its total read at step 43, which trains the view again
+    # first and then captures the graph again, in the room the view's own total now gives
+    assert model_steps == [43] and model.pair_room.overflows == 1
+    assert trainer.step_graphs.captures == 3, trainer.step_graphs.captures  # at steps 2, 41 and 43
     for name in NAMES:
         assert float(model.optimizers[name].state[model.gauss_params[name]]["step"]) == 50.0, name
 
