@@ -105,5 +105,5 @@ def test_a_replayed_step_issues_few_launches_and_never_waits(tmp_path):
                                                                    "cudaLaunchKernelExC", "cuLaunchKernelEx"))
         launches[graphs] /= len(steps)
         if graphs:
-            assert sum(e.count for e in events if e.key == "cudaGraphLaunch") == len(steps)
+            assert sum(e.count for e in events if e.key.startswith("cudaGraphLaunch")) == len(steps)
     assert launches[True] < 0.4 * launches[False], launches
