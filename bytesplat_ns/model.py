@@ -244,6 +244,7 @@ class ByteSplatModel(SplatfactoModel):
         self._adam_on_device: Tuple[int, bool] = (-1, False)  # (Gaussians, answer) of _gaussian_steps_on_device
         self.binning_exactly = False  # set while the trainer trains a view again (pair_capacity.py)
         self.sized_binning_allowed = True  # the trainer's say: off with gradient scaling or accumulation
+        self._graph_views: Dict[Tuple, Tuple[torch.Tensor, int, int]] = {}  # graph_step_view's intrinsics and size
 
     @property
     def pruning(self) -> HardwarePruner:
@@ -448,7 +449,12 @@ class ByteSplatModel(SplatfactoModel):
         """A training camera's view matrix [1,4,4], intrinsics [1,3,3] and size at this step's resolution, as
         ``get_outputs`` takes them: the per-step inputs of a training step replayed as a CUDA graph
         (step_graphs.py)."""
-        intrinsics, width, height = self._intrinsics_and_size(camera, self._get_downscale_factor())
+        factor = self._get_downscale_factor()
+        key = ((camera.metadata or {}).get("cam_idx"), factor)
+        known = self._graph_views.get(key) if key[0] is not None else None
+        if known is None:  # the training cameras do not move (no camera optimizer): made once per view and factor
+            known = self._graph_views[key] = self._intrinsics_and_size(camera, factor)
+        intrinsics, width, height = known
         self.last_size = (height, width)
         viewmat = world_to_camera(camera)
         assert viewmat is not None, "graph steps need the datamanager's view matrices (no camera optimizer)"

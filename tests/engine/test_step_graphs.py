@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from bytesplat_ns.bench.train import setup_trainer
+from bytesplat_ns.data.datamanager import WORLD_TO_CAMERA_KEY
 from bytesplat_ns.data.scene import SceneSpec, ensure_scene
 from bytesplat_ns.errors import SettingError
 from bytesplat_ns.method_configs.bytesplat import bytesplat_config
@@ -76,3 +77,17 @@ def test_a_graph_is_captured_again_for_new_gaussians_sh_degree_or_size():
     assert graph_key(replaced, 1, 64, 48, image) != key
     grown = [torch.nn.Parameter(torch.zeros(12, 3)), params[1]]
     assert graph_key(grown, 1, 64, 48, image) != key
+
+
+def test_a_graph_steps_view_is_the_eager_steps(tmp_path):
+    trainer = _trainer(tmp_path)
+    model = trainer.pipeline.model
+    datamanager = trainer.pipeline.datamanager
+    for step in range(3):
+        camera, _ = datamanager.next_train(step)
+        viewmat, intrinsics, width, height = model.graph_step_view(camera)
+        eager_intrinsics, eager_width, eager_height = model._intrinsics_and_size(camera, model._get_downscale_factor())
+        assert torch.equal(intrinsics, eager_intrinsics) and (width, height) == (eager_width, eager_height)
+        assert viewmat is camera.metadata[WORLD_TO_CAMERA_KEY]  # the datamanager's, made once per image
+        again = model.graph_step_view(camera)
+        assert again[1] is intrinsics  # made once per view and resolution
