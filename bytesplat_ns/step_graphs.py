@@ -103,6 +103,12 @@ class StepGraphs:
                  height: int, room: int, overflows: int) -> StepGraph:
         params = model.gaussian_parameters()
         viewmat, intrinsics, image = views
+        # A parameter's gradient accumulator runs on the stream it was made on, and a live autograd graph keeps
+        # it: one made by an eager step on the default stream would make the captured backward depend on that
+        # stream (cudaErrorStreamCaptureImplicit, seen on an H100 on 2026-12-06). The last step's render
+        # statistics are the only graph still held (the trainer returns its losses detached), so drop them:
+        # the warm-up and the capture then make the accumulators on the capture stream.
+        model.info = {}
         static = [viewmat.clone(), intrinsics.clone(), image.clone()]
         inputs = (static[0], static[1], width, height, static[2], room)
         if self._stream is None:

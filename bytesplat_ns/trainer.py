@@ -259,6 +259,10 @@ class ByteSplatTrainer(Trainer):
             if self.step_graphs is not None and model.graph_step_blocker(step) is None:
                 result = self.graph_iteration(model, step)
         loss, loss_dict, metrics_dict = result if result is not None else super().train_iteration(step)
+        if self.step_graphs is not None:
+            # the loop holds these until the next step: detached, they keep no gradient accumulator alive
+            # into a capture (step_graphs.py)
+            loss, loss_dict = loss.detach(), {key: value.detach() for key, value in loss_dict.items()}
         self.divergence_guard.observe(step, loss)
         if self.divergence_guard.due(step):
             self.check_finite(step)
