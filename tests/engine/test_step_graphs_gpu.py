@@ -38,20 +38,37 @@ def _trainer(tmp_path, iterations, graphs, label, margin=4.0):
     return trainer
 
 
-def test_graph_steps_train_the_same_gaussians_as_steps_from_python(tmp_path):
-    graphed = _trainer(tmp_path, 90, True, "graphed")
+def _capture_steps(monkeypatch):
+    """The model steps at which the trainer captures its graph, recorded as the run goes."""
+    from bytesplat_ns.step_graphs import StepGraphs
+
+    steps = []
+    real_capture = StepGraphs._capture
+
+    def capture(self, model, *args):
+        steps.append(model.step)
+        return real_capture(self, model, *args)
+
+    monkeypatch.setattr(StepGraphs, "_capture", capture)
+    return steps
+
+
+def test_graph_steps_train_the_same_gaussians_as_steps_from_python(tmp_path, monkeypatch):
+    captured_at = _capture_steps(monkeypatch)
+    graphed = _trainer(tmp_path, 110, True, "graphed")
     graphed.train()
-    graphs = graphed.step_graphs
-    # steps 0-1 have no pair total read yet, every 10th step is logged (eager); a capture at the first graph step
-    # and after each refine (steps 40, 60 and 80)
-    assert graphs.replays >= 70 and graphs.captures == 4, (graphs.replays, graphs.captures)
-    eager = _trainer(tmp_path, 90, False, "eager")
+    eager = _trainer(tmp_path, 110, False, "eager")
     eager.train()
     assert eager.step_graphs is None
     for name in NAMES:  # every step updated every parameter once
         model = graphed.pipeline.model
-        assert float(model.optimizers[name].state[model.gauss_params[name]]["step"]) == 90.0, name
+        assert float(model.optimizers[name].state[model.gauss_params[name]]["step"]) == 110.0, name
     assert_same_training(graphed, eager)
+    # steps 0-1 have no pair total read yet and every 10th step is logged (eager); a capture at the first graph
+    # step and after each refine that grew the Gaussians: gsplat's rule refines at 80 and 100 here (a refine
+    # waits num_train_data + refine_every = 76 steps after each opacity reset, the first at step 0)
+    assert captured_at == [2, 81, 101], captured_at
+    assert graphed.step_graphs.replays >= 90, graphed.step_graphs.replays
 
 
 def test_a_replayed_step_past_its_room_is_trained_again_and_the_graph_captured_again(tmp_path, monkeypatch):
@@ -62,10 +79,11 @@ def test_a_replayed_step_past_its_room_is_trained_again_and_the_graph_captured_a
 
     def graph_step_room(self):  # asked at each capture
         room = real_room(self)
-        return 1 if room is not None and self.step == 41 else room  # room for one pair: the step cannot fit
+        return 1 if room is not None and self.step == 81 else room  # room for one pair: the step cannot fit
 
     monkeypatch.setattr(ByteSplatModel, "graph_step_room", graph_step_room)
-    trainer = _trainer(tmp_path, 50, True, "overflow")
+    captured_at = _capture_steps(monkeypatch)
+    trainer = _trainer(tmp_path, 90, True, "overflow")
     model = trainer.pipeline.model
     real_again = type(trainer).train_view_again
 
@@ -75,12 +93,12 @@ def test_a_replayed_step_past_its_room_is_trained_again_and_the_graph_captured_a
 
     monkeypatch.setattr(type(trainer), "train_view_again", train_view_again)
     trainer.train()
-    # captured at step 41, after the refine at step 40; its total read at step 43, which trains the view again
+    # captured at step 81, after the refine at step 80; its total read at step 83, which trains the view again
     # first and then captures the graph again, in the room the view's own total now gives
-    assert model_steps == [43] and model.pair_room.overflows == 1
-    assert trainer.step_graphs.captures == 3, trainer.step_graphs.captures  # at steps 2, 41 and 43
+    assert model_steps == [83] and model.pair_room.overflows == 1
+    assert captured_at == [2, 81, 83], captured_at
     for name in NAMES:
-        assert float(model.optimizers[name].state[model.gauss_params[name]]["step"]) == 50.0, name
+        assert float(model.optimizers[name].state[model.gauss_params[name]]["step"]) == 90.0, name
 
 
 def test_a_replayed_step_issues_few_launches_and_never_waits(tmp_path):
