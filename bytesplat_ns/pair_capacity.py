@@ -74,6 +74,7 @@ class PairRoom:
         self.sent: Deque[_Sent] = deque()
         self.sized_steps = 0
         self.overflows = 0
+        self.last_overflow_step = -1  # the latest step read whose lists did not fit (-1: none)
         self._ring: Optional[Tensor] = None  # pinned host int64, one slot per step in flight
         self._events: List[Any] = []
         self._next_slot = 0
@@ -125,6 +126,7 @@ class PairRoom:
                 self.by_view[sent.key] = (total, sent.gaussians)
             if sent.room is not None and total > sent.room:
                 self.overflows += 1
+                self.last_overflow_step = max(self.last_overflow_step, sent.step)
                 again.append(sent.view)
         return again
 

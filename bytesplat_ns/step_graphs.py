@@ -51,7 +51,7 @@ class StepGraph:
     info: Dict
     grads: List[Optional[Tensor]]
     room: int
-    overflows_at_capture: int
+    captured_at: int  # the model step of the capture: the graph's first replay
 
     def replay(self, viewmat: Tensor, intrinsics: Tensor, image: Tensor) -> None:
         self.viewmat.copy_(viewmat)
@@ -81,18 +81,19 @@ class StepGraphs:
     def run(self, model: "ByteSplatModel", key: Tuple, viewmat: Tensor, intrinsics: Tensor, image: Tensor,
             width: int, height: int) -> Optional[StepGraph]:
         """Replay the graph for ``key`` on these inputs, capturing it first where the current one does not fit
-        (or a step outgrew its room since it was captured): ``model.graph_step_loss`` and its backward, in the
+        (or a step it replayed outgrew its room): ``model.graph_step_loss`` and its backward, in the
         room ``model.graph_step_room()`` gives then. The Gaussian parameters' gradients then hold the step's.
         None, and nothing run, where the model has no room to give yet."""
-        overflows = model.pair_room.overflows
         graph = self.current
-        if graph is None or graph.key != key or overflows > graph.overflows_at_capture:
+        # a step's total is read two steps later, so an overflow may come from a step of the graph before
+        # this one (its room too small): that one is captured again already
+        outgrown = graph is not None and model.pair_room.last_overflow_step >= graph.captured_at
+        if graph is None or graph.key != key or outgrown:
             self.current = None  # its memory goes back before the new capture takes its own
             room = model.graph_step_room()
             if room is None:
                 return None
-            graph = self.current = self._capture(model, key, (viewmat, intrinsics, image), width, height, room,
-                                                 overflows)
+            graph = self.current = self._capture(model, key, (viewmat, intrinsics, image), width, height, room)
         graph.replay(viewmat, intrinsics, image)
         for p, grad in zip(model.gaussian_parameters(), graph.grads):
             p.grad = grad
@@ -100,7 +101,7 @@ class StepGraphs:
         return graph
 
     def _capture(self, model: "ByteSplatModel", key: Tuple, views: Tuple[Tensor, Tensor, Tensor], width: int,
-                 height: int, room: int, overflows: int) -> StepGraph:
+                 height: int, room: int) -> StepGraph:
         params = model.gaussian_parameters()
         viewmat, intrinsics, image = views
         # A parameter's gradient accumulator runs on the stream it was made on, and a live autograd graph keeps
@@ -136,4 +137,4 @@ class StepGraphs:
         torch.cuda.current_stream().wait_stream(stream)
         self.captures += 1
         return StepGraph(key, graph, static[0], static[1], static[2], loss.detach(), dict(model.info),
-                         [p.grad for p in params], room, overflows)
+                         [p.grad for p in params], room, model.step)

@@ -54,7 +54,7 @@ def test_a_step_past_its_room_is_flagged_and_its_view_comes_back_after_the_lag()
     assert bool(fits) and not bool(too_many)
     assert room.views_to_train_again(7) == []  # step 5 read: it fitted
     assert room.views_to_train_again(8) == ["again"]
-    assert room.overflows == 1 and room.sized_steps == 2
+    assert room.overflows == 1 and room.sized_steps == 2 and room.last_overflow_step == 6
     assert room.views_to_train_again(9) == []  # read once
 
 

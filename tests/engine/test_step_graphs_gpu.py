@@ -93,9 +93,11 @@ def test_a_replayed_step_past_its_room_is_trained_again_and_the_graph_captured_a
 
     monkeypatch.setattr(type(trainer), "train_view_again", train_view_again)
     trainer.train()
-    # captured at step 81, after the refine at step 80; its total read at step 83, which trains the view again
-    # first and then captures the graph again, in the room the view's own total now gives
-    assert model_steps == [83] and model.pair_room.overflows == 1
+    # captured at step 81, after the refine at step 80, in a room too small: steps 81 and 82 replay it and
+    # overflow. Step 81's total, read at step 83, trains its view again and captures the graph again, in the
+    # room the view's own total now gives; step 82's, read at step 84, trains its view again and leaves the
+    # new graph be (step 82 replayed the old one)
+    assert model_steps == [83, 84] and model.pair_room.overflows == 2
     assert captured_at == [2, 81, 83], captured_at
     for name in NAMES:
         assert float(model.optimizers[name].state[model.gauss_params[name]]["step"]) == 90.0, name
