@@ -17,7 +17,9 @@ holds fixed and what the trainer does about it:
 - the gradients live in the graph's memory: after a replay each Gaussian parameter's ``.grad`` is pointed
   at them again (an eager step in between leaves its own there);
 - steps that render, score or log anything else run eagerly (``ByteSplatModel.graph_step_blocker``): the
-  logged steps, splatfacto's scale regularisation (every 10th step), pruning scores and diagnostics.
+  logged steps, splatfacto's scale regularisation (every 10th step), pruning scores and diagnostics;
+- a step that cannot be captured (``CaptureFailed``) turns graph steps off for the rest of the run, with one
+  console line; training goes on eagerly.
 
 The replayed step is the eager step up to the order of float sums and the random background's stream
 (GPU test ``tests/engine/test_step_graphs_gpu.py``).
@@ -36,6 +38,11 @@ if TYPE_CHECKING:
 
 WARMUP_STEPS = 1
 """Eager passes on a side stream before a capture (lazily built kernels' state, cuBLAS workspaces)."""
+
+
+class CaptureFailed(RuntimeError):
+    """The step could not be captured as a CUDA graph (something in it waits for the GPU or reads a tensor on
+    the host, or a kernel's launch is not capturable); the random generator is as it was before the capture."""
 
 
 @dataclass
@@ -125,16 +132,31 @@ class StepGraphs:
                 self._warmed_up = True
             for p in params:
                 p.grad = None  # the captured backward then makes each gradient in the graph's memory
+            # a failed capture leaves the random generator in capture mode (every later random draw fails with
+            # "Offset increment outside graph capture"): its state from before goes back then
+            generator = torch.cuda.default_generators[params[0].device.index or 0]
+            before = generator.clone_state()
             graph = torch.cuda.CUDAGraph()
             # thread_local: the eval images' worker thread may use the GPU meanwhile. capture_begin, not
             # torch.cuda.graph, which would also empty the allocator's cache at every capture
             graph.capture_begin(capture_error_mode="thread_local")
+            error: Optional[BaseException] = None
             try:
                 loss = model.graph_step_loss(*inputs)
                 loss.backward()
-            finally:
+            except Exception as raised:
+                error = raised
+            try:
                 graph.capture_end()
+            except Exception as raised:
+                error = error or raised
         torch.cuda.current_stream().wait_stream(stream)
+        if error is not None:
+            generator.graphsafe_set_state(before)
+            for p in params:
+                p.grad = None
+            model.info = {}
+            raise CaptureFailed(f"the training step could not be captured as a CUDA graph ({error})") from error
         self.captures += 1
         return StepGraph(key, graph, static[0], static[1], static[2], loss.detach(), dict(model.info),
                          [p.grad for p in params], room, model.step)

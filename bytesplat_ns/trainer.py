@@ -35,7 +35,7 @@ from bytesplat_ns.errors import BytesplatError, SettingError
 from bytesplat_ns.eval_logging import EVAL_METRICS_GROUP, EvalImageLogger, tensorboard_writers
 from bytesplat_ns.model import ByteSplatModel
 from bytesplat_ns.optim import OnePassOptimizers
-from bytesplat_ns.step_graphs import StepGraphs, graph_key
+from bytesplat_ns.step_graphs import CaptureFailed, StepGraphs, graph_key
 
 
 @dataclass
@@ -279,7 +279,12 @@ class ByteSplatTrainer(Trainer):
             return self.iteration_on(step, camera, batch)
         image = batch["image"]
         key = graph_key(model.gaussian_parameters(), model.sh_degree_in_use(), width, height, image)
-        graph = self.step_graphs.run(model, key, viewmat, intrinsics, image, width, height)
+        try:
+            graph = self.step_graphs.run(model, key, viewmat, intrinsics, image, width, height)
+        except CaptureFailed as failure:
+            CONSOLE.log(f"bytesplat: --cuda-graph-steps off for the rest of this run: {failure}")
+            self.step_graphs = None
+            return self.iteration_on(step, camera, batch)
         if graph is None:
             return self.iteration_on(step, camera, batch)
         model.graph_step_replayed(graph.info, graph.room, camera, batch)

@@ -127,3 +127,25 @@ def test_a_replayed_step_issues_few_launches_and_never_waits(tmp_path):
         if graphs:
             assert sum(e.count for e in events if e.key.startswith("cudaGraphLaunch")) == len(steps)
     assert launches[True] < 0.4 * launches[False], launches
+
+
+def test_a_step_that_cannot_be_captured_turns_graph_steps_off_and_training_goes_on(tmp_path, monkeypatch, capsys):
+    from bytesplat_ns.model import ByteSplatModel
+
+    real_loss = ByteSplatModel.graph_step_loss
+
+    def graph_step_loss(self, *args):  # waits for the GPU: not capturable
+        if torch.cuda.is_current_stream_capturing():
+            torch.cuda.synchronize()
+        return real_loss(self, *args)
+
+    monkeypatch.setattr(ByteSplatModel, "graph_step_loss", graph_step_loss)
+    trainer = _trainer(tmp_path, 30, True, "uncapturable")
+    trainer.train()
+    assert trainer.step_graphs is None
+    assert "--cuda-graph-steps off for the rest of this run" in capsys.readouterr().out.replace("\n", " ")
+    model = trainer.pipeline.model
+    for name in NAMES:  # every step trained once, eagerly after the failed capture
+        assert float(model.optimizers[name].state[model.gauss_params[name]]["step"]) == 30.0, name
+    assert torch.rand(4, device="cuda").isfinite().all()  # the random generator left capture mode
+    assert all(p.isfinite().all() for p in model.gaussian_parameters())
