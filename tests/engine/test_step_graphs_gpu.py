@@ -7,35 +7,18 @@ train different (equally good) Gaussians."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
-from bytesplat_ns.bench.train import setup_trainer
-from bytesplat_ns.data.scene import SceneSpec, ensure_scene
-from bytesplat_ns.method_configs.bytesplat import bytesplat_config
-
-from tests.helpers.same_training import assert_same_training
+from tests.helpers.same_training import GAUSSIAN_NAMES, assert_same_training, fused_trainer
 
 pytestmark = pytest.mark.gpu
 
-NAMES = ("means", "scales", "quats", "features_dc", "features_rest", "opacities")
+NAMES = GAUSSIAN_NAMES
 
 
 def _trainer(tmp_path, iterations, graphs, label, margin=4.0):
-    scene = ensure_scene(SceneSpec(size="small"), cache_dir=tmp_path / "scenes")
-    config = copy.deepcopy(bytesplat_config)
-    config.cuda_graph_steps = graphs
-    model = config.pipeline.model
-    model.rasterizer = "fused"
-    model.background_color = "black"
-    model.fused.sync_free_binning = True
-    model.fused.pair_room_margin = margin
-    model.num_downscales = 0
-    model.warmup_length, model.refine_every = 20, 20  # refines (the Gaussian count changes) within the run
-    trainer, _ = setup_trainer(label, config, scene, iterations, tmp_path / label, seed=0, device="cuda")
-    return trainer
+    return fused_trainer(tmp_path, iterations, label, margin=margin, graphs=graphs, background="black")
 
 
 def _capture_steps(monkeypatch):

@@ -7,32 +7,18 @@ lists themselves are the same bit for bit (tests/raster/test_binning_gpu.py)."""
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
-from bytesplat_ns.bench.train import setup_trainer
-from bytesplat_ns.data.scene import SceneSpec, ensure_scene
-from bytesplat_ns.method_configs.bytesplat import bytesplat_config
-from tests.helpers.same_training import assert_same_training
+from tests.helpers.same_training import GAUSSIAN_NAMES, assert_same_training, fused_trainer
 
 pytestmark = pytest.mark.gpu
 
-NAMES = ("means", "scales", "quats", "features_dc", "features_rest", "opacities")
+NAMES = GAUSSIAN_NAMES
 
 
 def _trainer(tmp_path, iterations, sync_free=True, label="run", margin=1.2):
-    scene = ensure_scene(SceneSpec(size="small"), cache_dir=tmp_path / "scenes")
-    config = copy.deepcopy(bytesplat_config)
-    model = config.pipeline.model
-    model.rasterizer = "fused"
-    model.fused.sync_free_binning = sync_free
-    model.fused.pair_room_margin = margin
-    model.num_downscales = 0
-    model.warmup_length, model.refine_every = 20, 20  # refines (the Gaussian count changes) within the run
-    trainer, _ = setup_trainer(label, config, scene, iterations, tmp_path / label, seed=0, device="cuda")
-    return trainer
+    return fused_trainer(tmp_path, iterations, label, sync_free=sync_free, margin=margin)
 
 
 def test_room_sized_ahead_trains_the_same_gaussians_as_the_count_read_back(tmp_path):

@@ -2,7 +2,33 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
+
+GAUSSIAN_NAMES = ("means", "scales", "quats", "features_dc", "features_rest", "opacities")
+
+
+def fused_trainer(tmp_path, iterations, label, sync_free=True, margin=1.2, graphs=False, background=None):
+    """A trainer of the small built-in scene with the fused rasterizer on the GPU, at full resolution, refining
+    every 20 steps after step 20 (the Gaussian count changes within a short run)."""
+    from bytesplat_ns.bench.train import setup_trainer
+    from bytesplat_ns.data.scene import SceneSpec, ensure_scene
+    from bytesplat_ns.method_configs.bytesplat import bytesplat_config
+
+    scene = ensure_scene(SceneSpec(size="small"), cache_dir=tmp_path / "scenes")
+    config = copy.deepcopy(bytesplat_config)
+    config.cuda_graph_steps = graphs
+    model = config.pipeline.model
+    model.rasterizer = "fused"
+    if background is not None:
+        model.background_color = background
+    model.fused.sync_free_binning = sync_free
+    model.fused.pair_room_margin = margin
+    model.num_downscales = 0
+    model.warmup_length, model.refine_every = 20, 20
+    trainer, _ = setup_trainer(label, config, scene, iterations, tmp_path / label, seed=0, device="cuda")
+    return trainer
 
 
 def assert_same_training(a, b):
