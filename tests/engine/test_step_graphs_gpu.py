@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers.same_training import GAUSSIAN_NAMES, assert_same_training, fused_trainer
+from tests.helpers.same_training import GAUSSIAN_NAMES, fused_trainer
 
 pytestmark = pytest.mark.gpu
 
@@ -36,22 +36,90 @@ def _capture_steps(monkeypatch):
     return steps
 
 
+def _check_replays(monkeypatch, per_capture=3):
+    """After each of the first ``per_capture`` replays of every graph: the same step computed eagerly on the same
+    Gaussians, view and room (``graph_step_loss`` outside a capture), its loss, gradients and render statistics
+    against the replay's. Returns the checked steps' worst errors, recorded as the run goes."""
+    from bytesplat_ns.step_graphs import StepGraphs
+
+    checked = []
+    real_run = StepGraphs.run
+
+    def run(self, model, key, viewmat, intrinsics, image, width, height):
+        graph = real_run(self, model, key, viewmat, intrinsics, image, width, height)
+        if graph is None or model.step - graph.captured_at >= per_capture:
+            return graph
+        params = model.gaussian_parameters()
+        replayed = [p.grad.clone() for p in params]
+        info = model.info
+        for p in params:
+            p.grad = None
+        loss = model.graph_step_loss(viewmat, intrinsics, width, height, image, graph.room)
+        loss.backward()
+        errors = {name: ((a - p.grad).abs().max() / p.grad.abs().max().clamp_min(1e-30)).item()
+                  for name, a, p in zip(NAMES, replayed, params)}
+        errors["means2d"] = ((graph.info["means2d"].grad - model.info["means2d"].grad).abs().max()
+                             / model.info["means2d"].grad.abs().max()).item()
+        errors["loss"] = abs(graph.loss.item() - loss.item()) / loss.item()
+        errors["radii_equal"] = torch.equal(graph.info["radii"], model.info["radii"])
+        checked.append((model.step, errors))
+        for p, grad in zip(params, graph.grads):  # the replay's gradients back, for the optimizers' step
+            p.grad = grad
+        model.info = info
+        return graph
+
+    monkeypatch.setattr(StepGraphs, "run", run)
+    return checked
+
+
+def _record_losses(trainer):
+    """Each step's training loss, recorded as the run goes."""
+    losses = {}
+    real = trainer.train_iteration
+
+    def train_iteration(step):
+        loss, loss_dict, metrics_dict = real(step)
+        losses[step] = loss.item()
+        return loss, loss_dict, metrics_dict
+
+    trainer.train_iteration = train_iteration
+    return losses
+
+
 def test_graph_steps_train_the_same_gaussians_as_steps_from_python(tmp_path, monkeypatch):
+    """Two GPU runs of one training drift apart (Adam with eps 1e-15 moves a parameter whose gradient is near zero
+    by its learning rate, in the direction the atomics' order gives it; a Gaussian near a threshold splits in one
+    run only): after the refine at step 100 two eager runs render the train views only ~25 dB alike (H100,
+    2026-12-07). So each replay is held against the eager step on the same Gaussians, and the two runs' losses
+    against each other before the first refine."""
     captured_at = _capture_steps(monkeypatch)
+    checked = _check_replays(monkeypatch)
     graphed = _trainer(tmp_path, 110, True, "graphed")
+    graphed_losses = _record_losses(graphed)
     graphed.train()
-    eager = _trainer(tmp_path, 110, False, "eager")
-    eager.train()
-    assert eager.step_graphs is None
-    for name in NAMES:  # every step updated every parameter once
-        model = graphed.pipeline.model
-        assert float(model.optimizers[name].state[model.gauss_params[name]]["step"]) == 110.0, name
-    assert_same_training(graphed, eager)
     # steps 0-1 have no pair total read yet and every 10th step is logged (eager); a capture at the first graph
     # step and after each refine that grew the Gaussians: gsplat's rule refines at 80 and 100 here (a refine
     # waits num_train_data + refine_every = 76 steps after each opacity reset, the first at step 0)
     assert captured_at == [2, 81, 101], captured_at
     assert graphed.step_graphs.replays >= 90, graphed.step_graphs.replays
+    assert [step for step, _ in checked] == [2, 3, 4, 81, 82, 83, 101, 102, 103], checked
+    for step, errors in checked:  # float sums in another order: atomics (gradients <= 1e-4 relative, issue 22)
+        assert errors.pop("radii_equal"), step
+        assert errors.pop("loss") < 1e-6, (step, errors)
+        assert max(errors.values()) < 1e-4, (step, errors)
+    model = graphed.pipeline.model
+    for name in NAMES:  # every step updated every parameter once
+        assert float(model.optimizers[name].state[model.gauss_params[name]]["step"]) == 110.0, name
+
+    eager = _trainer(tmp_path, 110, False, "eager")
+    eager_losses = _record_losses(eager)
+    eager.train()
+    assert eager.step_graphs is None
+    # the same views in the same order, the same Gaussians until the first refine (at the end of step 80)
+    for step in range(81):
+        assert abs(graphed_losses[step] - eager_losses[step]) <= 1e-3 * eager_losses[step], step
+    counts = [t.pipeline.model.num_points for t in (graphed, eager)]
+    assert abs(counts[0] - counts[1]) <= 0.02 * max(counts), counts
 
 
 def test_a_replayed_step_past_its_room_is_trained_again_and_the_graph_captured_again(tmp_path, monkeypatch):
