@@ -269,6 +269,12 @@ class ByteSplatModel(SplatfactoModel):
                 CONSOLE.log(budget_announcement(self._budget, self._run_end_step))
         return self._budget
 
+    def size_rooms_ahead(self) -> None:
+        """Bin the training steps' tile lists into rooms sized ahead (pair_capacity.py), as with
+        ``--pipeline.model.fused.sync-free-binning True``: what a training step replayed as a CUDA graph needs."""
+        if self._pair_room is None:
+            self._pair_room = PairRoom(self.config.fused.pair_room_margin)
+
     @property
     def pair_room(self) -> Optional[PairRoom]:
         """The training step's tile-pair room (pair_capacity.py; ``--pipeline.model.fused.sync-free-binning``),

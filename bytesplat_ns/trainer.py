@@ -95,11 +95,14 @@ class ByteSplatTrainerConfig(TrainerConfig):
     """When training starts, freeze every object the start-up created (torch, nerfstudio, the data), so
     that training's full garbage collections scan only what training creates (gc.freeze; under ns-train
     ~0.3 s of collections in a 5000-step run on the H200 machine; bytesplat-train freezes them already)."""
-    cuda_graph_steps: bool = False
+    cuda_graph_steps: bool = True
     """Replay the plain training steps' render, loss and backward as one CUDA graph, captured again when the
     Gaussians, the SH degree or the resolution change (bytesplat_ns/step_graphs.py): the host issues a few
-    copies and one graph instead of ~80 launches a step. Needs --pipeline.model.fused.sync-free-binning (the
-    graph bins into a fixed room); logged, scale-regularisation and pruning-score steps run as before."""
+    copies and one graph instead of ~80 launches a step. The graph bins into a room sized ahead, so the run's
+    steps do (as with --pipeline.model.fused.sync-free-binning True); logged, scale-regularisation and
+    pruning-score steps run as before. On: ns-train on fox, one H100, 5000 iterations, seeds 0-2: median step
+    1.60 against 3.83 ms, launch to exit 20.9 against 28.8 s (suite cuda-graph-steps). Applies to the fused
+    rasterizer on one GPU; elsewhere the steps run as before."""
     freeze_heap_at_exit: bool = True
     """After training, let the process exit without the interpreter's garbage-collector walk over its
     whole heap (gc.freeze at exit, ~2 s for a process holding torch and nerfstudio); the tensorboard
@@ -348,16 +351,13 @@ class ByteSplatTrainer(Trainer):
         self.step_graphs = self._step_graphs(model)
 
     def _step_graphs(self, model) -> Optional[StepGraphs]:
-        """The training step's CUDA graph (``cuda_graph_steps``), where this trainer's steps can take one: one
-        process on a GPU, nerfstudio's plain pipeline, no scaled, accumulated or logged gradients."""
+        """The training step's CUDA graph (``cuda_graph_steps``), where this trainer's steps can take one: the
+        fused rasterizer in one process on a GPU, nerfstudio's plain pipeline, no scaled, accumulated or logged
+        gradients. The model's steps then bin into rooms sized ahead (pair_capacity.py), as the graph's do."""
         config = self.config
-        if not config.cuda_graph_steps:
-            return None
-        if not isinstance(model, ByteSplatModel) or not model.config.fused.sync_free_binning:
-            raise SettingError("--cuda-graph-steps needs --pipeline.model.fused.sync-free-binning True",
-                               hint="the graph bins each step's tile lists into a room sized ahead")
+        if not config.cuda_graph_steps or not isinstance(model, ByteSplatModel) or model.rasterizer_backend != "fused":
+            return None  # no GPU or another rasterizer: nothing to replay, nothing to say
         reasons = [why for why, blocks in (
-            ("no GPU", not torch.cuda.is_available() or model.device.type != "cuda"),
             ("a sharded pipeline", type(self.pipeline) is not VanillaPipeline),
             ("mixed precision or gradient accumulation", not model.sized_binning_allowed),
             ("--logging.log-gradients", config.log_gradients),
@@ -365,6 +365,7 @@ class ByteSplatTrainer(Trainer):
         if reasons:
             CONSOLE.log(f"bytesplat: --cuda-graph-steps off for this run ({', '.join(reasons)})")
             return None
+        model.size_rooms_ahead()
         return StepGraphs()
 
     def train(self) -> None:

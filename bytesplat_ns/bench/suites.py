@@ -91,10 +91,11 @@ _GSPLAT_TORCH_ADAM = ("gsplat_torch_adam=bytesplat --pipeline.model.rasterizer g
 _UNTRIMMED = "untrimmed=bytesplat --pipeline.model.fused.trim-tile-lists False"
 _PER_OPTIMIZER = "per_optimizer=bytesplat --optimizer-steps-in-one-pass False"
 _NERFSTUDIO_LOOP = "nerfstudio_loop=bytesplat --lean-training-loop False"
-_SIZED_ROOM = "sized_room=bytesplat --pipeline.model.fused.sync-free-binning True"
-_COUNT_READ_BACK = "count_read_back=bytesplat --pipeline.model.fused.sync-free-binning False"
+# the two binnings of eager steps: graph steps (on by default) would size the rooms ahead in both
+_SIZED_ROOM = "sized_room=bytesplat --pipeline.model.fused.sync-free-binning True --cuda-graph-steps False"
+_COUNT_READ_BACK = "count_read_back=bytesplat --pipeline.model.fused.sync-free-binning False --cuda-graph-steps False"
 _GRAPH_STEPS = "graph_steps=bytesplat --pipeline.model.fused.sync-free-binning True --cuda-graph-steps True"
-_PYTHON_STEPS = "python_steps=bytesplat"
+_PYTHON_STEPS = "python_steps=bytesplat --cuda-graph-steps False"
 _GT_POOL = "gt_pool=bytesplat --pipeline.model.gt-downscale pool"
 _GT_CONV = "gt_conv=bytesplat --pipeline.model.gt-downscale conv"
 _LEVERS = "levers=bytesplat --pipeline.model.fused.fast-exp True --pipeline.model.fused.bwd-pixels-per-thread 2"
@@ -405,19 +406,20 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           needs_data=True),
     Suite("sync-free-binning",
           "the training step's tile pairs binned into a room sized from earlier steps (--pipeline.model.fused."
-          "sync-free-binning True) against the count read back from the GPU every step (the default): nerfstudio's "
+          "sync-free-binning True) against the count read back from the GPU every step, both with the steps issued from Python "
+          "(--cuda-graph-steps False): nerfstudio's "
           "training loop body on a real capture (--data, full resolution from the start) under the profilers after "
           "2000 iterations, then ns-train + ns-eval, 5000 iterations, 3 seeds, each pair back to back",
           1,
-          (Step("profile", _args("--data {data} --methods bytesplat@fused.sync_free_binning=true "
-                                 "bytesplat@fused.sync_free_binning=false --warmup-iters 2000 --profile-iters 100 "
+          (Step("profile", _args("--data {data} --methods bytesplat@fused.sync_free_binning=true,trainer.cuda_graph_steps=false "
+                                 "bytesplat@fused.sync_free_binning=false,trainer.cuda_graph_steps=false --warmup-iters 2000 --profile-iters 100 "
                                  "--work-dir {work}/profile"), name="loop_capture"),)
           + _per_seed_on_capture(f"'{_SIZED_ROOM}' '{_COUNT_READ_BACK}'", 5000, "wallclock", "seed{seed}"),
           needs_data=True),
     Suite("cuda-graph-steps",
           "the plain training steps' render, loss and backward replayed as a CUDA graph (--cuda-graph-steps True, "
-          "with the room sized ahead it needs: --pipeline.model.fused.sync-free-binning True) against the default "
-          "steps issued from Python: ns-train + ns-eval on a real capture (--data), 5000 iterations, 3 seeds, each "
+          "the default, with the room sized ahead it needs: --pipeline.model.fused.sync-free-binning True) against the "
+          "steps issued from Python (--cuda-graph-steps False): ns-train + ns-eval on a real capture (--data), 5000 iterations, 3 seeds, each "
           "pair back to back",
           1,
           _per_seed_on_capture(f"'{_GRAPH_STEPS}' '{_PYTHON_STEPS}'", 5000, "wallclock", "seed{seed}"),

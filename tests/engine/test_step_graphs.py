@@ -11,36 +11,54 @@ import torch
 from bytesplat_ns.bench.train import setup_trainer
 from bytesplat_ns.data.datamanager import WORLD_TO_CAMERA_KEY
 from bytesplat_ns.data.scene import SceneSpec, ensure_scene
-from bytesplat_ns.errors import SettingError
 from bytesplat_ns.method_configs.bytesplat import bytesplat_config
 from bytesplat_ns.model import ByteSplatModel
 from bytesplat_ns.step_graphs import graph_key
 
 
-def _trainer(tmp_path, sync_free=True, label="run"):
+def _trainer(tmp_path, sync_free=False, label="run", graphs=True, mixed_precision=False):
     scene = ensure_scene(SceneSpec(size="small"), cache_dir=tmp_path / "scenes")
     config = copy.deepcopy(bytesplat_config)
-    config.cuda_graph_steps = True
+    config.cuda_graph_steps = graphs
+    config.mixed_precision = mixed_precision
     config.pipeline.model.fused.sync_free_binning = sync_free
     trainer, _ = setup_trainer(label, config, scene, 3, tmp_path / label, seed=0, device="cpu")
     return trainer
 
 
-def test_graph_steps_need_the_sized_room(tmp_path):
-    with pytest.raises(SettingError, match="sync-free-binning"):
-        _trainer(tmp_path, sync_free=False)
+def _as_if_fused(monkeypatch):
+    """The trainer's setup as on a GPU, where the model's steps use the fused rasterizer."""
+    monkeypatch.setattr(ByteSplatModel, "rasterizer_backend", property(lambda self: "fused"))
 
 
-def test_without_a_gpu_the_steps_run_as_before(tmp_path, capsys):
+def test_graph_steps_are_on_by_default_and_size_the_rooms_ahead(tmp_path, monkeypatch):
+    assert bytesplat_config.cuda_graph_steps and not bytesplat_config.pipeline.model.fused.sync_free_binning
+    _as_if_fused(monkeypatch)
     trainer = _trainer(tmp_path)
-    assert trainer.step_graphs is None
-    assert "--cuda-graph-steps off for this run (no GPU" in capsys.readouterr().out.replace("\n", " ")
+    assert trainer.step_graphs is not None and trainer.step_graphs.current is None
+    assert trainer.pipeline.model.pair_room is not None  # the graph bins into a room sized ahead
+    eager = _trainer(tmp_path, graphs=False, label="eager")
+    assert eager.step_graphs is None and eager.pipeline.model.pair_room is None
+
+
+def test_graph_steps_are_off_with_mixed_precision_with_one_console_line(tmp_path, monkeypatch, capsys):
+    _as_if_fused(monkeypatch)
+    trainer = _trainer(tmp_path, mixed_precision=True)
+    assert trainer.step_graphs is None and trainer.pipeline.model.pair_room is None
+    out = capsys.readouterr().out.replace("\n", " ")
+    assert "--cuda-graph-steps off for this run (mixed precision or gradient accumulation)" in out
+
+
+def test_without_a_gpu_the_steps_run_as_before_and_nothing_is_said(tmp_path, capsys):
+    trainer = _trainer(tmp_path)
+    assert trainer.step_graphs is None and trainer.pipeline.model.pair_room is None
+    assert "--cuda-graph-steps" not in capsys.readouterr().out
     trainer.train()  # the reference rasterizer's steps, unchanged
     assert trainer.pipeline.model.step == 2
 
 
 def test_which_steps_a_graph_may_replay(tmp_path, monkeypatch):
-    trainer = _trainer(tmp_path)
+    trainer = _trainer(tmp_path, sync_free=True)
     model = trainer.pipeline.model
     assert model.graph_step_blocker(5) == "the fused rasterizer is not training"
     monkeypatch.setattr(ByteSplatModel, "rasterizer_backend", property(lambda self: "fused"))
