@@ -6,9 +6,10 @@ queued before it, and where the step is bound by its host side the GPU then idle
 the rest of the step. :class:`PairRoom` sizes the buffer from the totals of earlier steps instead, and the
 binning reads nothing back (``raster.fused.bin_tiles_in_room``). The sort also sorts the unused room; sized
 per view, that cost no measurable GPU time on an H100, and nerfstudio's profiled loop body ran faster on a slow
-host, but ``ns-train``'s steps did not, so it is opt-in (``--pipeline.model.fused.sync-free-binning``,
-docs/wallclock.md). It is also what gives a step the fixed-size buffers a CUDA graph of it needs
-(``bench/step.py`` ``BytesplatGraphStep``).
+host, but ``ns-train``'s eager steps did not, so for them it is opt-in
+(``--pipeline.model.fused.sync-free-binning``, docs/wallclock.md). It is also what gives a step the fixed-size
+buffers a CUDA graph of it needs, so the trainer's graph steps (``--cuda-graph-steps``, on by default,
+step_graphs.py) turn it on.
 
 The rules, the same whatever the GPU's timing (so a run is reproducible):
 

@@ -9,7 +9,7 @@ holds fixed and what the trainer does about it:
 - the per-step inputs (the view matrix, intrinsics and ground-truth image) are copied into the graph's own
   buffers before each replay; the random background is drawn inside the graph (CUDA graphs advance the
   random stream at every replay);
-- the tile lists are binned into a fixed room (pair_capacity.py: ``--pipeline.model.fused.sync-free-binning``),
+- the tile lists are binned into a fixed room (pair_capacity.py; the trainer sizes the rooms ahead for graph steps),
   the largest any training view would get; a replayed step whose pairs outgrow it changes nothing on the
   GPU and its view is trained again eagerly, as any sized step's; the graph is then captured again;
 - the Gaussians, their count, the SH degree and the image size: a densification step, an opacity reset,
