@@ -122,6 +122,36 @@ def test_graph_steps_train_the_same_gaussians_as_steps_from_python(tmp_path, mon
     assert abs(counts[0] - counts[1]) <= 0.02 * max(counts), counts
 
 
+def test_the_gaussian_budget_removes_gaussians_between_graph_steps(tmp_path, monkeypatch):
+    """The budget step (step 15000 of splatfacto's schedule, 50 here) removes the least seen Gaussians after a
+    step: the next graph step captures the graph again for the fewer Gaussians, and training goes on."""
+    def budget_at_step_50(config):
+        config.pipeline.model.budget_prune_fraction = 0.3
+        config.pipeline.model.budget_prune_steps = (50,)
+
+    captured_at = _capture_steps(monkeypatch)
+    trainer = fused_trainer(tmp_path, 70, "budget", margin=4.0, graphs=True, background="black",
+                            configure=budget_at_step_50)
+    model = trainer.pipeline.model
+    counts = {}  # Gaussians at the start of each step
+    real_iteration = trainer.train_iteration
+
+    def train_iteration(step):
+        counts[step] = model.num_points
+        return real_iteration(step)
+
+    trainer.train_iteration = train_iteration
+    trainer.train()
+    (stats,) = model.budget.history
+    assert stats["step"] == 50 and stats["removed"] == int(0.3 * counts[50]) > 0
+    assert counts[51] == counts[50] - stats["removed"] == model.num_points
+    assert captured_at[0] == 2 and 51 <= min(s for s in captured_at if s > 50) <= 52, captured_at
+    assert trainer.step_graphs.replays >= 50, trainer.step_graphs.replays
+    for name in NAMES:
+        assert float(model.optimizers[name].state[model.gauss_params[name]]["step"]) == 70.0, name
+    assert all(p.isfinite().all() for p in model.gaussian_parameters())
+
+
 def test_a_replayed_step_past_its_room_is_trained_again_and_the_graph_captured_again(tmp_path, monkeypatch):
     from bytesplat_ns.model import ByteSplatModel
 

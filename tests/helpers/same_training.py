@@ -9,7 +9,8 @@ import torch
 GAUSSIAN_NAMES = ("means", "scales", "quats", "features_dc", "features_rest", "opacities")
 
 
-def fused_trainer(tmp_path, iterations, label, sync_free=True, margin=1.2, graphs=False, background=None):
+def fused_trainer(tmp_path, iterations, label, sync_free=True, margin=1.2, graphs=False, background=None,
+                  configure=None):
     """A trainer of the small built-in scene with the fused rasterizer on the GPU, at full resolution, refining
     every 20 steps after step 20 (the Gaussian count changes within a short run)."""
     from bytesplat_ns.bench.train import setup_trainer
@@ -27,6 +28,8 @@ def fused_trainer(tmp_path, iterations, label, sync_free=True, margin=1.2, graph
     model.fused.pair_room_margin = margin
     model.num_downscales = 0
     model.warmup_length, model.refine_every = 20, 20
+    if configure is not None:  # the test's own settings, before the model is built
+        configure(config)
     trainer, _ = setup_trainer(label, config, scene, iterations, tmp_path / label, seed=0, device="cuda")
     return trainer
 
