@@ -101,7 +101,7 @@ class ByteSplatTrainerConfig(TrainerConfig):
     copies and one graph instead of ~80 launches a step. The graph bins into a room sized ahead, so the run's
     steps do (as with --pipeline.model.fused.sync-free-binning True); logged, scale-regularisation and
     pruning-score steps run as before. On: ns-train on fox, one H100, 5000 iterations, seeds 0-2: median step
-    1.60 against 3.83 ms, launch to exit 20.9 against 28.8 s (suite cuda-graph-steps). Applies to the fused
+    1.60 against 3.83 ms, launch to exit 21.0 against 28.9 s (medians; suite cuda-graph-steps). Applies to the fused
     rasterizer on one GPU; elsewhere the steps run as before."""
     freeze_heap_at_exit: bool = True
     """After training, let the process exit without the interpreter's garbage-collector walk over its
@@ -355,10 +355,10 @@ class ByteSplatTrainer(Trainer):
         fused rasterizer in one process on a GPU, nerfstudio's plain pipeline, no scaled, accumulated or logged
         gradients. The model's steps then bin into rooms sized ahead (pair_capacity.py), as the graph's do."""
         config = self.config
-        if not config.cuda_graph_steps or not isinstance(model, ByteSplatModel) or model.rasterizer_backend != "fused":
-            return None  # no GPU or another rasterizer: nothing to replay, nothing to say
+        if (not config.cuda_graph_steps or not isinstance(model, ByteSplatModel) or model.rasterizer_backend != "fused"
+                or type(self.pipeline) is not VanillaPipeline):
+            return None  # no GPU, another rasterizer or a sharded pipeline: nothing to replay, nothing to say
         reasons = [why for why, blocks in (
-            ("a sharded pipeline", type(self.pipeline) is not VanillaPipeline),
             ("mixed precision or gradient accumulation", not model.sized_binning_allowed),
             ("--logging.log-gradients", config.log_gradients),
             ("optimizers outside one pass", not isinstance(self.optimizers, OnePassOptimizers))) if blocks]
