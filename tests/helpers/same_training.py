@@ -40,7 +40,9 @@ def assert_same_training(a, b):
     order flips moves it the other way, and a Gaussian near a densification threshold may split in one run only.
     So the counts agree within 2% and the two models render the train views alike: PSNR above 50 dB between them
     (on an H100: 71 dB between a sized room and the count read back, 83 dB between two runs with the same steps
-    trained again)."""
+    trained again). That holds for runs of the small scene that end before its second refine (step 100): past it,
+    two eager runs rendered only ~25 dB alike (H100, 2026-12-07), so longer runs are compared step by step
+    instead (tests/engine/test_step_graphs_gpu.py)."""
     counts = [t.pipeline.model.num_points for t in (a, b)]
     assert abs(counts[0] - counts[1]) <= 0.02 * max(counts), counts
     images = [renders(t) for t in (a, b)]
