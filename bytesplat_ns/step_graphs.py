@@ -27,7 +27,6 @@ The replayed step is the eager step up to the order of float sums and the random
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
@@ -77,13 +76,12 @@ def graph_key(params: List[Tensor], sh_degree: Optional[int], width: int, height
 
 class StepGraphs:
     """The trainer's graph of its training step (module docstring): captured where a graph step finds none
-    that fits, replayed otherwise. Counts its replays and captures, and the host's seconds in the captures."""
+    that fits, replayed otherwise. Counts its replays and captures."""
 
     def __init__(self):
         self.current: Optional[StepGraph] = None
         self.replays = 0
         self.captures = 0
-        self.capture_seconds = 0.0  # host time of the captures: the old graph's release to the new one's instantiation
         self._stream: Optional["torch.cuda.Stream"] = None  # captures run on it (a graph is captured off the default stream)
         self._warmed_up = False
 
@@ -98,13 +96,11 @@ class StepGraphs:
         # this one (its room too small): that one is captured again already
         outgrown = graph is not None and model.pair_room.last_overflow_step >= graph.captured_at
         if graph is None or graph.key != key or outgrown:
-            start = time.perf_counter()
-            self.current = graph = None  # its memory goes back before the new capture takes its own
+            self.current = None  # its memory goes back before the new capture takes its own
             room = model.graph_step_room()
             if room is None:
                 return None
             graph = self.current = self._capture(model, key, (viewmat, intrinsics, image), width, height, room)
-            self.capture_seconds += time.perf_counter() - start
         graph.replay(viewmat, intrinsics, image)
         for p, grad in zip(model.gaussian_parameters(), graph.grads):
             p.grad = grad

@@ -455,7 +455,7 @@ class ByteSplatTrainer(Trainer):
         self.train_waiting_views(self.step)  # the last steps' views, before the final checkpoint and the count below
         if self.step_graphs is not None:
             CONSOLE.log(f"bytesplat: {self.step_graphs.replays} training steps replayed as CUDA graphs "
-                        f"({self.step_graphs.captures} captures, {self.step_graphs.capture_seconds:.2f} s)")
+                        f"({self.step_graphs.captures} captures)")
             self.step_graphs.current = None
         room = self._pair_room()
         if room is not None and room.overflows:
