@@ -298,15 +298,20 @@ class ByteSplatTrainer(Trainer):
     def iteration_on(self, step: int, camera, batch: dict):
         """nerfstudio's ``train_iteration`` on a view already taken from the datamanager, where gradients are
         neither scaled nor accumulated (what graph steps need, ``setup``)."""
-        model = self.pipeline.model
+        result = self._train_on(self.pipeline.model, camera, batch)
+        self.optimizers.scheduler_step_all(step)
+        return result
+
+    def _train_on(self, model: ByteSplatModel, camera, batch: dict):
+        """What ``train_iteration`` does for one view: clear the gradients, render and score the view, backward,
+        the optimizers' step. Returns (loss, loss_dict, metrics_dict)."""
         self.optimizers.zero_grad_all()
-        outputs = self.pipeline._model(camera)
+        outputs = model(camera)
         metrics_dict = model.get_metrics_dict(outputs, batch)
         loss_dict = model.get_loss_dict(outputs, batch, metrics_dict)
         loss = functools.reduce(torch.add, loss_dict.values())
         loss.backward()
         self.optimizers.optimizer_scaler_step_all(self.grad_scaler)
-        self.optimizers.scheduler_step_all(step)
         return loss, loss_dict, metrics_dict
 
     def train_view_again(self, model: ByteSplatModel, camera, batch: dict, step: int) -> None:
@@ -314,18 +319,13 @@ class ByteSplatTrainer(Trainer):
         whose lists did not fit their room changed nothing (bytesplat_ns/pair_capacity.py). What
         ``train_iteration`` does for the view (clear, render and loss, backward, the optimizers' step) and the
         densification statistics of its render; no scheduler step, callbacks or logged values of its own."""
-        self.optimizers.zero_grad_all()
         model.binning_exactly, wanted = True, model.training_metrics_wanted
         object.__setattr__(model, "training_metrics_wanted", False)
         try:
-            outputs = model(camera)
-            metrics_dict = model.get_metrics_dict(outputs, batch)
-            loss = functools.reduce(torch.add, model.get_loss_dict(outputs, batch, metrics_dict).values())
+            self._train_on(model, camera, batch)
         finally:
             model.binning_exactly = False
             object.__setattr__(model, "training_metrics_wanted", wanted)
-        loss.backward()
-        self.optimizers.optimizer_scaler_step_all(self.grad_scaler)
         model.record_densification_statistics(step)
 
     def setup(self, test_mode="val") -> None:
