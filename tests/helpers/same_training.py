@@ -6,7 +6,7 @@ import copy
 
 import torch
 
-GAUSSIAN_NAMES = ("means", "scales", "quats", "features_dc", "features_rest", "opacities")
+from bytesplat_ns.model import GAUSSIAN_PARAM_NAMES as GAUSSIAN_NAMES  # noqa: F401 (the tests' name for them)
 
 
 def fused_trainer(tmp_path, iterations, label, sync_free=True, margin=1.2, graphs=False, background=None,
