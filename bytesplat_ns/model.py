@@ -479,8 +479,6 @@ class ByteSplatModel(SplatfactoModel):
             return "Adam on the visible Gaussians only"
         if self.pair_room is None or not self._gaussian_steps_on_device():
             return "no sized binning (--pipeline.model.fused.sync-free-binning) or an Adam that cannot skip a step"
-        if self.training_metrics_wanted:
-            return "a logged step"
         if self.config.use_scale_regularization and step % 10 == 0:
             return "a scale-regularisation step"
         check_every = self.config.fused.check_every
@@ -498,17 +496,29 @@ class ByteSplatModel(SplatfactoModel):
         return None
 
     def graph_step_loss(self, viewmat: torch.Tensor, intrinsics: torch.Tensor, width: int, height: int,
-                        image: torch.Tensor, room: int) -> torch.Tensor:
+                        image: torch.Tensor, room: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The training loss of one view, everything the step computes before its backward, from the inputs
         a CUDA graph holds fixed (step_graphs.py): its tile lists binned into ``room`` pairs, its flag
         (``info["step_valid"]``) set on the device, the pair total read after the replay
-        (:meth:`graph_step_replayed`)."""
+        (:meth:`graph_step_replayed`). Also the rendered image and its background, for a logged step's
+        training metrics (:meth:`graph_step_dicts`)."""
         gaussians = {name: self.gauss_params[name] for name in GAUSSIAN_PARAM_NAMES}
         raster_args, sh_degree = self._raster_args(gaussians, viewmat, intrinsics, width, height)
         outputs = {"fused_pending": (raster_args, sh_degree, None, None), "background": self._get_background_color()}
         batch = {"image": image}
         self._run_fused_step(outputs, batch, graph_room=room)
-        return functools.reduce(torch.add, self.get_loss_dict(outputs, batch, {}).values())
+        loss = functools.reduce(torch.add, self.get_loss_dict(outputs, batch, {}).values())
+        return loss, outputs["rgb"], outputs["background"]
+
+    def graph_step_dicts(self, loss: torch.Tensor, rgb: torch.Tensor, background: torch.Tensor,
+                         batch: Dict) -> Tuple[Dict[str, torch.Tensor], Dict[str, torch.Tensor]]:
+        """A replayed step's loss and metrics dicts from the graph's loss, render and background, as the eager
+        step's (``get_loss_dict``, ``get_metrics_dict``): in full on the steps the trainer logs, else the
+        loss and the Gaussian count alone (nobody reads more)."""
+        if not self.training_metrics_wanted:
+            return {"main_loss": loss}, {"gaussian_count": self.num_points}
+        # a graph step has no scale regularisation (graph_step_blocker): its term is the eager step's zero
+        return {"main_loss": loss, "scale_reg": self._scale_regularization()}, self._training_metrics(rgb, background, batch)
 
     def graph_step_room(self) -> Optional[int]:
         """The room for a graph of the training step: the largest any training view would get now (one
@@ -708,13 +718,16 @@ class ByteSplatModel(SplatfactoModel):
                 self._run_fused_step(outputs, batch)
         if not self.training:
             return super().get_metrics_dict(outputs, batch)
-        # splatfacto's training metrics, with a PSNR that does not wait for the GPU, on the steps that log them
+        return self._training_metrics(outputs["rgb"], outputs["background"], batch)
+
+    def _training_metrics(self, rgb: torch.Tensor, background: torch.Tensor, batch: Dict) -> Dict[str, torch.Tensor]:
+        """splatfacto's training metrics, with a PSNR that does not wait for the GPU, on the steps that log them."""
         metrics_dict = {}
         if self.training_metrics_wanted:
-            gt_rgb = self.composite_with_background(self.get_gt_img(batch["image"]), outputs["background"])
-            metrics_dict["psnr"] = training_psnr(outputs["rgb"], gt_rgb)
+            gt_rgb = self.composite_with_background(self.get_gt_img(batch["image"]), background)
+            metrics_dict["psnr"] = training_psnr(rgb, gt_rgb)
             if self.config.color_corrected_metrics:
-                metrics_dict["cc_psnr"] = training_psnr(color_correct(outputs["rgb"], gt_rgb), gt_rgb)
+                metrics_dict["cc_psnr"] = training_psnr(color_correct(rgb, gt_rgb), gt_rgb)
         metrics_dict["gaussian_count"] = self.num_points
         self.camera_optimizer.get_metrics_dict(metrics_dict)
         return metrics_dict

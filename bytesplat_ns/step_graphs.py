@@ -16,8 +16,10 @@ holds fixed and what the trainer does about it:
   a new SH degree or resolution makes the trainer capture again at the next graph step;
 - the gradients live in the graph's memory: after a replay each Gaussian parameter's ``.grad`` is pointed
   at them again (an eager step in between leaves its own there);
-- steps that render, score or log anything else run eagerly (``ByteSplatModel.graph_step_blocker``): the
-  logged steps, splatfacto's scale regularisation (every 10th step), pruning scores and diagnostics;
+- a logged step is replayed too: its training PSNR is read from the graph's render and background after the
+  replay (``ByteSplatModel.graph_step_dicts``);
+- steps that render or score anything else run eagerly (``ByteSplatModel.graph_step_blocker``): splatfacto's
+  scale regularisation (every 10th step, off by default), pruning scores and diagnostics;
 - a step that cannot be captured (``CaptureFailed``) turns graph steps off for the rest of the run, with one
   console line; training goes on eagerly.
 
@@ -27,6 +29,7 @@ The replayed step is the eager step up to the order of float sums and the random
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
@@ -55,6 +58,8 @@ class StepGraph:
     intrinsics: Tensor
     image: Tensor
     loss: Tensor
+    rgb: Tensor  # the rendered image and the background it was composited on: a logged step's training metrics
+    background: Tensor
     info: Dict
     grads: List[Optional[Tensor]]
     room: int
@@ -76,12 +81,19 @@ def graph_key(params: List[Tensor], sh_degree: Optional[int], width: int, height
 
 class StepGraphs:
     """The trainer's graph of its training step (module docstring): captured where a graph step finds none
-    that fits, replayed otherwise. Counts its replays and captures."""
+    that fits, replayed otherwise. Counts its replays and captures, the steps it captured at and the host's
+    seconds in the captures."""
 
     def __init__(self):
         self.current: Optional[StepGraph] = None
         self.replays = 0
         self.captures = 0
+        self.capture_steps: List[int] = []
+        self.capture_seconds = 0.0  # host time of the captures: the old graph's release to the new one's instantiation
+        # Every capture allocates from this one pool: a graph is never replayed once the next is captured, so the
+        # new capture reuses the old one's memory instead of asking the driver for more (the pool object holds it
+        # between captures; a pool whose last graph is gone could not be shared)
+        self._pool: Optional["torch.cuda.MemPool"] = None
         self._stream: Optional["torch.cuda.Stream"] = None  # captures run on it (a graph is captured off the default stream)
         self._warmed_up = False
 
@@ -96,11 +108,14 @@ class StepGraphs:
         # this one (its room too small): that one is captured again already
         outgrown = graph is not None and model.pair_room.last_overflow_step >= graph.captured_at
         if graph is None or graph.key != key or outgrown:
-            self.current = None  # its memory goes back before the new capture takes its own
+            start = time.perf_counter()
+            self.current = graph = None  # its memory goes back to the pool before the new capture takes from it
             room = model.graph_step_room()
             if room is None:
                 return None
             graph = self.current = self._capture(model, key, (viewmat, intrinsics, image), width, height, room)
+            self.capture_steps.append(graph.captured_at)
+            self.capture_seconds += time.perf_counter() - start
         graph.replay(viewmat, intrinsics, image)
         for p, grad in zip(model.gaussian_parameters(), graph.grads):
             p.grad = grad
@@ -121,6 +136,7 @@ class StepGraphs:
         inputs = (static[0], static[1], width, height, static[2], room)
         if self._stream is None:
             self._stream = torch.cuda.Stream()
+            self._pool = torch.cuda.MemPool()
         stream = self._stream
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -128,7 +144,7 @@ class StepGraphs:
                 for _ in range(WARMUP_STEPS):
                     for p in params:
                         p.grad = None
-                    model.graph_step_loss(*inputs).backward()
+                    model.graph_step_loss(*inputs)[0].backward()
                 self._warmed_up = True
             for p in params:
                 p.grad = None  # the captured backward then makes each gradient in the graph's memory
@@ -139,10 +155,10 @@ class StepGraphs:
             graph = torch.cuda.CUDAGraph()
             # thread_local: the eval images' worker thread may use the GPU meanwhile. capture_begin, not
             # torch.cuda.graph, which would also empty the allocator's cache at every capture
-            graph.capture_begin(capture_error_mode="thread_local")
+            graph.capture_begin(pool=self._pool.id, capture_error_mode="thread_local")
             error: Optional[BaseException] = None
             try:
-                loss = model.graph_step_loss(*inputs)
+                loss, rgb, background = model.graph_step_loss(*inputs)
                 loss.backward()
             except Exception as raised:
                 error = raised
@@ -158,5 +174,5 @@ class StepGraphs:
             model.info = {}
             raise CaptureFailed(f"the training step could not be captured as a CUDA graph ({error})") from error
         self.captures += 1
-        return StepGraph(key, graph, static[0], static[1], static[2], loss.detach(), dict(model.info),
-                         [p.grad for p in params], room, model.step)
+        return StepGraph(key, graph, static[0], static[1], static[2], loss.detach(), rgb.detach(), background,
+                         dict(model.info), [p.grad for p in params], room, model.step)

@@ -291,9 +291,10 @@ class ByteSplatTrainer(Trainer):
         if graph is None:
             return self.iteration_on(step, camera, batch)
         model.graph_step_replayed(graph.info, graph.room, camera, batch)
+        loss_dict, metrics_dict = model.graph_step_dicts(graph.loss, graph.rgb, graph.background, batch)
         self.optimizers.optimizer_scaler_step_all(self.grad_scaler)
         self.optimizers.scheduler_step_all(step)
-        return graph.loss, {"main_loss": graph.loss}, {"gaussian_count": model.num_points}
+        return graph.loss, loss_dict, metrics_dict
 
     def iteration_on(self, step: int, camera, batch: dict):
         """nerfstudio's ``train_iteration`` on a view already taken from the datamanager, where gradients are
@@ -455,7 +456,7 @@ class ByteSplatTrainer(Trainer):
         self.train_waiting_views(self.step)  # the last steps' views, before the final checkpoint and the count below
         if self.step_graphs is not None:
             CONSOLE.log(f"bytesplat: {self.step_graphs.replays} training steps replayed as CUDA graphs "
-                        f"({self.step_graphs.captures} captures)")
+                        f"({self.step_graphs.captures} captures, {self.step_graphs.capture_seconds:.2f} s)")
             self.step_graphs.current = None
         room = self._pair_room()
         if room is not None and room.overflows:

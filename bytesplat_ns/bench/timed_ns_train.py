@@ -436,7 +436,17 @@ def final_state(trainer) -> Dict[str, Optional[float]]:
         num_gaussians = int(model.num_points)
     peak = torch.cuda.max_memory_allocated() / 2**20 if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     return {"num_gaussians": num_gaussians, "peak_gpu_memory_mb": peak, "train_image_size": train_image_size(trainer),
-            "budget_removed": budget_removed(model), "schedule": training_schedule(trainer)}
+            "budget_removed": budget_removed(model), "schedule": training_schedule(trainer), **graph_step_fields(trainer)}
+
+
+def graph_step_fields(trainer) -> Dict:
+    """The training steps replayed as CUDA graphs (bytesplat's trainer, --cuda-graph-steps; nothing for others or
+    where graph steps were off): the replays, the steps that captured a graph and the captures' host seconds."""
+    graphs = getattr(trainer, "step_graphs", None)
+    if graphs is None:
+        return {}
+    return {"graph_replays": graphs.replays, "graph_capture_steps": list(graphs.capture_steps),
+            "graph_capture_s": graphs.capture_seconds}
 
 
 SPLAT_SCHEDULE = ("sh_degree", "sh_degree_interval", "resolution_schedule", "num_downscales")

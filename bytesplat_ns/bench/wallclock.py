@@ -28,7 +28,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Collection, Dict, List, Optional, Sequence
 
 from bytesplat_ns.bench.gpu_sharing import GpuProcessWatch
 from bytesplat_ns.bench.timed_ns_train import LAUNCHERS, step_window
@@ -148,16 +148,19 @@ def step_time_fields(step_ms: List[float]) -> Dict[str, float]:
                                          for i in range(0, len(step_ms), STEP_WINDOW)]}
 
 
-STEP_KINDS = ("first", "schedule_change", "refine", "after_eval", "plain")
+STEP_KINDS = ("first", "capture", "schedule_change", "refine", "after_eval", "plain")
 
 
-def step_kind(step: int, schedule: Dict[str, int]) -> str:
+def step_kind(step: int, schedule: Dict[str, int], capture_steps: Collection[int] = ()) -> str:
     """What a train iteration does beyond a plain step (its own after-callbacks included), by the run's
-    ``schedule`` (``timed_ns_train.training_schedule``): the first; a change of the SH degree or of the
-    training resolution (new shapes); a densification step (gsplat's rule, ``strategy.refine_due``); the
-    step after an eval (whose render it queued behind); otherwise plain. The first match in that order."""
+    ``schedule`` (``timed_ns_train.training_schedule``): the first; one that captured a CUDA graph of the step
+    (``capture_steps``, bytesplat's --cuda-graph-steps); a change of the SH degree or of the training
+    resolution (new shapes); a densification step (gsplat's rule, ``strategy.refine_due``); the step after an
+    eval (whose render it queued behind); otherwise plain. The first match in that order."""
     if step == schedule["start_step"]:
         return "first"
+    if step in capture_steps:
+        return "capture"
     sh_every, res_every = schedule["sh_degree_interval"], schedule["resolution_schedule"]
     if (sh_every > 0 and step % sh_every == 0 and step // sh_every <= schedule["sh_degree"]) or (
             res_every > 0 and step % res_every == 0 and step // res_every <= schedule["num_downscales"]):
@@ -170,14 +173,16 @@ def step_kind(step: int, schedule: Dict[str, int]) -> str:
     return "plain"
 
 
-def step_kind_fields(step_ms: List[float], schedule: Optional[Dict[str, int]]) -> Dict:
+def step_kind_fields(step_ms: List[float], schedule: Optional[Dict[str, int]],
+                     capture_steps: Collection[int] = ()) -> Dict:
     """The steps by kind (``step_kind``): how many, their median and their total, so that a run's step time
     splits into the plain steps' and the scheduled extra work's."""
     if not step_ms or not schedule:
         return {}
     kinds: Dict[str, List[float]] = {}
+    captures = set(capture_steps)
     for i, ms in enumerate(step_ms):
-        kinds.setdefault(step_kind(schedule["start_step"] + i, schedule), []).append(ms)
+        kinds.setdefault(step_kind(schedule["start_step"] + i, schedule, captures), []).append(ms)
     return {"step_kinds": {kind: {"steps": len(kinds[kind]), "median_ms": statistics.median(kinds[kind]),
                                   "total_s": sum(kinds[kind]) / 1000.0} for kind in STEP_KINDS if kind in kinds}}
 
@@ -247,7 +252,10 @@ def run_one(entry: MethodEntry, seed: int, args: argparse.Namespace, repeat: int
         # the trainer's all-images eval on its schedule (steps_per_eval_all_images): when quality moved
         "eval_curve": timings.get("eval_curve", []),
         **gc_fields(timings), **step_time_fields(timings.get("step_ms") or []),
-        **step_kind_fields(timings.get("step_ms") or [], timings.get("schedule")),
+        **step_kind_fields(timings.get("step_ms") or [], timings.get("schedule"), timings.get("graph_capture_steps") or ()),
+        # bytesplat's steps replayed as CUDA graphs: how many, and the captures' count and host seconds
+        **({"graph_replays": timings["graph_replays"], "graph_captures": len(timings["graph_capture_steps"]),
+            "graph_capture_s": timings["graph_capture_s"]} if "graph_replays" in timings else {}),
         **({"step_profile": timings["step_profile"]} if timings.get("step_profile") else {}),
         **({"detail_s": timings["detail_s"]} if timings.get("detail_s") else {}),
         "ns_train_command": f"{entry.launcher} " + shlex.join(train_args),

@@ -274,7 +274,7 @@ def test_runs_with_steps_by_kind_get_a_table_of_them():
                                           {"method": "b", "seed": s}]) for s in (0, 1)]
     header, _, a = step_kinds_table(steps)  # b recorded none: no row
     assert header.split(" | ")[2:5] == ["plain steps", "plain median ms", "plain total s"]
-    assert a.split(" | ")[1:] == ["2", "4958", "3.50", "17.35", "0.90", "-", "0.50", "- |"]
+    assert a.split(" | ")[1:] == ["2", "4958", "3.50", "17.35", "0.90", "-", "-", "0.50", "- |"]
     assert step_kinds_table([_wallclock_step("x", [{"method": "b", "seed": 0}])]) == []
 
 

@@ -95,6 +95,16 @@ def test_steps_by_kind_follow_splatfactos_schedule():
     assert wallclock.step_kind_fields([1.0], None) == {}  # a model without splatfacto's schedule
 
 
+def test_steps_that_captured_a_cuda_graph_are_their_own_kind():
+    captured = {0, 1000, 1001, 4000}  # bytesplat's --cuda-graph-steps: the trainer's capture steps
+    kinds = [wallclock.step_kind(s, SCHEDULE, captured) for s in (0, 1000, 1001, 4000, 1002)]
+    assert kinds == ["first", "capture", "capture", "capture", "plain"]  # a capture outranks the schedule's kinds
+    fields = wallclock.step_kind_fields([900.0, 40.0, 3.0], SCHEDULE, [1])
+    assert fields["step_kinds"] == {"first": {"steps": 1, "median_ms": 900.0, "total_s": 0.9},
+                                    "capture": {"steps": 1, "median_ms": 40.0, "total_s": 0.04},
+                                    "plain": {"steps": 1, "median_ms": 3.0, "total_s": 0.003}}
+
+
 def test_a_profiled_window_must_lie_inside_the_run(tmp_path):
     from bytesplat_ns.bench.timed_ns_train import parse_own_arguments
 
@@ -581,3 +591,17 @@ def test_a_run_records_how_many_gaussians_the_budget_removed():
     budget = GaussianBudget(BudgetSettings(fraction=0.4), densify_stop=10)
     budget.history += [{"removed": 30.0}, {"removed": 12.0}]
     assert budget_removed(SimpleNamespace(_budget=budget)) == 42
+
+
+def test_a_run_records_its_graph_replays_and_captures():
+    from types import SimpleNamespace
+
+    from bytesplat_ns.bench.timed_ns_train import graph_step_fields
+    from bytesplat_ns.step_graphs import StepGraphs
+
+    assert graph_step_fields(SimpleNamespace()) == {}  # nerfstudio's trainer (splatfacto)
+    assert graph_step_fields(SimpleNamespace(step_graphs=None)) == {}  # graph steps off or failed
+    graphs = StepGraphs()
+    graphs.replays, graphs.capture_steps, graphs.capture_seconds = 4990, [2, 101, 201], 0.3
+    assert graph_step_fields(SimpleNamespace(step_graphs=graphs)) == {
+        "graph_replays": 4990, "graph_capture_steps": [2, 101, 201], "graph_capture_s": 0.3}

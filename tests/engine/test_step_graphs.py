@@ -4,6 +4,7 @@ graph may replay, and what makes a graph captured again. tests/engine/test_step_
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -67,7 +68,7 @@ def test_which_steps_a_graph_may_replay(tmp_path, monkeypatch):
     object.__setattr__(model, "training_metrics_wanted", False)
     assert model.graph_step_blocker(5) is None
     object.__setattr__(model, "training_metrics_wanted", True)
-    assert model.graph_step_blocker(5) == "a logged step"
+    assert model.graph_step_blocker(5) is None  # a logged step replays too: graph_step_dicts
     object.__setattr__(model, "training_metrics_wanted", False)
     model.config.use_scale_regularization = True
     assert model.graph_step_blocker(10) == "a scale-regularisation step" and model.graph_step_blocker(11) is None
@@ -109,3 +110,27 @@ def test_a_graph_steps_view_is_the_eager_steps(tmp_path):
         assert viewmat is camera.metadata[WORLD_TO_CAMERA_KEY]  # the datamanager's, made once per image
         again = model.graph_step_view(camera)
         assert again[1] is intrinsics  # made once per view and resolution
+
+
+@pytest.mark.parametrize("logged", [True, False])
+def test_a_replayed_steps_dicts_are_the_eager_steps(tmp_path, logged):
+    """A graph step's loss and metrics dicts, made from the graph's loss, render and background, hold what the
+    eager step's hold: everything on a logged step (the tensorboard tags stay), the loss and count otherwise."""
+    trainer = _trainer(tmp_path)
+    model = trainer.pipeline.model
+    model.train()
+    object.__setattr__(model, "training_metrics_wanted", logged)
+    model.step_cb(trainer.optimizers, 0)  # what the trainer's callback does before a step
+    camera, batch = trainer.pipeline.datamanager.next_train(0)
+    outputs = model(camera)
+    metrics = model.get_metrics_dict(outputs, batch)
+    losses = model.get_loss_dict(outputs, batch, metrics)
+    loss = functools.reduce(torch.add, losses.values())
+    loss_dict, metrics_dict = model.graph_step_dicts(loss, outputs["rgb"], outputs["background"], batch)
+    if logged:
+        assert loss_dict.keys() == losses.keys() and metrics_dict.keys() == metrics.keys() >= {"psnr", "gaussian_count"}
+        for name, value in metrics.items():
+            assert torch.equal(torch.as_tensor(metrics_dict[name]), torch.as_tensor(value)), name
+        assert float(loss_dict["scale_reg"]) == float(losses["scale_reg"]) == 0.0
+    else:
+        assert loss_dict == {"main_loss": loss} and metrics_dict == {"gaussian_count": model.num_points}

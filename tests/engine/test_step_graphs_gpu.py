@@ -54,13 +54,14 @@ def _check_replays(monkeypatch, per_capture=3):
         info = model.info
         for p in params:
             p.grad = None
-        loss = model.graph_step_loss(viewmat, intrinsics, width, height, image, graph.room)
+        loss, rgb, _ = model.graph_step_loss(viewmat, intrinsics, width, height, image, graph.room)
         loss.backward()
         errors = {name: ((a - p.grad).abs().max() / p.grad.abs().max().clamp_min(1e-30)).item()
                   for name, a, p in zip(NAMES, replayed, params)}
         errors["means2d"] = ((graph.info["means2d"].grad - model.info["means2d"].grad).abs().max()
                              / model.info["means2d"].grad.abs().max()).item()
         errors["loss"] = abs(graph.loss.item() - loss.item()) / loss.item()
+        errors["image"] = (graph.rgb - rgb).abs().max().item()  # the render a logged step's PSNR is read from
         errors["radii_equal"] = torch.equal(graph.info["radii"], model.info["radii"])
         checked.append((model.step, errors))
         for p, grad in zip(params, graph.grads):  # the replay's gradients back, for the optimizers' step
@@ -73,17 +74,19 @@ def _check_replays(monkeypatch, per_capture=3):
 
 
 def _record_losses(trainer):
-    """Each step's training loss, recorded as the run goes."""
-    losses = {}
+    """Each step's training loss, and the logged steps' training PSNR, recorded as the run goes."""
+    losses, psnrs = {}, {}
     real = trainer.train_iteration
 
     def train_iteration(step):
         loss, loss_dict, metrics_dict = real(step)
         losses[step] = loss.item()
+        if "psnr" in metrics_dict:
+            psnrs[step] = float(metrics_dict["psnr"])
         return loss, loss_dict, metrics_dict
 
     trainer.train_iteration = train_iteration
-    return losses
+    return losses, psnrs
 
 
 def test_graph_steps_train_the_same_gaussians_as_steps_from_python(tmp_path, monkeypatch):
@@ -95,29 +98,34 @@ def test_graph_steps_train_the_same_gaussians_as_steps_from_python(tmp_path, mon
     captured_at = _capture_steps(monkeypatch)
     checked = _check_replays(monkeypatch)
     graphed = _trainer(tmp_path, 110, True, "graphed")
-    graphed_losses = _record_losses(graphed)
+    graphed_losses, graphed_psnrs = _record_losses(graphed)
     graphed.train()
-    # steps 0-1 have no pair total read yet and every 10th step is logged (eager); a capture at the first graph
-    # step and after each refine that grew the Gaussians: gsplat's rule refines at 80 and 100 here (a refine
-    # waits num_train_data + refine_every = 76 steps after each opacity reset, the first at step 0)
+    # steps 0-1 have no pair total read yet; a capture at the first graph step and after each refine that grew
+    # the Gaussians: gsplat's rule refines at 80 and 100 here (a refine waits num_train_data + refine_every = 76
+    # steps after each opacity reset, the first at step 0). Every other step replays, the logged ones too
     assert captured_at == [2, 81, 101], captured_at
-    assert graphed.step_graphs.replays >= 90, graphed.step_graphs.replays
+    assert graphed.step_graphs.replays >= 104, graphed.step_graphs.replays
     assert [step for step, _ in checked] == [2, 3, 4, 81, 82, 83, 101, 102, 103], checked
     for step, errors in checked:  # float sums in another order: atomics (gradients <= 1e-4 relative, issue 22)
         assert errors.pop("radii_equal"), step
         assert errors.pop("loss") < 1e-6, (step, errors)
+        assert errors.pop("image") <= 1e-5, (step, errors)
         assert max(errors.values()) < 1e-4, (step, errors)
     model = graphed.pipeline.model
     for name in NAMES:  # every step updated every parameter once
         assert float(model.optimizers[name].state[model.gauss_params[name]]["step"]) == 110.0, name
 
     eager = _trainer(tmp_path, 110, False, "eager")
-    eager_losses = _record_losses(eager)
+    eager_losses, eager_psnrs = _record_losses(eager)
     eager.train()
     assert eager.step_graphs is None
     # the same views in the same order, the same Gaussians until the first refine (at the end of step 80)
     for step in range(81):
         assert abs(graphed_losses[step] - eager_losses[step]) <= 1e-3 * eager_losses[step], step
+    # the logged steps' training PSNR (every 10th step), read from the replayed render at steps 10-80
+    assert sorted(graphed_psnrs) == sorted(eager_psnrs) == list(range(0, 110, 10))
+    for step in range(0, 81, 10):
+        assert abs(graphed_psnrs[step] - eager_psnrs[step]) < 0.01, (step, graphed_psnrs[step], eager_psnrs[step])
     counts = [t.pipeline.model.num_points for t in (graphed, eager)]
     assert abs(counts[0] - counts[1]) <= 0.02 * max(counts), counts
 
