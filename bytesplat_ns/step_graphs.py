@@ -90,10 +90,6 @@ class StepGraphs:
         self.captures = 0
         self.capture_steps: List[int] = []
         self.capture_seconds = 0.0  # host time of the captures: the old graph's release to the new one's instantiation
-        # Every capture allocates from this one pool: a graph is never replayed once the next is captured, so the
-        # new capture reuses the old one's memory instead of asking the driver for more (the pool object holds it
-        # between captures; a pool whose last graph is gone could not be shared)
-        self._pool: Optional["torch.cuda.MemPool"] = None
         self._stream: Optional["torch.cuda.Stream"] = None  # captures run on it (a graph is captured off the default stream)
         self._warmed_up = False
 
@@ -109,11 +105,18 @@ class StepGraphs:
         outgrown = graph is not None and model.pair_room.last_overflow_step >= graph.captured_at
         if graph is None or graph.key != key or outgrown:
             start = time.perf_counter()
-            self.current = graph = None  # its memory goes back to the pool before the new capture takes from it
+            # The new capture allocates from the old graph's memory pool: a graph is never replayed once the next
+            # is captured, so the new one reuses that memory instead of asking the driver for more. The old
+            # graph's buffers go back to the pool now; the graph itself (whose reference keeps the pool shared)
+            # goes once the new capture has ended.
+            previous = graph.graph if graph is not None else None
+            self.current = graph = None
             room = model.graph_step_room()
             if room is None:
                 return None
-            graph = self.current = self._capture(model, key, (viewmat, intrinsics, image), width, height, room)
+            graph = self.current = self._capture(model, key, (viewmat, intrinsics, image), width, height, room,
+                                                 previous)
+            del previous
             self.capture_steps.append(graph.captured_at)
             self.capture_seconds += time.perf_counter() - start
         graph.replay(viewmat, intrinsics, image)
@@ -123,7 +126,7 @@ class StepGraphs:
         return graph
 
     def _capture(self, model: "ByteSplatModel", key: Tuple, views: Tuple[Tensor, Tensor, Tensor], width: int,
-                 height: int, room: int) -> StepGraph:
+                 height: int, room: int, previous: Optional["torch.cuda.CUDAGraph"] = None) -> StepGraph:
         params = model.gaussian_parameters()
         viewmat, intrinsics, image = views
         # A parameter's gradient accumulator runs on the stream it was made on, and a live autograd graph keeps
@@ -136,7 +139,6 @@ class StepGraphs:
         inputs = (static[0], static[1], width, height, static[2], room)
         if self._stream is None:
             self._stream = torch.cuda.Stream()
-            self._pool = torch.cuda.MemPool()
         stream = self._stream
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
@@ -155,7 +157,7 @@ class StepGraphs:
             graph = torch.cuda.CUDAGraph()
             # thread_local: the eval images' worker thread may use the GPU meanwhile. capture_begin, not
             # torch.cuda.graph, which would also empty the allocator's cache at every capture
-            graph.capture_begin(pool=self._pool.id, capture_error_mode="thread_local")
+            graph.capture_begin(pool=previous.pool() if previous is not None else None, capture_error_mode="thread_local")
             error: Optional[BaseException] = None
             try:
                 loss, rgb, background = model.graph_step_loss(*inputs)
