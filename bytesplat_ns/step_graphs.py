@@ -20,8 +20,10 @@ holds fixed and what the trainer does about it:
   replay (``ByteSplatModel.graph_step_dicts``);
 - steps that render or score anything else run eagerly (``ByteSplatModel.graph_step_blocker``): splatfacto's
   scale regularisation (every 10th step, off by default), pruning scores and diagnostics;
-- a step that cannot be captured (``CaptureFailed``) turns graph steps off for the rest of the run, with one
-  console line; training goes on eagerly.
+- the first capture of each image size and SH degree follows an eager warm-up pass of the step;
+- a step that cannot be captured (``CaptureFailed``) runs eagerly, with one console line, and the next graph
+  step captures again, into a fresh memory pool; a second failure in a row turns graph steps off for the rest
+  of the run, and training goes on eagerly.
 
 The replayed step is the eager step up to the order of float sums and the random background's stream
 (GPU test ``tests/engine/test_step_graphs_gpu.py``).
@@ -40,7 +42,14 @@ if TYPE_CHECKING:
     from bytesplat_ns.model import ByteSplatModel
 
 WARMUP_STEPS = 1
-"""Eager passes on a side stream before a capture (lazily built kernels' state, cuBLAS workspaces)."""
+"""Eager passes on a side stream before the first capture of each shape (image size, SH degree): what is made
+once per shape must not be made inside a capture, such as the fused loss's normalisation for an image size (a
+host-to-device copy, cached: raster/_wrapper.py), lazily loaded kernels and library workspaces. Without it the
+capture at the coarse start's first step at a new resolution failed (fox, step 3000, H100, 2026-12-07)."""
+
+MAX_FAILED_CAPTURES_IN_A_ROW = 2
+"""A failed capture's step runs eagerly and the next graph step captures again; this many failures in a row
+end graph steps for the run."""
 
 
 class CaptureFailed(RuntimeError):
@@ -81,8 +90,8 @@ def graph_key(params: List[Tensor], sh_degree: Optional[int], width: int, height
 
 class StepGraphs:
     """The trainer's graph of its training step (module docstring): captured where a graph step finds none
-    that fits, replayed otherwise. Counts its replays and captures, the steps it captured at and the host's
-    seconds in the captures."""
+    that fits, replayed otherwise. Counts its replays and captures, the steps it captured at, the host's
+    seconds in the captures and the captures that failed."""
 
     def __init__(self):
         self.current: Optional[StepGraph] = None
@@ -90,8 +99,15 @@ class StepGraphs:
         self.captures = 0
         self.capture_steps: List[int] = []
         self.capture_seconds = 0.0  # host time of the captures: the old graph's release to the new one's instantiation
+        self.failures: List[Tuple[int, str]] = []  # (model step, error) of each capture that failed
+        self._failed_in_a_row = 0
         self._stream: Optional["torch.cuda.Stream"] = None  # captures run on it (a graph is captured off the default stream)
-        self._warmed_up = False
+        self._warmed_shapes: set = set()  # graph_key's shape part of every capture so far (WARMUP_STEPS)
+
+    @property
+    def off(self) -> bool:
+        """Graph steps have ended for this run: ``MAX_FAILED_CAPTURES_IN_A_ROW`` captures failed in a row."""
+        return self._failed_in_a_row >= MAX_FAILED_CAPTURES_IN_A_ROW
 
     def run(self, model: "ByteSplatModel", key: Tuple, viewmat: Tensor, intrinsics: Tensor, image: Tensor,
             width: int, height: int) -> Optional[StepGraph]:
@@ -108,15 +124,21 @@ class StepGraphs:
             # The new capture allocates from the old graph's memory pool: a graph is never replayed once the next
             # is captured, so the new one reuses that memory instead of asking the driver for more. The old
             # graph's buffers go back to the pool now; the graph itself (whose reference keeps the pool shared)
-            # goes once the new capture has ended.
+            # goes once the new capture has ended. After a failed capture there is no old graph: a fresh pool.
             previous = graph.graph if graph is not None else None
             self.current = graph = None
             room = model.graph_step_room()
             if room is None:
                 return None
-            graph = self.current = self._capture(model, key, (viewmat, intrinsics, image), width, height, room,
-                                                 previous)
+            try:
+                graph = self.current = self._capture(model, key, (viewmat, intrinsics, image), width, height, room,
+                                                     previous)
+            except CaptureFailed as failure:
+                self.failures.append((model.step, str(failure.__cause__ or failure)))
+                self._failed_in_a_row += 1
+                raise
             del previous
+            self._failed_in_a_row = 0
             self.capture_steps.append(graph.captured_at)
             self.capture_seconds += time.perf_counter() - start
         graph.replay(viewmat, intrinsics, image)
@@ -142,12 +164,12 @@ class StepGraphs:
         stream = self._stream
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            if not self._warmed_up:
+            if key[1:] not in self._warmed_shapes:
                 for _ in range(WARMUP_STEPS):
                     for p in params:
                         p.grad = None
                     model.graph_step_loss(*inputs)[0].backward()
-                self._warmed_up = True
+                self._warmed_shapes.add(key[1:])
             for p in params:
                 p.grad = None  # the captured backward then makes each gradient in the graph's memory
             # a failed capture leaves the random generator in capture mode (every later random draw fails with

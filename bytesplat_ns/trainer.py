@@ -259,7 +259,7 @@ class ByteSplatTrainer(Trainer):
             # nerfstudio's loop writes the metrics dict only on these steps (Trainer.train)
             wanted = step_check(step, self.config.logging.steps_per_log, run_at_zero=True)
             object.__setattr__(model, "training_metrics_wanted", wanted)  # a plain attribute: not Module's slow path
-            if self.step_graphs is not None and model.graph_step_blocker(step) is None:
+            if self.step_graphs is not None and not self.step_graphs.off and model.graph_step_blocker(step) is None:
                 result = self.graph_iteration(model, step)
         loss, loss_dict, metrics_dict = result if result is not None else super().train_iteration(step)
         if self.step_graphs is not None:
@@ -285,8 +285,10 @@ class ByteSplatTrainer(Trainer):
         try:
             graph = self.step_graphs.run(model, key, viewmat, intrinsics, image, width, height)
         except CaptureFailed as failure:
-            CONSOLE.log(f"bytesplat: --cuda-graph-steps off for the rest of this run: {failure}")
-            self.step_graphs = None
+            if self.step_graphs.off:
+                CONSOLE.log(f"bytesplat: --cuda-graph-steps off for the rest of this run: {failure}")
+            else:
+                CONSOLE.log(f"bytesplat: step {step} ran eagerly, the next graph step captures again: {failure}")
             return self.iteration_on(step, camera, batch)
         if graph is None:
             return self.iteration_on(step, camera, batch)
@@ -455,8 +457,10 @@ class ByteSplatTrainer(Trainer):
     def _after_train(self) -> None:
         self.train_waiting_views(self.step)  # the last steps' views, before the final checkpoint and the count below
         if self.step_graphs is not None:
-            CONSOLE.log(f"bytesplat: {self.step_graphs.replays} training steps replayed as CUDA graphs "
-                        f"({self.step_graphs.captures} captures, {self.step_graphs.capture_seconds:.2f} s)")
+            graphs = self.step_graphs
+            failed = f", {len(graphs.failures)} failed" if graphs.failures else ""
+            CONSOLE.log(f"bytesplat: {graphs.replays} training steps replayed as CUDA graphs "
+                        f"({graphs.captures} captures, {graphs.capture_seconds:.2f} s{failed})")
             self.step_graphs.current = None
         room = self._pair_room()
         if room is not None and room.overflows:

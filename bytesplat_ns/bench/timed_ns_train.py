@@ -441,12 +441,13 @@ def final_state(trainer) -> Dict[str, Optional[float]]:
 
 def graph_step_fields(trainer) -> Dict:
     """The training steps replayed as CUDA graphs (bytesplat's trainer, --cuda-graph-steps; nothing for others or
-    where graph steps were off): the replays, the steps that captured a graph and the captures' host seconds."""
+    where graph steps were off): the replays, the steps that captured a graph, the captures' host seconds and
+    the captures that failed (step and error)."""
     graphs = getattr(trainer, "step_graphs", None)
     if graphs is None:
         return {}
     return {"graph_replays": graphs.replays, "graph_capture_steps": list(graphs.capture_steps),
-            "graph_capture_s": graphs.capture_seconds}
+            "graph_capture_s": graphs.capture_seconds, "graph_capture_failures": [list(f) for f in graphs.failures]}
 
 
 SPLAT_SCHEDULE = ("sh_degree", "sh_degree_interval", "resolution_schedule", "num_downscales")

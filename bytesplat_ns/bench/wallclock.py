@@ -253,9 +253,11 @@ def run_one(entry: MethodEntry, seed: int, args: argparse.Namespace, repeat: int
         "eval_curve": timings.get("eval_curve", []),
         **gc_fields(timings), **step_time_fields(timings.get("step_ms") or []),
         **step_kind_fields(timings.get("step_ms") or [], timings.get("schedule"), timings.get("graph_capture_steps") or ()),
-        # bytesplat's steps replayed as CUDA graphs: how many, and the captures' count and host seconds
+        # bytesplat's steps replayed as CUDA graphs: how many, the captures' count and host seconds, and the
+        # captures that failed (step and error; two in a row end graph steps for the run)
         **({"graph_replays": timings["graph_replays"], "graph_captures": len(timings["graph_capture_steps"]),
-            "graph_capture_s": timings["graph_capture_s"]} if "graph_replays" in timings else {}),
+            "graph_capture_s": timings["graph_capture_s"],
+            "graph_capture_failures": timings.get("graph_capture_failures", [])} if "graph_replays" in timings else {}),
         **({"step_profile": timings["step_profile"]} if timings.get("step_profile") else {}),
         **({"detail_s": timings["detail_s"]} if timings.get("detail_s") else {}),
         "ns_train_command": f"{entry.launcher} " + shlex.join(train_args),

@@ -160,7 +160,12 @@ def _split_loss(m, c, col, o, bg, gt, offsets, flatten_ids, C, W, H, ssim_lambda
 def _loss_map(device: torch.device, C: int, W: int, H: int, ssim_lambda: float):
     """(bias, matrix) of the affine map from the summed (L1, SSIM) partials to (l1, ssim, loss), in double:
     l1 and ssim are means over their pixels (SSIM's valid windows only), loss = (1-lambda) l1 + lambda (1-ssim).
-    Cached per device, image size and lambda: its one host-to-device copy happens once."""
+    Cached per device, image size and lambda: its one host-to-device copy happens once, never inside a CUDA graph
+    capture (the copy cannot be captured, and a cached tensor must not live in a graph's memory): a step graph's
+    capture at a new image size follows an eager warm-up pass (step_graphs.WARMUP_STEPS)."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(f"the loss's normalisation for a new image size ({W}x{H}) inside a CUDA graph capture: "
+                           "run the step eagerly at this size first")
     n_l1 = C * H * W * 3
     n_ssim = C * 3 * (H - SSIM_WIN_SIZE + 1) * (W - SSIM_WIN_SIZE + 1)
     bias = torch.tensor([0.0, 0.0, ssim_lambda], dtype=torch.float64, device=device)

@@ -603,5 +603,7 @@ def test_a_run_records_its_graph_replays_and_captures():
     assert graph_step_fields(SimpleNamespace(step_graphs=None)) == {}  # graph steps off or failed
     graphs = StepGraphs()
     graphs.replays, graphs.capture_steps, graphs.capture_seconds = 4990, [2, 101, 201], 0.3
+    graphs.failures.append((3000, "operation not permitted when stream is capturing"))
     assert graph_step_fields(SimpleNamespace(step_graphs=graphs)) == {
-        "graph_replays": 4990, "graph_capture_steps": [2, 101, 201], "graph_capture_s": 0.3}
+        "graph_replays": 4990, "graph_capture_steps": [2, 101, 201], "graph_capture_s": 0.3,
+        "graph_capture_failures": [[3000, "operation not permitted when stream is capturing"]]}

@@ -134,3 +134,47 @@ def test_a_replayed_steps_dicts_are_the_eager_steps(tmp_path, logged):
         assert float(loss_dict["scale_reg"]) == float(losses["scale_reg"]) == 0.0
     else:
         assert loss_dict == {"main_loss": loss} and metrics_dict == {"gaussian_count": model.num_points}
+
+
+def test_a_failed_capture_is_tried_again_into_a_fresh_pool_and_two_in_a_row_end_graph_steps(monkeypatch):
+    """StepGraphs.run's bookkeeping around ``_capture`` (stood in for here: no CUDA graphs on a CPU): a failed
+    capture is recorded and raised (the trainer runs the step eagerly), the next graph step captures again
+    without the old graph's pool, a success resets the count, and two failures in a row turn graph steps off."""
+    from types import SimpleNamespace
+
+    from bytesplat_ns.step_graphs import CaptureFailed, StepGraphs
+
+    outcomes = iter(["ok", "fail", "ok", "ok", "fail", "fail"])
+    shared = []  # the old graph whose pool each capture was given (None: a fresh pool)
+
+    def capture(self, model, key, views, width, height, room, previous=None):
+        shared.append(previous)
+        if next(outcomes) == "fail":
+            raise CaptureFailed("the training step could not be captured") from RuntimeError("not capturable")
+        return SimpleNamespace(key=key, graph=f"graph{model.step}", captured_at=model.step, grads=[],
+                               replay=lambda *inputs: None)
+
+    monkeypatch.setattr(StepGraphs, "_capture", capture)
+    model = SimpleNamespace(step=0, pair_room=SimpleNamespace(last_overflow_step=-1), graph_step_room=lambda: 8,
+                            gaussian_parameters=lambda: [])
+    graphs = StepGraphs()
+
+    def step(number, key):
+        model.step = number
+        return graphs.run(model, key, None, None, None, 64, 48)
+
+    step(10, "a")
+    step(11, "a")  # replayed: no capture
+    with pytest.raises(CaptureFailed):
+        step(12, "b")
+    assert not graphs.off and graphs.failures == [(12, "not capturable")] and graphs.current is None
+    step(13, "b")  # captured again, into a fresh pool
+    step(14, "c")  # a new key: the old graph's pool
+    with pytest.raises(CaptureFailed):
+        step(15, "d")
+    assert not graphs.off
+    with pytest.raises(CaptureFailed):
+        step(16, "d")
+    assert graphs.off and [s for s, _ in graphs.failures] == [12, 15, 16]
+    assert shared == [None, "graph10", None, "graph13", "graph14", None]
+    assert graphs.capture_steps == [10, 13, 14] and graphs.replays == 4

@@ -231,10 +231,46 @@ def test_a_step_that_cannot_be_captured_turns_graph_steps_off_and_training_goes_
     monkeypatch.setattr(ByteSplatModel, "graph_step_loss", graph_step_loss)
     trainer = _trainer(tmp_path, 30, True, "uncapturable")
     trainer.train()
-    assert trainer.step_graphs is None
-    assert "--cuda-graph-steps off for the rest of this run" in capsys.readouterr().out.replace("\n", " ")
+    # the first graph step (2) fails and runs eagerly, the next (3) captures again, fails too: graphs end
+    assert trainer.step_graphs.off and [step for step, _ in trainer.step_graphs.failures] == [2, 3]
+    assert trainer.step_graphs.replays == 0
+    out = capsys.readouterr().out.replace("\n", " ")
+    assert "step 2 ran eagerly, the next graph step captures again" in out
+    assert "--cuda-graph-steps off for the rest of this run" in out
     model = trainer.pipeline.model
     for name in NAMES:  # every step trained once, eagerly after the failed capture
         assert float(model.optimizers[name].state[model.gauss_params[name]]["step"]) == 30.0, name
     assert torch.rand(4, device="cuda").isfinite().all()  # the random generator left capture mode
     assert all(p.isfinite().all() for p in model.gaussian_parameters())
+
+
+def test_graph_steps_capture_at_each_new_resolution_of_the_coarse_start(tmp_path, monkeypatch):
+    """splatfacto's coarse start trains at 1/4, then 1/2, then full resolution, and the first graph step at a new
+    size captures a new graph. What is made once per size (the fused loss's normalisation, a host-to-device
+    copy) must not be made inside that capture: an eager warm-up pass precedes the first capture of each size
+    (step_graphs.WARMUP_STEPS). Without it, in ns-train on fox (H100, 2026-12-07), the capture at the switch to
+    1/2 (step 3000) failed and graph steps ended there."""
+    def coarse_start(config):
+        model = config.pipeline.model
+        model.num_downscales, model.resolution_schedule, model.min_train_resolution = 2, 30, 0  # 32x24 first
+
+    captured_at = _capture_steps(monkeypatch)
+    trainer = fused_trainer(tmp_path, 70, "coarse", margin=4.0, graphs=True, background="black", configure=coarse_start)
+    sizes = {}
+    real_view = type(trainer.pipeline.model).graph_step_view
+
+    def graph_step_view(self, camera):
+        view = real_view(self, camera)
+        sizes.setdefault((view[2], view[3]), self.step)  # the first step at each size
+        return view
+
+    monkeypatch.setattr(type(trainer.pipeline.model), "graph_step_view", graph_step_view)
+    trainer.train()
+    graphs = trainer.step_graphs
+    assert not graphs.off and graphs.failures == [], graphs.failures
+    assert sorted(sizes.values()) == [2, 30, 60], sizes  # graph steps at 1/4 from step 2, 1/2 at 30, full at 60
+    assert {30, 60} <= set(captured_at), captured_at  # a capture at the first step of each new size
+    assert graphs.replays >= 60, graphs.replays
+    model = trainer.pipeline.model
+    for name in NAMES:
+        assert float(model.optimizers[name].state[model.gauss_params[name]]["step"]) == 70.0, name
