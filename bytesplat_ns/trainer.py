@@ -99,8 +99,8 @@ class ByteSplatTrainerConfig(TrainerConfig):
     """Replay the plain training steps' render, loss and backward as one CUDA graph, captured again when the
     Gaussians, the SH degree or the resolution change (bytesplat_ns/step_graphs.py): the host issues a few
     copies and one graph instead of ~80 launches a step. The graph bins into a room sized ahead, so the run's
-    steps do (as with --pipeline.model.fused.sync-free-binning True); logged, scale-regularisation and
-    pruning-score steps run as before. On: ns-train on fox, one H100, 5000 iterations, seeds 0-2: median step
+    steps do (as with --pipeline.model.fused.sync-free-binning True); logged steps replay too, scale-regularisation
+    and pruning-score steps run as before. On: ns-train on fox, one H100, 5000 iterations, seeds 0-2: median step
     1.60 against 3.83 ms, launch to exit 21.0 against 28.9 s (medians; suite cuda-graph-steps). Applies to the fused
     rasterizer on one GPU; elsewhere the steps run as before."""
     freeze_heap_at_exit: bool = True
