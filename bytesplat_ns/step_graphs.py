@@ -96,13 +96,16 @@ class StepGraphs:
     def __init__(self):
         self.current: Optional[StepGraph] = None
         self.replays = 0
-        self.captures = 0
         self.capture_steps: List[int] = []
         self.capture_seconds = 0.0  # host time of the captures: the old graph's release to the new one's instantiation
         self.failures: List[Tuple[int, str]] = []  # (model step, error) of each capture that failed
         self._failed_in_a_row = 0
         self._stream: Optional["torch.cuda.Stream"] = None  # captures run on it (a graph is captured off the default stream)
         self._warmed_shapes: set = set()  # graph_key's shape part of every capture so far (WARMUP_STEPS)
+
+    @property
+    def captures(self) -> int:
+        return len(self.capture_steps)
 
     @property
     def off(self) -> bool:
@@ -197,6 +200,5 @@ class StepGraphs:
                 p.grad = None
             model.info = {}
             raise CaptureFailed(f"the training step could not be captured as a CUDA graph ({error})") from error
-        self.captures += 1
         return StepGraph(key, graph, static[0], static[1], static[2], loss.detach(), rgb.detach(), background,
                          dict(model.info), [p.grad for p in params], room, model.step)

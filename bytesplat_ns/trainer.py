@@ -461,7 +461,7 @@ class ByteSplatTrainer(Trainer):
             failed = f", {len(graphs.failures)} failed" if graphs.failures else ""
             CONSOLE.log(f"bytesplat: {graphs.replays} training steps replayed as CUDA graphs "
                         f"({graphs.captures} captures, {graphs.capture_seconds:.2f} s{failed})")
-            self.step_graphs.current = None
+            graphs.current = None
         room = self._pair_room()
         if room is not None and room.overflows:
             CONSOLE.log(f"bytesplat: {room.overflows} of {room.sized_steps} steps binned into a room sized ahead "
