@@ -44,8 +44,9 @@ if TYPE_CHECKING:
 WARMUP_STEPS = 1
 """Eager passes on a side stream before the first capture of each shape (image size, SH degree): what is made
 once per shape must not be made inside a capture, such as the fused loss's normalisation for an image size (a
-host-to-device copy, cached: raster/_wrapper.py), lazily loaded kernels and library workspaces. Without it the
-capture at the coarse start's first step at a new resolution failed (fox, step 3000, H100, 2026-12-07)."""
+host-to-device copy, cached: raster/_wrapper.py), lazily loaded kernels and library workspaces. Without it graph
+steps ended where fox's coarse start changes resolution (step 3000, H100, 2026-12-07; the failed capture's
+message was not kept, the copy above is the cause the code shows)."""
 
 MAX_FAILED_CAPTURES_IN_A_ROW = 2
 """A failed capture's step runs eagerly and the next graph step captures again; this many failures in a row

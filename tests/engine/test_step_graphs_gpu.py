@@ -248,8 +248,8 @@ def test_graph_steps_capture_at_each_new_resolution_of_the_coarse_start(tmp_path
     """splatfacto's coarse start trains at 1/4, then 1/2, then full resolution, and the first graph step at a new
     size captures a new graph. What is made once per size (the fused loss's normalisation, a host-to-device
     copy) must not be made inside that capture: an eager warm-up pass precedes the first capture of each size
-    (step_graphs.WARMUP_STEPS). Without it, in ns-train on fox (H100, 2026-12-07), the capture at the switch to
-    1/2 (step 3000) failed and graph steps ended there."""
+    (step_graphs.WARMUP_STEPS). Without it, in ns-train on fox (H100, 2026-12-07), graph steps ended at the switch
+    to 1/2 (step 3000; the failure's message was not kept, the copy is the cause the code shows)."""
     def coarse_start(config):
         model = config.pipeline.model
         model.num_downscales, model.resolution_schedule, model.min_train_resolution = 2, 30, 0  # 32x24 first
