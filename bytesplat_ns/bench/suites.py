@@ -59,13 +59,15 @@ def _per_seed_on_capture(methods: str, iterations: int, work: str, name: str) ->
 
 def _budget_on_capture(budget: str, then: Tuple[Step, ...] = ()) -> Tuple[Step, ...]:
     """A Gaussian budget (``budget``: a labelled method entry) against none on the capture of --data, 30000
-    iterations: seeds 0-2 with the six runs at once (``capture_seeds``), ``then`` these steps, then seed
-    0's pair back to back without eval (``capture_wall``: the wall clock)."""
+    iterations: seeds 0-2 with the six runs at once (``capture_seeds``), ``then`` these steps, then each seed's
+    pair back to back without eval, the GPU to itself (the wall clock: ``capture_wall`` for seed 0,
+    ``capture_wall_seed1`` and ``capture_wall_seed2``; about 200 s each on an H100, one device call apiece)."""
     return (Step("wallclock", _args(f"--data {{data}} --methods '{_NO_BUDGET}' '{budget}' --iterations 30000 --seeds 0 1 2 "
                                     "--parallel 6 --offline-lpips --work-dir {work}/capture"), name="capture_seeds"),
             *then,
-            Step("wallclock", _args(f"--data {{data}} --methods '{_NO_BUDGET}' '{budget}' --iterations 30000 --seeds 0 "
-                                    "--no-eval --offline-lpips --work-dir {work}/capture-wall"), name="capture_wall"))
+            *(Step("wallclock", _args(f"--data {{data}} --methods '{_NO_BUDGET}' '{budget}' --iterations 30000 "
+                                      f"--seeds {seed} --no-eval --offline-lpips --work-dir {{work}}/capture-wall"),
+                   name="capture_wall" + (f"_seed{seed}" if seed else "")) for seed in (0, 1, 2)))
 
 
 def _budget_on_large(budget: str) -> Step:

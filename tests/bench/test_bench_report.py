@@ -283,7 +283,7 @@ def test_an_incomplete_document_names_the_steps_not_run_yet():
 
     doc = {"suite": "gaussian-budget", "command": "c", "complete": False,
            "steps": [{"name": "capture_seeds", "command": "x", "status": "ok", "result": None}]}
-    assert steps_not_run(doc) == ["capture_wall", "capture_seeds_3_5"]
+    assert steps_not_run(doc) == ["capture_wall", "capture_wall_seed1", "capture_wall_seed2", "capture_seeds_3_5"]
     lines = suite_section(doc, Path("docs/results"), Path("docs"))
     assert any(line.startswith("- Not run yet: `capture_wall`") for line in lines)
     assert steps_not_run(dict(doc, complete=True)) == [] and steps_not_run(dict(doc, suite="no-such-suite")) == []
