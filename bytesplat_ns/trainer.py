@@ -101,7 +101,7 @@ class ByteSplatTrainerConfig(TrainerConfig):
     copies and one graph instead of ~80 launches a step. The graph bins into a room sized ahead, so the run's
     steps do (as with --pipeline.model.fused.sync-free-binning True); logged steps replay too, scale-regularisation
     and pruning-score steps run as before. On: ns-train on fox, one H100, 5000 iterations, seeds 0-2: median step
-    1.60 against 3.83 ms, launch to exit 21.0 against 28.9 s (medians; suite cuda-graph-steps). Applies to the fused
+    1.46 against 3.34 ms, launch to exit 16.0 against 26.2 s (medians; suite cuda-graph-steps). Applies to the fused
     rasterizer on one GPU; elsewhere the steps run as before."""
     freeze_heap_at_exit: bool = True
     """After training, let the process exit without the interpreter's garbage-collector walk over its
