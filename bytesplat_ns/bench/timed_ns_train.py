@@ -17,7 +17,8 @@ then no wait is added. Single-process runs only:
 processes that ``--machine.num-devices`` spawns are not timed.
 
 TIMINGS.json holds host clock stamps (``time.time()``, comparable with the launcher's) and the
-summed seconds per phase: ``data`` (dataparser, datasets, image caching/undistortion), ``setup``
+summed seconds per phase: ``data`` (dataparser, datasets, image caching/undistortion; ``detail_s`` has the
+caching of each split's images), ``setup``
 (the rest of ``Trainer.setup``: model, optimizers, writers), ``steps`` (train iterations with
 their before/after callbacks, i.e. densification), ``eval`` (in-training eval iterations), ``log``
 (nerfstudio writer calls and ``write_out_storage``; ``detail_s`` splits it by writer function, and
@@ -116,6 +117,20 @@ class CollectionTimer:
         return {"collections": list(self.counts), "seconds": list(self.seconds)}
 
 
+def images_cached_by_split(timers: PhaseTimers, load_images: Callable) -> Callable:
+    """``FullImageDatamanager._load_images`` timed as ``data``, its seconds also kept per split in ``detail_s``
+    (``data:load_train_images``, ``data:load_eval_images``): nerfstudio caches each split's images when it is
+    first read, the training images inside the first step, which ``first_step_ms`` then holds."""
+    by_split = {split: timers.wrap("data", load_images, detail=f"load_{split}_images") for split in ("train", "eval")}
+    untimed_split = timers.wrap("data", load_images)
+
+    @functools.wraps(load_images)
+    def timed(self, split, *args, **kwargs):
+        return by_split.get(split, untimed_split)(self, split, *args, **kwargs)
+
+    return timed
+
+
 def install(timers: PhaseTimers, record: Dict, collections: Optional[CollectionTimer] = None) -> None:
     """Wrap nerfstudio's trainer, datamanager and writer with ``timers``; ``record`` receives stamps
     and the trainer's final state."""
@@ -125,7 +140,7 @@ def install(timers: PhaseTimers, record: Dict, collections: Optional[CollectionT
     from nerfstudio.utils import writer
 
     FullImageDatamanager.__init__ = timers.wrap("data", FullImageDatamanager.__init__)
-    FullImageDatamanager._load_images = timers.wrap("data", FullImageDatamanager._load_images)
+    FullImageDatamanager._load_images = images_cached_by_split(timers, FullImageDatamanager._load_images)
     # Subclasses (bytesplat's) override some methods; wrapping the base class's attribute reaches
     # them all only where they call super(): wrap each class that defines the method itself.
     for cls in _with_subclasses(Trainer):

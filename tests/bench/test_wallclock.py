@@ -179,6 +179,10 @@ def test_two_configurations_end_to_end(tmp_path):
         assert "--machine.seed 1" in run["ns_train_command"] and run["ns_train_command"].startswith("ns-train bytesplat")
         assert run["ns_eval_command"].startswith("ns-eval --load-config")
         assert {"log:write_out_storage", "log:console"} <= set(run["detail_s"])  # scalars: in our batched writer
+        # the images cached when first read, each split's apart: the training images inside the first step
+        cached = [run["detail_s"][f"data:load_{split}_images"] for split in ("train", "eval")]
+        assert min(cached) > 0 and sum(cached) <= run["data_s"] + 1e-6
+        assert cached[0] <= run["first_step_ms"] / 1000.0
         # the eval phase by part: the queued render and its hand-over to the worker; the all-images eval after the drain
         eval_parts = {"eval:queue_image", "eval:submit"} | ({"eval:drain_eval_images", "eval:all_images"}
                                                             if run["method"] == "auto" else set())
