@@ -28,8 +28,8 @@
 #    methods alike), so bytecode goes to PYTHONPYCACHEPREFIX and one warm-up import (alongside the
 #    builds) writes it before anything is timed. The same process runs one cuDNN convolution, so cuDNN's
 #    libraries are in the page cache as on a machine that has trained before: on a fresh machine the first
-#    ns-train of a call waited 0.9-2.0 s for its eval-image metrics (their SSIM is a run's first cuDNN
-#    call under bytesplat), the later ones 0.02 s (2026-12-07).
+#    ns-train of a call waited 0.9-2.0 s for its eval-image metrics, the later ones 0.02 s (2026-12-07);
+#    the suspect, not yet confirmed, is their SSIM, a run's first cuDNN call under bytesplat.
 # Carried extensions may be xz-compressed (.so.xz), to fit the device's transfer limit.
 set -o pipefail
 OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"

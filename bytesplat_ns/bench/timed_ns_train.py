@@ -122,11 +122,11 @@ def images_cached_by_split(timers: PhaseTimers, load_images: Callable) -> Callab
     (``data:load_train_images``, ``data:load_eval_images``): nerfstudio caches each split's images when it is
     first read, the training images inside the first step, which ``first_step_ms`` then holds."""
     by_split = {split: timers.wrap("data", load_images, detail=f"load_{split}_images") for split in ("train", "eval")}
-    untimed_split = timers.wrap("data", load_images)
+    other_split = timers.wrap("data", load_images)
 
     @functools.wraps(load_images)
     def timed(self, split, *args, **kwargs):
-        return by_split.get(split, untimed_split)(self, split, *args, **kwargs)
+        return by_split.get(split, other_split)(self, split, *args, **kwargs)
 
     return timed
 
