@@ -271,8 +271,8 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           "the Gaussian budget (40% of the Gaussians removed when densification stops) against none on a real capture "
           "(--data): ns-train + ns-eval, 30000 iterations, 3 seeds, the six runs at once (quality and Gaussians; "
           "their wall clocks measure the shared GPU), then each seed's pair back to back, one step per seed (wall "
-          "clock); then the budget alone at seeds 3-5, the three runs at once without tensorboard's image writes (quality: splatfacto's "
-          "30000-iteration runs cover seeds 0-5)",
+          "clock); then the budget alone at seeds 3-5, the three runs at once without tensorboard's image writes "
+          "(quality: splatfacto's 30000-iteration runs cover seeds 0-5)",
           1,
           _budget_on_capture(_BUDGET_40)
           + (Step("wallclock", _args(f"--data {{data}} --methods '{_BUDGET_40}' --iterations 30000 --seeds 3 4 5 "
@@ -292,9 +292,8 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           "the Gaussian budget at the issue's smallest cut (30% of the Gaussians removed when densification stops; "
           "40% cost 0.11 dB on the large scene) against none, 30000 iterations, 3 seeds: the capture of --data and the "
           "built-in large scene, each scene's six runs at once (quality and Gaussians; the two steps may run at once "
-          "too), then each seed's pair on the capture back to back, one step per seed (wall clock), then the budget alone "
-          "on the capture, "
-          "one seed per step (quality of runs that had the GPU alone)",
+          "too), then each seed's pair on the capture back to back, one step per seed (wall clock), then the budget "
+          "alone on the capture, one seed per step (quality of runs that had the GPU alone)",
           1,
           _budget_on_capture(_BUDGET_30, then=(_budget_on_large(_BUDGET_30),))
           + _per_seed_on_capture(f"'{_BUDGET_30}'", 30000, "capture-alone", "capture_alone_seed{seed}"),
