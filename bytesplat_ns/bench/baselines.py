@@ -77,7 +77,7 @@ def site_gsplat_version(site: Optional[str]) -> str:
     return found[-1].name[len("gsplat-"):-len(".dist-info")]
 
 
-def _per_axis_radii(version: str) -> bool:
+def per_axis_radii(version: str) -> bool:
     major, minor = (int(x) for x in version.split(".")[:2])
     return (major, minor) >= (1, 5)  # gsplat 1.5 bins with [..., N, 2] radii (x and y extents)
 
@@ -95,7 +95,7 @@ def gsplat_bins(inputs, version: str, opacity_aware: bool = False):
         from bytesplat_ns.raster.tile_reach import opacity_aware_radii
 
         radii = opacity_aware_radii(inputs.radii, inputs.con, inputs.op)
-    elif _per_axis_radii(version) and radii.dim() == 2:
+    elif per_axis_radii(version) and radii.dim() == 2:
         radii = torch.stack([radii, radii], dim=-1)
     tw, th = math.ceil(inputs.W / 16), math.ceil(inputs.H / 16)
     _, isect_ids, flatten_ids = isect_tiles(inputs.m2, radii, inputs.depths, 16, tw, th)
@@ -129,7 +129,7 @@ def measure(inputs, implementations: Sequence[str], warmup: int, repeats: int, r
     version = gsplat_version()
     scene = inputs.scene
     offsets, flatten_ids = gsplat_bins(inputs, version)
-    tight = gsplat_bins(inputs, version, opacity_aware=True) if _per_axis_radii(version) else None
+    tight = gsplat_bins(inputs, version, opacity_aware=True) if per_axis_radii(version) else None
     rows = []
     for implementation in implementations:
         row: Dict = {"gsplat": version, "ssim": implementation}

@@ -13,12 +13,17 @@ the raster benchmark times), runs the stage a few times, then exactly once betwe
 ``cudaProfilerStart`` and ``cudaProfilerStop``, so ncu counts that one pass's kernels; the parent sums
 ncu's CSV per stage (read and written bytes, kernels counted). Stages:
 
-- ``split``: the fused backend's default schedule (render_fwd -> loss_grad -> render_bwd);
+- ``split``: the fused backend's split schedule (render_fwd -> loss_grad -> render_bwd) on the square 3-sigma
+  lists;
+- ``split-trimmed``: the pass training runs by default, the same schedule on the opacity-aware lists trimmed,
+  with the trimming's launches in the pass;
 - ``two_launch`` / ``one_launch``: the fused kernel twice / once;
 - ``gsplat-pytorch_msssim`` / ``gsplat-fussim``: this process's gsplat ``rasterize_to_pixels`` with
   splatfacto's loss, its SSIM from that package, and the backward; with ``--gsplat-site DIR`` (a
   ``pip install --target DIR`` of another version, e.g. 1.5.3) each gsplat stage is counted again with
-  DIR first on the child's path. Every gsplat row names its ``gsplat_version``.
+  DIR first on the child's path. Every gsplat row names its ``gsplat_version``. With ``-reach``
+  (``gsplat-fussim-reach``: the raster benchmark's strongest baseline) on the opacity-aware lists, counted
+  only for the versions that bin per axis (1.5 and later).
 
 ``--kernels`` also profiles each stage's pass kernel by kernel (a second child, under ncu's
 SpeedOfLight, ComputeWorkloadAnalysis, Occupancy, LaunchStats and MemoryWorkloadAnalysis sections):
@@ -58,8 +63,10 @@ KERNEL_FIELDS = {
     ("Memory Workload Analysis", "Memory Throughput"): "dram_bytes_per_s",
 }
 TIME_UNITS_US = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3, "s": 1e6, "second": 1e6}
-FUSED_STAGES = ("split", "two_launch", "one_launch")
-GSPLAT_STAGES = ("gsplat-pytorch_msssim", "gsplat-fussim")
+FUSED_STAGES = ("split", "split-trimmed", "two_launch", "one_launch")
+# "-reach": on the opacity-aware lists (gsplat >= 1.5 bins per axis), as the raster benchmark's strongest baseline
+REACH = "-reach"
+GSPLAT_STAGES = ("gsplat-pytorch_msssim", "gsplat-fussim", "gsplat-pytorch_msssim" + REACH, "gsplat-fussim" + REACH)
 STAGES = FUSED_STAGES + GSPLAT_STAGES
 
 
@@ -155,13 +162,27 @@ def profile_summary(row: Dict, top: int = 3) -> str:
 
 def stage_function(stage: str, inp) -> Callable[[], object]:
     """One pass of ``stage`` on ``inp`` (``bench.raster.StageInputs``)."""
+    if stage == "split-trimmed":
+        return lambda: trimmed_split_pass(inp)
     if stage in FUSED_STAGES:
         return lambda: inp.fused_raster_loss(schedule=stage)
     if stage in GSPLAT_STAGES:
         from bytesplat_ns.bench.baselines import gsplat_bins, gsplat_raster_loss_pass, gsplat_version, ssim_function
 
-        return gsplat_raster_loss_pass(inp, *gsplat_bins(inp, gsplat_version()), ssim_function(stage.split("-", 1)[1]))
+        reach = stage.endswith(REACH)
+        ssim = stage[len("gsplat-"):len(stage) - (len(REACH) if reach else 0)]
+        return gsplat_raster_loss_pass(inp, *gsplat_bins(inp, gsplat_version(), opacity_aware=reach),
+                                       ssim_function(ssim))
     raise SystemExit(f"unknown stage {stage!r} (choose from {', '.join(STAGES)})")
+
+
+def trimmed_split_pass(inp):
+    """The pass training runs by default: the opacity-aware lists trimmed (``FusedOptions.trim_tile_lists``;
+    the trimming's launches inside the pass, as in a training step), then the split schedule on them."""
+    from bytesplat_ns.raster.fused import trim_tile_lists
+
+    inp._trimmed_bins = trim_tile_lists(inp.m2, inp.con, inp.op, *inp.opacity_aware_bins(), inp.W, inp.H)
+    return inp.fused_raster_loss(schedule="split", trimmed=True)
 
 
 def run_stage(stage: str, inp, warmup: int) -> None:
@@ -223,13 +244,14 @@ def measure_stage(ncu: str, stage: str, scene_file: Path, warmup: int, site: Opt
 
 def stage_runs(stages: Sequence[str], gsplat_sites: Sequence[str]) -> List[Tuple[str, Optional[str], Optional[str]]]:
     """(stage, site, gsplat version) per child: the fused stages once, each gsplat stage with this
-    process's gsplat and with each site's."""
-    from bytesplat_ns.bench.baselines import site_gsplat_version
+    process's gsplat and with each site's (a ``-reach`` stage only with the versions that bin per axis)."""
+    from bytesplat_ns.bench.baselines import per_axis_radii, site_gsplat_version
 
     runs: List[Tuple[str, Optional[str], Optional[str]]] = []
     for stage in stages:
         if stage in GSPLAT_STAGES:
-            runs += [(stage, site, site_gsplat_version(site)) for site in (None, *gsplat_sites)]
+            found = [(stage, site, site_gsplat_version(site)) for site in (None, *gsplat_sites)]
+            runs += [run for run in found if not stage.endswith(REACH) or per_axis_radii(run[2])]
         else:
             runs.append((stage, None, None))
     return runs

@@ -340,8 +340,9 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           "pytorch_msssim and fussim; steps: splatfacto's, gsplat 1.5.3's fastest, ours, ours with Adam on visible "
           "Gaussians only, with square tile boxes, with the reach computed in torch, with the longest tiles first, "
           "with the backward's rows warp cull and on the tile lists as binned, untrimmed (the raster step times both "
-          "kinds of tile list, and the trimmed ones); then the split schedule and gsplat + fussim kernel by "
-          "kernel under Nsight Compute on the same Gaussians (issue slots, occupancy, DRAM bytes: what bounds each)",
+          "kinds of tile list, and the trimmed ones); then, kernel by kernel under Nsight Compute on the same Gaussians, "
+          "the pass training runs (the trimmed lists, the trimming included) and gsplat 1.5.3 + fussim on the "
+          "opacity-aware lists (issue slots, occupancy, DRAM bytes: what bounds each)",
           1,
           (Step("wallclock", _args("--data {data} --methods bytesplat --iterations 30000 --seeds 0 --offline-lpips "
                                    "--work-dir {work}/train"), name="train_30k"),
@@ -351,20 +352,24 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
                               f"bytesplat bytesplat-visible bytesplat-square-tiles bytesplat-reach-torch "
                               f"bytesplat-longest-first bytesplat-rows-cull bytesplat-untrimmed --gsplat-site {_GSPLAT_153}"),
                 name="step_trained"),
-           Step("dram", _args(f"--trained {_TRAINED_CAPTURE} --stages split gsplat-fussim --gsplat-site {_GSPLAT_153} "
-                              "--kernels"), name="kernels_trained")),
+           Step("dram", _args(f"--trained {_TRAINED_CAPTURE} --stages split-trimmed gsplat-fussim-reach "
+                              f"--gsplat-site {_GSPLAT_153} --kernels"), name="kernels_trained")),
           needs_data=True),
     Suite("dram-traffic",
           "device-memory bytes of one raster + loss pass (forward, loss, backward), counted by Nsight Compute: the "
-          "default split schedule, the fused kernel's two- and one-launch schedules, and gsplat 1.4.0 and 1.5.3 "
+          "split schedule on the square 3-sigma lists, the fused kernel's two- and one-launch schedules, and gsplat 1.4.0 and 1.5.3 "
           "(installed at /tmp/gsplat-1.5.3 by scripts/gpu_setup.sh) with pytorch_msssim and with fussim, 1080p, 1M "
-          "and 4M random Gaussians; then the split schedule and gsplat 1.4.0's rasterization kernel by kernel (1M)",
+          "and 4M random Gaussians; then the split schedule and gsplat 1.4.0's rasterization kernel by kernel (1M), "
+          "and kernel by kernel at 1M and 4M the pass training runs (the trimmed lists, the trimming included) and "
+          "the strongest baseline (gsplat 1.5.3 + fussim on the opacity-aware lists)",
           1,
           (Step("dram", _args("--num-gaussians 1000000 4000000 --width 1920 --height 1080 --stages split two_launch "
                               f"one_launch gsplat-pytorch_msssim gsplat-fussim --gsplat-site {_GSPLAT_153}"),
                 name="dram_1080p"),
            Step("dram", _args("--num-gaussians 1000000 --width 1920 --height 1080 --stages split gsplat-pytorch_msssim "
-                              "--kernels"), name="kernels_1m"))),
+                              "--kernels"), name="kernels_1m"),
+           Step("dram", _args("--num-gaussians 1000000 4000000 --width 1920 --height 1080 --stages split-trimmed "
+                              f"gsplat-fussim-reach --gsplat-site {_GSPLAT_153} --kernels"), name="kernels_strongest"))),
     Suite("visible-adam",
           "Adam on the visible Gaussians only (--pipeline.model.optimize-visible-only) against Adam on all of them: "
           "ns-train + ns-eval on a real capture (--data), 5000 iterations, 3 seeds, each pair back to back",

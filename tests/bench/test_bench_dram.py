@@ -183,3 +183,35 @@ def test_the_suite_profiles_the_split_schedule_and_gsplat_kernel_by_kernel():
 
     step = suites.SUITES["dram-traffic"].steps[1]
     assert step.name == "kernels_1m" and "--kernels" in step.args and "split" in step.args
+
+
+def test_reach_stages_are_counted_only_where_gsplat_bins_per_axis(tmp_path, monkeypatch):
+    """gsplat-fussim-reach is the raster benchmark's strongest baseline (the opacity-aware lists): gsplat 1.4.0
+    bins square boxes only, so this process's 1.4.0 gets no row for it; the 1.5.3 site does."""
+    from bytesplat_ns.bench import baselines, dram
+
+    monkeypatch.setattr(baselines, "gsplat_version", lambda: "1.4.0")
+    site = tmp_path / "gsplat-1.5.3"
+    (site / "gsplat-1.5.3.dist-info").mkdir(parents=True)
+    runs = dram.stage_runs(["split-trimmed", "gsplat-fussim-reach", "gsplat-fussim"], [str(site)])
+    assert [(stage, where, version) for stage, where, version in runs] == [
+        ("split-trimmed", None, None), ("gsplat-fussim-reach", str(site), "1.5.3"),
+        ("gsplat-fussim", None, "1.4.0"), ("gsplat-fussim", str(site), "1.5.3")]
+
+
+def test_each_stage_has_a_pass(monkeypatch):
+    """Every stage the CLI offers resolves to a pass: the fused ones on the scene's lists, the gsplat ones
+    with the SSIM named between "gsplat-" and the optional "-reach", on the opacity-aware lists with it."""
+    from bytesplat_ns.bench import baselines, dram
+
+    asked = []
+    monkeypatch.setattr(baselines, "gsplat_version", lambda: "1.5.3")
+    monkeypatch.setattr(baselines, "ssim_function", lambda name: name)
+    monkeypatch.setattr(baselines, "gsplat_bins", lambda inp, version, opacity_aware=False: (opacity_aware, None))
+    monkeypatch.setattr(baselines, "gsplat_raster_loss_pass",
+                        lambda inp, offsets, fids, ssim: asked.append((ssim, offsets)) or (lambda: None))
+    for stage in dram.STAGES:
+        assert callable(dram.stage_function(stage, object()))
+    assert asked == [("pytorch_msssim", False), ("fussim", False), ("pytorch_msssim", True), ("fussim", True)]
+    with pytest.raises(SystemExit, match="unknown stage"):
+        dram.stage_function("gsplat-nossim-x", object())
