@@ -659,7 +659,7 @@ def _date(step: Dict) -> Optional[str]:
 def _step_gpu(step: Dict, doc: Dict) -> Optional[str]:
     """The GPU a step ran on where it is not the document's (a suite run in parts on different cards)."""
     result = step.get("result")
-    device = result.get("device") if isinstance(result, dict) else None
+    device = (result.get("device") or result.get("gpu")) if isinstance(result, dict) else None
     return device if device and device != doc.get("gpu") else None
 
 

@@ -324,7 +324,8 @@ def merge_documents(name: str, sources: Sequence[Path], results_dir: Path, plots
     folders, such as several at once on one machine) into ``results_dir/NAME.json``: a step of a
     source replaces the step of the same name, every step keeps its own date, and the wall-clock
     runs, their figure and ``complete`` are worked out again. The header (GPU, versions) is the
-    target document's, or the first source's where there is none yet."""
+    target document's while some of its steps stay, else the first source's: a document whose every
+    step was run again names the machine that ran them."""
     order = [step.name for step in named_steps(SUITES[name]).steps]
     path = results_dir / f"{name}.json"
     with document_lock(path):
@@ -341,10 +342,15 @@ def merge_documents(name: str, sources: Sequence[Path], results_dir: Path, plots
                 raise BytesplatError(f"{source} holds steps that suite '{name}' does not declare: {', '.join(unknown)}")
             incoming += [{**step, "date": step.get("date") or other.get("date")} for step in other["steps"]]
             header = header or other
+        replaced = {step["name"] for step in incoming}
+        if earlier is not None and incoming and all(step["name"] in replaced for step in earlier.get("steps", [])):
+            header = next(earlier_document(source, name) for source in sources)
         if header is None:
             raise BytesplatError("nothing to merge", hint="give at least one document after --merge")
         doc = {**header, "purpose": SUITES[name].purpose,
                "steps": merge_earlier(incoming, earlier, order)}
+        if earlier is not None and "notes" in earlier:  # written by hand: kept whichever header is taken
+            doc["notes"] = earlier["notes"]
         doc["date"] = max((step["date"] for step in doc["steps"] if step.get("date")), default=header.get("date"))
         finish_document(doc, order, results_dir, [], earlier, plots)
         write_document(path, doc)

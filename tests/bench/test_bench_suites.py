@@ -314,3 +314,37 @@ def test_merge_folds_documents_of_other_results_folders_into_one(tmp_path):
     run = subprocess.run([sys.executable, "-m", "bytesplat_ns.bench.cli", "suite", suite, "--merge", str(a / "other.json")],
                          capture_output=True, text=True)
     assert run.returncode != 0 and "bytesplat: error: --merge needs --results-dir" in run.stderr
+
+
+def test_a_merge_that_replaces_every_step_takes_the_sources_header(tmp_path):
+    """The header names the machine of the steps shown: kept while an earlier step stays, the source's once
+    every step was run again (here on another card)."""
+    suite = "wallclock-fox-30k"
+    target, a = tmp_path / "docs", tmp_path / "a"
+    target.mkdir(), a.mkdir()
+    old = _quality_step("splatfacto_seed1_quality", 1, "2026-12-03 14:49 UTC")
+    (target / f"{suite}.json").write_text(json.dumps({"suite": suite, "gpu": "NVIDIA H200", "versions": {"torch": "old"},
+                                                      "date": "2026-12-03 14:49 UTC", "steps": [old],
+                                                      "notes": ["by hand"]}))
+    (a / f"{suite}.json").write_text(json.dumps({"suite": suite, "gpu": "NVIDIA H100", "versions": {"torch": "new"},
+                                                 "date": "2026-12-07 13:30 UTC",
+                                                 "steps": [_quality_step("splatfacto_seed2_quality", 2, None)]}))
+    kept = suite_runner.merge_documents(suite, [a / f"{suite}.json"], target, plots=False)
+    assert kept["gpu"] == "NVIDIA H200" and kept["versions"] == {"torch": "old"}
+    (a / f"{suite}.json").write_text(json.dumps({"suite": suite, "gpu": "NVIDIA H100", "versions": {"torch": "new"},
+                                                 "date": "2026-12-07 13:30 UTC",
+                                                 "steps": [_quality_step("splatfacto_seed1_quality", 1, None),
+                                                           _quality_step("splatfacto_seed2_quality", 2, None)]}))
+    replaced = suite_runner.merge_documents(suite, [a / f"{suite}.json"], target, plots=False)
+    assert replaced["gpu"] == "NVIDIA H100" and replaced["versions"] == {"torch": "new"}
+    assert replaced["notes"] == ["by hand"]  # the notes are the target's whichever header is taken
+    assert [s["name"] for s in replaced["steps"]] == ["splatfacto_seed1_quality", "splatfacto_seed2_quality"]
+
+
+def test_the_page_names_a_steps_card_where_it_is_not_the_documents():
+    from bytesplat_ns.bench.report import _step_gpu
+
+    doc = {"gpu": "NVIDIA H200"}
+    assert _step_gpu({"result": {"gpu": "NVIDIA H100 80GB HBM3"}}, doc) == "NVIDIA H100 80GB HBM3"  # bytesplat-bench raster
+    assert _step_gpu({"result": {"device": "NVIDIA H100 80GB HBM3"}}, doc) == "NVIDIA H100 80GB HBM3"
+    assert _step_gpu({"result": {"gpu": "NVIDIA H200"}}, doc) is None and _step_gpu({"result": None}, doc) is None
