@@ -83,6 +83,7 @@ _GSPLAT_153 = "/tmp/gsplat-1.5.3"  # where scripts/gpu_setup.sh installs the car
 _TRAINED_CAPTURE = "{work}/train/bytesplat-seed0/bytesplat/bytesplat/seed0"  # a train_30k / train_5k step's run
 _VISIBLE_ONLY = "visible=bytesplat --pipeline.model.optimize-visible-only True"
 _FAST_EXP = "fast_exp=bytesplat --pipeline.model.fused.fast-exp True"
+_BWD_2PX = "bwd_2px=bytesplat --pipeline.model.fused.bwd-pixels-per-thread 2"
 _TRIMMED = "trimmed=bytesplat --pipeline.model.fused.trim-tile-lists True"
 _GSPLAT_BACKEND = "gsplat_backend=bytesplat --pipeline.model.rasterizer gsplat"
 # gsplat's rasterizer and splatfacto's optimizer path: torch's Adam (foreach, as splatfacto's), each stepped by
@@ -499,7 +500,8 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           "(--pipeline.model.fused.bwd-pixels-per-thread 2): raster + loss and the forward at 1080p with 1M and 4M "
           "random Gaussians, the whole step with each and with both, and ns-train + ns-eval with both on a real "
           "capture (--data), 5000 iterations, 3 seeds, each pair back to back; then fast_exp alone against the "
-          "defaults for quality, seeds 3-6, the eight runs at once",
+          "defaults for quality, seeds 3-6, the eight runs at once, and each lever alone against the defaults, "
+          "seeds 0-2, the nine runs at once",
           1,
           (Step("raster", _args(f"{_RASTER_1080P} --warmup 3 --repeats 10 --raster-only"), name="raster_1080p"),
            Step("step", _args(f"{_RASTER_1080P} --warmup 10 --repeats 50 --implementations bytesplat "
@@ -508,6 +510,10 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           # quality only (the eight runs share the GPU): fast_exp alone against the default, seeds 3-6
           + (Step("wallclock", _args(f"--data {{data}} --methods bytesplat '{_FAST_EXP}' --iterations 5000 "
                                      "--seeds 3 4 5 6 --parallel 8 --offline-lpips --work-dir {work}/fast-exp"),
-                  name="fast_exp_seeds"),),
+                  name="fast_exp_seeds"),
+             # quality only, the nine runs at once: each lever alone against the default, seeds 0-2
+             Step("wallclock", _args(f"--data {{data}} --methods bytesplat '{_FAST_EXP}' '{_BWD_2PX}' --iterations 5000 "
+                                     "--seeds 0 1 2 --parallel 9 --offline-lpips --work-dir {work}/alone"),
+                  name="alone_seeds_0_2")),
           needs_data=True),
 )}
