@@ -22,8 +22,9 @@ caching of each split's images), ``setup``
 (the rest of ``Trainer.setup``: model, optimizers, writers), ``steps`` (train iterations with
 their before/after callbacks, i.e. densification), ``eval`` (in-training eval iterations), ``log``
 (nerfstudio writer calls and ``write_out_storage``; ``detail_s`` splits it by writer function, and
-``write_out_storage`` into ``gpu_wait``, ``tensorboard_scalar``, ``tensorboard_image``, ``console``), ``save`` (checkpoints), ``step_ms`` (each train
-iteration's milliseconds as nerfstudio's own iteration timer measures it, from the first), ``eval_curve``
+``write_out_storage`` into ``gpu_wait``, ``tensorboard_scalar``, ``tensorboard_image``, ``console`` and,
+for bytesplat's batched writer, ``tensorboard_held_scalars`` and ``held_scalars_wait``), ``save``
+(checkpoints), ``step_ms`` (each train iteration's milliseconds as nerfstudio's own iteration timer measures it, from the first), ``eval_curve``
 (the PSNR and SSIM of each all-images eval the trainer logs, with its step and each image's PSNR), plus the final
 Gaussian count, the peak GPU memory and the model's and evals' schedules (``schedule``, which steps refine,
 change the SH degree or the training resolution, or follow an eval). ``gc`` counts the garbage
@@ -328,14 +329,23 @@ def split_eval(timers: PhaseTimers) -> None:
 def split_write_out_storage(timers: PhaseTimers) -> None:
     """Time ``write_out_storage``'s parts separately (nested details of the log phase): the wait for the
     GPU before logged tensors can be read (``gpu_wait``: one synchronise, ahead of the writers' own
-    reads), tensorboard's scalar and image writes, and the console table."""
+    reads), tensorboard's scalar and image writes (nerfstudio's writer and bytesplat's, which overrides
+    them), the console table, and bytesplat's batched writer's hand-over of its held steps
+    (``tensorboard_held_scalars``) with its wait for their copies to reach the host
+    (``held_scalars_wait``: the GPU has to have run the logged step)."""
     import torch
     from nerfstudio.utils import writer
 
-    for cls, name, detail in ((writer.TensorboardWriter, "write_scalar", "tensorboard_scalar"),
-                              (writer.TensorboardWriter, "write_image", "tensorboard_image"),
-                              (writer.LocalWriter, "write_stats_log", "console")):
-        setattr(cls, name, timers.wrap("log", getattr(cls, name), detail=detail))
+    from bytesplat_ns.event_writers import HostValues, TrainingLoopTensorboardWriter
+
+    wraps = [(cls, name, detail) for cls in _with_subclasses(writer.TensorboardWriter)
+             for name, detail in (("write_scalar", "tensorboard_scalar"), ("write_image", "tensorboard_image"))
+             if name in vars(cls)]
+    wraps += [(writer.LocalWriter, "write_stats_log", "console"),
+              (TrainingLoopTensorboardWriter, "write_held", "tensorboard_held_scalars"),
+              (HostValues, "values", "held_scalars_wait")]
+    for cls, name, detail in wraps:
+        setattr(cls, name, timers.wrap("log", vars(cls)[name], detail=detail))
     gpu_wait = timers.wrap("log", torch.cuda.synchronize, detail="gpu_wait")
     real_write_out_storage = writer.write_out_storage
 

@@ -178,7 +178,7 @@ def test_two_configurations_end_to_end(tmp_path):
         assert run["gc_full_collections"] >= 0 and 0 <= run["gc_full_s"] <= run["gc_s"] < run["wall_s"]
         assert "--machine.seed 1" in run["ns_train_command"] and run["ns_train_command"].startswith("ns-train bytesplat")
         assert run["ns_eval_command"].startswith("ns-eval --load-config")
-        assert {"log:write_out_storage", "log:console"} <= set(run["detail_s"])  # scalars: in our batched writer
+        assert {"log:write_out_storage", "log:console", "log:tensorboard_scalar"} <= set(run["detail_s"])
         # the images cached when first read, each split's apart: the training images inside the first step
         cached = [run["detail_s"][f"data:load_{split}_images"] for split in ("train", "eval")]
         assert min(cached) > 0 and sum(cached) <= run["data_s"] + 1e-6
@@ -462,6 +462,46 @@ def test_logged_steps_end_with_the_gpu_drained_where_the_writers_would_wait(monk
     assert syncs == drained
 
 
+def _restore_writer_methods(monkeypatch):
+    """What split_write_out_storage wraps goes back after the test."""
+    from nerfstudio.utils import writer
+
+    from bytesplat_ns.event_writers import HostValues, TrainingLoopTensorboardWriter
+
+    for cls, name in ((writer.TensorboardWriter, "write_scalar"), (writer.TensorboardWriter, "write_image"),
+                      (writer.LocalWriter, "write_stats_log"), (TrainingLoopTensorboardWriter, "write_scalar"),
+                      (TrainingLoopTensorboardWriter, "write_held"), (HostValues, "values")):
+        monkeypatch.setattr(cls, name, vars(cls)[name])
+    monkeypatch.setattr(writer, "write_out_storage", writer.write_out_storage)
+
+
+def test_the_batched_writers_parts_are_timed(monkeypatch):
+    """bytesplat's tensorboard writer overrides write_scalar: its collecting, the hand-over of held steps and the
+    wait for their copies each get a detail of the log phase (nerfstudio's base class's wrapper never sees them)."""
+    from types import SimpleNamespace
+
+    import nerfstudio.configs.base_config  # noqa: F401 - nerfstudio's writer module needs it imported first
+    from nerfstudio.utils import writer
+
+    from bytesplat_ns.bench import timed_ns_train
+    from bytesplat_ns.event_writers import TrainingLoopTensorboardWriter
+
+    _restore_writer_methods(monkeypatch)
+    timers = timed_ns_train.PhaseTimers()
+    timed_ns_train.split_write_out_storage(timers)
+    written = []
+    file_writer = SimpleNamespace(add_summary=lambda summary, step, wall_time: written.append(step))
+    batched = TrainingLoopTensorboardWriter(SimpleNamespace(_get_file_writer=lambda: file_writer), steps_per_log=10)
+    monkeypatch.setattr(writer, "EVENT_WRITERS", [batched])
+    monkeypatch.setattr(writer, "EVENT_STORAGE", [])
+    for step in (0, 10, 20):
+        writer.put_scalar(name="Train Loss", scalar=0.5, step=step)
+        writer.write_out_storage()
+    batched.flush_scalars()
+    assert written == [0, 10, 20]
+    assert {"log:tensorboard_scalar", "log:tensorboard_held_scalars", "log:held_scalars_wait"} <= set(timers.detail)
+
+
 @pytest.mark.parametrize("writers, waits", [("nerfstudio", [1]), ("batched", [])])
 def test_write_out_storage_waits_for_the_gpu_in_its_own_timer(monkeypatch, writers, waits):
     """write_out_storage's wait for queued GPU work is timed apart from the writers (detail gpu_wait):
@@ -479,10 +519,7 @@ def test_write_out_storage_waits_for_the_gpu_in_its_own_timer(monkeypatch, write
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: syncs.append(len(writer.EVENT_STORAGE)))
-    for cls, name in ((writer.TensorboardWriter, "write_scalar"), (writer.TensorboardWriter, "write_image"),
-                      (writer.LocalWriter, "write_stats_log")):
-        monkeypatch.setattr(cls, name, getattr(cls, name))
-    monkeypatch.setattr(writer, "write_out_storage", writer.write_out_storage)
+    _restore_writer_methods(monkeypatch)
     monkeypatch.setattr(writer, "EVENT_WRITERS", [])
     timers = timed_ns_train.PhaseTimers()
     # the writers are asked (as the first test checks); none is called here
