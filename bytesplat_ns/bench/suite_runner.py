@@ -331,7 +331,7 @@ def merge_documents(name: str, sources: Sequence[Path], results_dir: Path, plots
     with document_lock(path):
         earlier = earlier_document(path, name)
         incoming: List[Dict] = []
-        header: Optional[Dict] = earlier
+        first: Optional[Dict] = None  # the first source document
         for source in sources:
             other = earlier_document(source, name)
             if other is None:
@@ -341,10 +341,12 @@ def merge_documents(name: str, sources: Sequence[Path], results_dir: Path, plots
             if unknown:
                 raise BytesplatError(f"{source} holds steps that suite '{name}' does not declare: {', '.join(unknown)}")
             incoming += [{**step, "date": step.get("date") or other.get("date")} for step in other["steps"]]
-            header = header or other
+            first = first or other
         replaced = {step["name"] for step in incoming}
-        if earlier is not None and incoming and all(step["name"] in replaced for step in earlier.get("steps", [])):
-            header = next(earlier_document(source, name) for source in sources)
+        header = earlier
+        every_step_again = earlier is None or all(step["name"] in replaced for step in earlier.get("steps", []))
+        if first is not None and every_step_again:
+            header = first
         if header is None:
             raise BytesplatError("nothing to merge", hint="give at least one document after --merge")
         doc = {**header, "purpose": SUITES[name].purpose,
