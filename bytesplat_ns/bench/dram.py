@@ -179,9 +179,7 @@ def stage_function(stage: str, inp) -> Callable[[], object]:
 def trimmed_split_pass(inp):
     """The pass training runs by default: the opacity-aware lists trimmed (``FusedOptions.trim_tile_lists``;
     the trimming's launches inside the pass, as in a training step), then the split schedule on them."""
-    from bytesplat_ns.raster.fused import trim_tile_lists
-
-    inp._trimmed_bins = trim_tile_lists(inp.m2, inp.con, inp.op, *inp.opacity_aware_bins(), inp.W, inp.H)
+    inp.trim()
     return inp.fused_raster_loss(schedule="split", trimmed=True)
 
 

@@ -120,8 +120,13 @@ class StageInputs:
         """:meth:`opacity_aware_bins` without the entries no 8x4 block of their tile can composite
         (``FusedOptions.trim_tile_lists``, cuda/warp_masks.cu: shorter lists, the same render)."""
         if self._trimmed_bins is None:
-            self._trimmed_bins = trim_tile_lists(self.m2, self.con, self.op, *self.opacity_aware_bins(), self.W, self.H)
+            self.trim()
         return self._trimmed_bins
+
+    def trim(self):
+        """Trim :meth:`opacity_aware_bins` again, as every training step does (its launches, for a profile of
+        the pass training runs), and keep the result for :meth:`trimmed_bins`."""
+        self._trimmed_bins = trim_tile_lists(self.m2, self.con, self.op, *self.opacity_aware_bins(), self.W, self.H)
 
     def warp_blocks_per_entry(self, rows: bool) -> float:
         """8x4 warp blocks the plain backward visits per entry of the opacity-aware tile lists: those the box

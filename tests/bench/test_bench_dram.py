@@ -215,3 +215,24 @@ def test_each_stage_has_a_pass(monkeypatch):
     assert asked == [("pytorch_msssim", False), ("fussim", False), ("pytorch_msssim", True), ("fussim", True)]
     with pytest.raises(SystemExit, match="unknown stage"):
         dram.stage_function("gsplat-nossim-x", object())
+
+
+def test_the_trimmed_pass_trims_again_each_time(monkeypatch):
+    """split-trimmed profiles the pass training runs: the trimming's launches are in it, every pass (not the
+    lists cached by an earlier one), and the pass then renders those lists."""
+    import torch
+
+    from bytesplat_ns.bench import dram
+    from bytesplat_ns.bench.raster import StageInputs
+    from bytesplat_ns.bench.synthetic import synthetic_scene
+    from bytesplat_ns.raster.fused import trim_tile_lists
+
+    inp = StageInputs(0, 0, 0, 0, projection="torch", scene=synthetic_scene(300, 64, 48, 0, device="cpu"))
+    rendered = []
+    monkeypatch.setattr(StageInputs, "fused_raster_loss", lambda self, **kw: rendered.append((kw, self.trimmed_bins())))
+    first = inp.trimmed_bins()
+    dram.trimmed_split_pass(inp)
+    kw, lists = rendered[0]
+    assert kw == {"schedule": "split", "trimmed": True} and lists is not first  # trimmed again in the pass
+    expected = trim_tile_lists(inp.m2, inp.con, inp.op, *inp.opacity_aware_bins(), inp.W, inp.H)
+    assert all(torch.equal(a, b) for a, b in zip(lists, expected))
