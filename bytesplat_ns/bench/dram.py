@@ -169,9 +169,8 @@ def stage_function(stage: str, inp) -> Callable[[], object]:
     if stage in GSPLAT_STAGES:
         from bytesplat_ns.bench.baselines import gsplat_bins, gsplat_raster_loss_pass, gsplat_version, ssim_function
 
-        reach = stage.endswith(REACH)
-        ssim = stage[len("gsplat-"):len(stage) - (len(REACH) if reach else 0)]
-        return gsplat_raster_loss_pass(inp, *gsplat_bins(inp, gsplat_version(), opacity_aware=reach),
+        ssim = stage.removeprefix("gsplat-").removesuffix(REACH)
+        return gsplat_raster_loss_pass(inp, *gsplat_bins(inp, gsplat_version(), opacity_aware=stage.endswith(REACH)),
                                        ssim_function(ssim))
     raise SystemExit(f"unknown stage {stage!r} (choose from {', '.join(STAGES)})")
 

@@ -26,8 +26,9 @@ their before/after callbacks, i.e. densification), ``eval`` (in-training eval it
 for bytesplat's batched writer, ``tensorboard_held_scalars`` and ``held_scalars_wait``), ``save``
 (checkpoints), ``step_ms`` (each train iteration's milliseconds as nerfstudio's own iteration timer
 measures it, from the first), ``eval_curve`` (the PSNR and SSIM of each all-images eval the trainer
-logs, with its step and each image's PSNR), plus the final Gaussian count, the peak GPU memory and the model's and evals' schedules (``schedule``, which steps refine,
-change the SH degree or the training resolution, or follow an eval). ``gc`` counts the garbage
+logs, with its step and each image's PSNR), plus the final Gaussian count, the peak GPU memory and
+the model's and evals' schedules (``schedule``, which steps refine, change the SH degree or the
+training resolution, or follow an eval). ``gc`` counts the garbage
 collector's collections while ``Trainer.train`` runs, per generation, with their seconds (inside
 whatever phase they interrupt: a full collection that stalls a step is step time).
 
