@@ -500,8 +500,9 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           "(--pipeline.model.fused.bwd-pixels-per-thread 2): raster + loss and the forward at 1080p with 1M and 4M "
           "random Gaussians, the whole step with each and with both, and ns-train + ns-eval with both on a real "
           "capture (--data), 5000 iterations, 3 seeds, each pair back to back; then fast_exp alone against the "
-          "defaults for quality, seeds 3-6, the eight runs at once, and each lever alone against the defaults, "
-          "seeds 0-2, the nine runs at once",
+          "defaults for quality, seeds 3-6, the eight runs at once, each lever alone against the defaults, "
+          "seeds 0-2, the nine runs at once, and both together against the defaults, seeds 3-8, the twelve runs "
+          "at once",
           1,
           (Step("raster", _args(f"{_RASTER_1080P} --warmup 3 --repeats 10 --raster-only"), name="raster_1080p"),
            Step("step", _args(f"{_RASTER_1080P} --warmup 10 --repeats 50 --implementations bytesplat "
@@ -514,6 +515,10 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
              # quality only, the nine runs at once: each lever alone against the default, seeds 0-2
              Step("wallclock", _args(f"--data {{data}} --methods bytesplat '{_FAST_EXP}' '{_BWD_2PX}' --iterations 5000 "
                                      "--seeds 0 1 2 --parallel 9 --offline-lpips --work-dir {work}/alone"),
-                  name="alone_seeds_0_2")),
+                  name="alone_seeds_0_2"),
+             # quality only, the twelve runs at once: both levers together against the default, seeds 3-8
+             Step("wallclock", _args(f"--data {{data}} --methods bytesplat '{_LEVERS}' --iterations 5000 "
+                                     "--seeds 3 4 5 6 7 8 --parallel 12 --offline-lpips --work-dir {work}/together"),
+                  name="together_seeds_3_8")),
           needs_data=True),
 )}
