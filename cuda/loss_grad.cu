@@ -30,12 +30,15 @@ struct LossParams {
 };
 
 constexpr int kRegionW = 32, kRegionH = 32;
-using Region = SsimRegion<kRegionW, kRegionH>;
+// the partials over x and y (ssim_tile.cuh): 71.8 KB, three blocks per SM
+using Region = SsimRegion<kRegionW, kRegionH, true>;
 constexpr int kSmemBytes = Region::kFloats * 4;  // above 48 KB: opted into at launch
+// three blocks per SM on sm_90 (228 KB of shared memory per SM, 1 KB of it reserved per block)
+static_assert(3 * (kSmemBytes + kWarps * 4 + 1024) <= 228 * 1024, "three loss_grad blocks per SM");
 
-// Two blocks per SM (the region's shared memory allows two): up to 128 registers, which the passes'
+// Three blocks per SM (the region's shared memory allows three): up to 80 registers, which the passes'
 // strips of 7 outputs need (at the default bound ptxas kept 64 and spilled).
-__global__ void __launch_bounds__(kBlock, 2) loss_grad_kernel(const LossParams P) {
+__global__ void __launch_bounds__(kBlock, 3) loss_grad_kernel(const LossParams P) {
     extern __shared__ float s_ssim[];
     __shared__ float s_red[kWarps];
     const int cam = blockIdx.z;
@@ -43,7 +46,7 @@ __global__ void __launch_bounds__(kBlock, 2) loss_grad_kernel(const LossParams P
 
     float dl[Region::kPixels][3];
     float ssim_sum;
-    loss_grad_region<kRegionW, kRegionH>(P, cam, X, Y, s_ssim, dl, ssim_sum, s_red);
+    loss_grad_region<kRegionW, kRegionH, true>(P, cam, X, Y, s_ssim, dl, ssim_sum, s_red);
 
     float l1 = 0.f;
     const bool inc = P.clamp_inclusive != 0;

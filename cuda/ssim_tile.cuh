@@ -17,7 +17,12 @@ constexpr int kHalf = kWin / 2;            // 5
 // Shared-memory layout of an RW x RH region (floats): x and y over the pixels needed; horizontal sums
 // [RegH][CenW][5] (later reused for the backward horizontal pass [CenH][RW][3]); per-center
 // partials [CenH][CenW][3]. The halo costs less per pixel in a larger region (16x16: 26x26 centers
-// for 256 pixels, 32x32: 42x42 for 1024).
+// for 256 pixels, 32x32: 42x42 for 1024). PARTIALS_OVER_XY puts the partials over x and y, which
+// are dead once the horizontal sums are taken, except at the region's own pixels, which the last
+// pass reads: those are copied aside first ([2][RH][RW]; read again from global memory instead,
+// the kernel spilled at three blocks' 80 registers). The 32x32 region's 84.5 KB become 71.8 KB, three
+// blocks per SM instead of two. The fused kernel keeps the separate layout (its capacity is sized
+// on it: bytesplat_ns/pruning.py).
 //
 // Each pass of the separable window gives a thread a strip of consecutive outputs along the
 // window's direction, so each input it loads from shared memory serves every output of the strip
@@ -26,14 +31,18 @@ constexpr int kHalf = kWin / 2;            // 5
 // warp-wide FMAs. Every output still sums its 11 taps in window order, so the strips change no
 // value. The fused kernel's 16x16 tile (one pixel per thread, its registers shared with the
 // compositing state) keeps strips of one.
-template <int RW, int RH>
+template <int RW, int RH, bool PARTIALS_OVER_XY = false>
 struct SsimRegion {
     static constexpr int kRegW = RW + 4 * kHalf, kRegH = RH + 4 * kHalf;  // pixels needed (region +- 10)
     static constexpr int kCenW = RW + 2 * kHalf, kCenH = RH + 2 * kHalf;  // SSIM centers (region +- 5)
     static constexpr int kXY = 2 * kRegW * kRegH;
     static constexpr int kH = kRegH * kCenW * 5 > kCenH * RW * 3 ? kRegH * kCenW * 5 : kCenH * RW * 3;
     static constexpr int kP = kCenW * kCenH * 3;
-    static constexpr int kFloats = kXY + kH + kP;
+    // offsets of the horizontal sums and of the partials (x at 0, y at kRegW * kRegH)
+    static constexpr int kHOffset = PARTIALS_OVER_XY ? (kXY > kP ? kXY : kP) : kXY;
+    static constexpr int kPOffset = PARTIALS_OVER_XY ? 0 : kXY + kH;
+    static constexpr int kOwnOffset = kHOffset + kH;  // PARTIALS_OVER_XY: the own pixels' x, y
+    static constexpr int kFloats = PARTIALS_OVER_XY ? kOwnOffset + 2 * RW * RH : kXY + kH + kP;
     static constexpr int kPixels = RW * RH / kBlock;  // pixels per thread: consecutive rows of one column
     static_assert(RW * RH % kBlock == 0 && kBlock % RW == 0, "a region is whole columns of pixels per thread");
     static constexpr bool kStrips = kPixels > 1;
@@ -94,20 +103,21 @@ __device__ __forceinline__ void strip_window_sums(const float *base, int stride,
 // the region must be in P.rgb (the loads clamp it to [0, 1]: the fused kernel publishes clamped rgb,
 // where clamping again changes nothing; the split schedule's loss_grad kernel passes the raw
 // render + T*bg). Also returns the block's sum of SSIM over the centers inside the region. `s`:
-// SsimRegion<RW, RH>::kFloats floats of shared memory; `s_red`: kWarps floats. Called by the whole
-// block (kBlock threads).
+// SsimRegion<RW, RH, PARTIALS_OVER_XY>::kFloats floats of shared memory; `s_red`: kWarps floats.
+// Called by the whole block (kBlock threads).
 //
 // Prm is the caller's launch parameter struct; it must have: int W, H; const float *rgb, *gt
 // ([C,H,W,3]); float w_l1, w_ssim (the loss weights over the element counts), C1, C2;
 // float win[kWin] (pytorch_msssim's normalised window).
-template <int RW, int RH, class Prm>
+template <int RW, int RH, bool PARTIALS_OVER_XY = false, class Prm>
 __device__ __forceinline__ void loss_grad_region(const Prm &P, int cam, int X, int Y, float *s,
                                                  float dl[][3], float &ssim_sum, float *s_red) {
-    using R = SsimRegion<RW, RH>;
+    using R = SsimRegion<RW, RH, PARTIALS_OVER_XY>;
     constexpr int kRegW = R::kRegW, kRegH = R::kRegH, kCenW = R::kCenW, kCenH = R::kCenH;
     float *s_x = s, *s_y = s + kRegW * kRegH;
-    float *s_h = s + R::kXY;           // [kRegH][kCenW][5], later [kCenH][RW][3]
-    float *s_p = s + R::kXY + R::kH;   // [kCenH][kCenW][3]
+    float *s_h = s + R::kHOffset;  // [kRegH][kCenW][5], later [kCenH][RW][3]
+    float *s_p = s + R::kPOffset;  // [kCenH][kCenW][3]
+    float *s_own = s + R::kOwnOffset;  // PARTIALS_OVER_XY: [2][RH][RW]
     const int X0 = X - 2 * kHalf, Y0 = Y - 2 * kHalf;
     const int64_t img = (int64_t)cam * P.H * P.W;
     float ssum = 0.f;
@@ -116,7 +126,7 @@ __device__ __forceinline__ void loss_grad_region(const Prm &P, int cam, int X, i
 #pragma unroll(R::kPixels > 1 ? 3 : 1)
     for (int c = 0; c < 3; ++c) {
         for (int i = threadIdx.x; i < kRegW * kRegH; i += kBlock) {
-            const int gx = X0 + i % kRegW, gy = Y0 + i / kRegW;
+            const int rx = i % kRegW, ry = i / kRegW, gx = X0 + rx, gy = Y0 + ry;
             float xv = 0.f, yv = 0.f;
             if (gx >= 0 && gx < P.W && gy >= 0 && gy < P.H) {
                 const int64_t q = 3 * (img + (int64_t)gy * P.W + gx) + c;
@@ -126,6 +136,11 @@ __device__ __forceinline__ void loss_grad_region(const Prm &P, int cam, int X, i
             }
             s_x[i] = xv;
             s_y[i] = yv;
+            const int ox = rx - 2 * kHalf, oy = ry - 2 * kHalf;  // region pixel
+            if (PARTIALS_OVER_XY && ox >= 0 && ox < RW && oy >= 0 && oy < RH) {
+                s_own[oy * RW + ox] = xv;
+                s_own[RW * RH + oy * RW + ox] = yv;
+            }
         }
         __syncthreads();
         // Horizontal window sums of x, y, x^2, y^2, xy for every row and center column.
@@ -218,8 +233,14 @@ __device__ __forceinline__ void loss_grad_region(const Prm &P, int cam, int X, i
 #pragma unroll
             for (int k = 0; k < R::kPixels; ++k) {
                 const int lx = p0.x, ly = p0.y + k;
-                const float xv = s_x[(ly + 2 * kHalf) * kRegW + lx + 2 * kHalf];
-                const float yv = s_y[(ly + 2 * kHalf) * kRegW + lx + 2 * kHalf];
+                float xv, yv;
+                if (PARTIALS_OVER_XY) {  // the partials overwrote s_x and s_y
+                    xv = s_own[ly * RW + lx];
+                    yv = s_own[RW * RH + ly * RW + lx];
+                } else {
+                    xv = s_x[(ly + 2 * kHalf) * kRegW + lx + 2 * kHalf];
+                    yv = s_y[(ly + 2 * kHalf) * kRegW + lx + 2 * kHalf];
+                }
                 const float dS = a[k][0] + 2.f * xv * a[k][1] + yv * a[k][2];
                 const float d = xv - yv;
                 const float sgn = d > 0.f ? 1.f : (d < 0.f ? -1.f : 0.f);
@@ -227,7 +248,7 @@ __device__ __forceinline__ void loss_grad_region(const Prm &P, int cam, int X, i
                 dl[k][c] = g;
             }
         }
-        __syncthreads();  // s_x/s_y/s_h are reused by the next channel
+        __syncthreads();  // s_x/s_y (or s_p over them), s_h and s_own are reused by the next channel
     }
     ssim_sum = block_sum(ssum, s_red);
 }
