@@ -132,7 +132,8 @@ class FusedRasterConfig:
     Gaussian, with the GPU's approximate exp2 (cuda/common.cuh staged_conic): 11 fewer instructions per Gaussian
     and pixel in the forward loop, 7-16 in the backward's (suite sass-loops), the same image up to float rounding
     (about 2e-6 relative).
-    Off: raster + loss 1.05-1.06x (suite kernel-levers), the 3-seed quality A/B not yet within 0.1 dB."""
+    Off: raster + loss 1.05-1.06x; eval PSNR +0.02 dB over 7 seeds alone, -0.16 dB over 9 together with two backward
+    pixels per thread (suite kernel-levers)."""
     bwd_pixels_per_thread: Literal[1, 2] = 1
     """Pixels per thread of the plain backward kernel (the split schedule's and rasterize_fused's): 2 runs 128
     threads per tile and shares each Gaussian's warp reduction between 64 pixels instead of 32, with the per-pixel
