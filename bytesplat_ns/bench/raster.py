@@ -261,6 +261,9 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
         lambda: inp.fused_raster_loss(schedule="split", trimmed=True), warmup, repeats))
     _safe(out, "raster_loss_fused_split_trimmed_rows_cull", lambda: time_ms(
         lambda: inp.fused_raster_loss(schedule="split", trimmed=True, warp_cull=CULL_ROWS), warmup, repeats))
+    # the falloff as 2^q on the trimmed lists: training's pass with the one lever that keeps 0.1 dB alone
+    _safe(out, "raster_loss_fused_split_trimmed_fast_exp", lambda: time_ms(
+        lambda: inp.fused_raster_loss(schedule="split", trimmed=True, fast_exp=True), warmup, repeats))
     # every opt-in lever of the render at once: trimmed lists, the falloff as 2^q, two pixels per backward thread
     _safe(out, "raster_loss_fused_split_trimmed_levers", lambda: time_ms(
         lambda: inp.fused_raster_loss(schedule="split", trimmed=True, fast_exp=True, bwd_pixels=2), warmup, repeats))
