@@ -161,7 +161,8 @@ def rows_cull_table(steps: List[Dict]) -> List[str]:
 def trimmed_table(steps: List[Dict]) -> List[str]:
     """The opacity-aware tile lists as binned and trimmed of the entries no 8x4 block of their tile can
     composite (``FusedOptions.trim_tile_lists``): entries, the trimming's time, the split schedule (also with
-    the rows cull, with the falloff as 2^q, and with every opt-in render lever) and the forward on each, and the two loss values' relative difference (summation order)."""
+    the rows cull, with the falloff as 2^q, and with every opt-in render lever) and the forward on each, and the
+    two loss values' relative difference (summation order)."""
     rows = []
     for step in steps:
         for run in step["result"]["runs"]:
@@ -182,7 +183,8 @@ def trimmed_table(steps: List[Dict]) -> List[str]:
             rows.append(cells)
     return _table(["Gaussians", "opacity-aware entries", "trimmed", "trimming ms", "raster+loss ms", "trimmed",
                    "faster by", "raster+loss ms", "trimmed + rows cull", "faster by", "raster+loss ms",
-                   "trimmed + 2^q falloff", "faster by", "raster+loss ms", "trimmed + 2^q falloff + 2 px per backward thread", "faster by", "forward ms", "trimmed",
+                   "trimmed + 2^q falloff", "faster by", "raster+loss ms",
+                   "trimmed + 2^q falloff + 2 px per backward thread", "faster by", "forward ms", "trimmed",
                    "faster by", "loss diff (rel.)"], rows) if rows else []
 
 
