@@ -16,7 +16,7 @@ ncu's CSV per stage (read and written bytes, kernels counted). Stages:
 - ``split``: the fused backend's split schedule (render_fwd -> loss_grad -> render_bwd) on the square 3-sigma
   lists;
 - ``split-trimmed``: the pass training runs by default, the same schedule on the opacity-aware lists trimmed,
-  with the trimming's launches in the pass;
+  with the trimming's launches in the pass and the default falloff (2^q);
 - ``two_launch`` / ``one_launch``: the fused kernel twice / once;
 - ``gsplat-pytorch_msssim`` / ``gsplat-fussim``: this process's gsplat ``rasterize_to_pixels`` with
   splatfacto's loss, its SSIM from that package, and the backward; with ``--gsplat-site DIR`` (a
@@ -178,8 +178,10 @@ def stage_function(stage: str, inp) -> Callable[[], object]:
 def trimmed_split_pass(inp):
     """The pass training runs by default: the opacity-aware lists trimmed (``FusedOptions.trim_tile_lists``;
     the trimming's launches inside the pass, as in a training step), then the split schedule on them."""
+    from bytesplat_ns.raster.options import DEFAULT_OPTIONS
+
     inp.trim()
-    return inp.fused_raster_loss(schedule="split", trimmed=True)
+    return inp.fused_raster_loss(schedule="split", trimmed=True, fast_exp=DEFAULT_OPTIONS.fast_exp)
 
 
 def run_stage(stage: str, inp, warmup: int) -> None:

@@ -71,9 +71,20 @@ from bytesplat_ns.raster.fused import (
     tile_radii,
     trim_tile_lists,
 )
-from bytesplat_ns.raster.options import CULL_ROWS
+from bytesplat_ns.raster.options import CULL_ROWS, DEFAULT_OPTIONS, FusedOptions
 from bytesplat_ns.raster.tile_reach import opacity_aware_radii
 from bytesplat_ns.raster.tiles import tile_order as tile_order_of
+
+
+def training_arm(options: FusedOptions = DEFAULT_OPTIONS) -> str:
+    """The raster + loss arm of :func:`bench_one` that times the pass training runs with ``options``: the split
+    schedule on the trimmed opacity-aware lists, with the falloff as expf or as 2^q (projection, binning and
+    tile reach do not act on the 2D pass). Options no arm times raise ValueError."""
+    timed = dict(schedule="split", warp_cull=True, warp_cull_rows=False, bwd_reduce="butterfly",
+                 opacity_aware_tiles=True, trim_tile_lists=True, bwd_pixels_per_thread=1, tile_order="raster")
+    if any(getattr(options, field) != value for field, value in timed.items()):
+        raise ValueError(f"no raster + loss arm times training with {options}")
+    return "raster_loss_fused_split_trimmed" + ("_fast_exp" if options.fast_exp else "")
 
 
 def gsplat_extension_error(skip_gsplat: bool = False) -> Optional[str]:
@@ -267,6 +278,7 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
     # every opt-in lever of the render at once: trimmed lists, the falloff as 2^q, two pixels per backward thread
     _safe(out, "raster_loss_fused_split_trimmed_levers", lambda: time_ms(
         lambda: inp.fused_raster_loss(schedule="split", trimmed=True, fast_exp=True, bwd_pixels=2), warmup, repeats))
+    out["training_arm"] = training_arm()  # which of the arms above the report takes as training's pass
     _safe(out, "trim_tile_lists_cuda", lambda: time_ms(
         lambda: trim_tile_lists(m2, con, op, *inp.opacity_aware_bins(), W, H), warmup, repeats))
     for sched in ("two_launch", "split"):  # the pruning score gathered in the backward: what it costs

@@ -234,9 +234,11 @@ def baseline_table(steps: List[Dict]) -> List[str]:
 
 
 def _trimmed_default_ms(run: Dict) -> Optional[float]:
-    """The fused split schedule as training runs it by default: on the trimmed opacity-aware lists, with the
-    trimming's own time added (the binning, before it, is left out of every raster + loss time alike)."""
-    render, trim = _ms(run.get("raster_loss_fused_split_trimmed")), _ms(run.get("trim_tile_lists_cuda"))
+    """The fused split schedule as training runs it by default (the run's ``training_arm``; before runs named it,
+    the trimmed opacity-aware lists with expf, the default then), with the trimming's own time added (the
+    binning, before it, is left out of every raster + loss time alike)."""
+    arm = run.get("training_arm", "raster_loss_fused_split_trimmed")
+    render, trim = _ms(run.get(arm)), _ms(run.get("trim_tile_lists_cuda"))
     return None if render is None or trim is None else render + trim
 
 

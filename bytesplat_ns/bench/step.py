@@ -27,11 +27,11 @@ the gsplat of a ``--gsplat-site`` gets the same scene through a file, ``bench.sc
 - ``bytesplat-reach-torch``: ``bytesplat`` computing the opacity-aware reach with its PyTorch
   definition (``--pipeline.model.fused.tile-reach torch``, raster/tile_reach.py, about 15 elementwise
   launches) instead of our one-launch kernel (cuda/tile_reach.cu): the same radii, hence the same lists.
-- ``bytesplat-fast-exp``: ``bytesplat`` with the falloff as 2^q from the prescaled conic
-  (``--pipeline.model.fused.fast-exp True``, cuda/common.cuh ``staged_conic``).
+- ``bytesplat-exact-exp``: ``bytesplat`` with the falloff as expf instead of 2^q from the prescaled conic
+  (``--pipeline.model.fused.fast-exp False``, cuda/common.cuh ``staged_conic``).
 - ``bytesplat-bwd-2px``: ``bytesplat`` with two pixels per thread in the backward
-  (``--pipeline.model.fused.bwd-pixels-per-thread 2``, cuda/render_bwd.cu ``render_bwd_2px_kernel``);
-  ``bytesplat-levers``: with both.
+  (``--pipeline.model.fused.bwd-pixels-per-thread 2``, cuda/render_bwd.cu ``render_bwd_2px_kernel``): every
+  opt-in lever of the render at once.
 - ``bytesplat-longest-first``: ``bytesplat`` with the blocks taking the longest tile lists first
   (``--pipeline.model.fused.tile-order longest_first``, raster/tiles.py ``tile_order``).
 - ``bytesplat-rows-cull``: ``bytesplat`` with the backward's per-warp cull also testing each row of warp
@@ -76,7 +76,7 @@ LEARNING_RATES = {"means": 1.6e-4, "scales": 5e-3, "quats": 1e-3, "features_dc":
                   "features_rest": 2.5e-3 / 20, "opacities": 5e-2}
 ADAM_EPS = 1e-15
 IMPLEMENTATIONS = ("splatfacto", "gsplat", "bytesplat", "bytesplat-visible", "bytesplat-square-tiles",
-                   "bytesplat-reach-torch", "bytesplat-fast-exp", "bytesplat-bwd-2px", "bytesplat-levers",
+                   "bytesplat-reach-torch", "bytesplat-exact-exp", "bytesplat-bwd-2px",
                    "bytesplat-longest-first", "bytesplat-rows-cull", "bytesplat-untrimmed", "bytesplat-graph")
 
 # kernel name -> category; the first pattern that matches wins, "bwd"/"backward" in a name marks it backward
@@ -274,17 +274,17 @@ class BytesplatStep(TrainingStep):
     stepped in one pass as the trainer does."""
 
     def __init__(self, scene: Dict, visible_only: bool = False, square_tiles: bool = False, reach_torch: bool = False,
-                 fast_exp: bool = False, bwd_pixels: int = 1, tile_order: str = "raster", cull_rows: bool = False,
+                 exact_exp: bool = False, bwd_pixels: int = 1, tile_order: str = "raster", cull_rows: bool = False,
                  trim_lists: bool = True):
         super().__init__(scene)
         from bytesplat_ns.raster.options import FusedOptions
 
         self.visible_only = visible_only
         self.options = FusedOptions(opacity_aware_tiles=not square_tiles, tile_reach="torch" if reach_torch else "cuda",
-                                    fast_exp=fast_exp, bwd_pixels_per_thread=bwd_pixels, tile_order=tile_order,
+                                    fast_exp=not exact_exp, bwd_pixels_per_thread=bwd_pixels, tile_order=tile_order,
                                     warp_cull_rows=cull_rows, trim_tile_lists=trim_lists)
         tiles = "square tile boxes" if square_tiles else "opacity-aware tiles" + (", reach in torch" if reach_torch else "")
-        tiles += (", falloff as 2^q" if fast_exp else "") + (", 2 pixels per thread in the backward" if bwd_pixels == 2 else "")
+        tiles += (", falloff as expf" if exact_exp else "") + (", 2 pixels per thread in the backward" if bwd_pixels == 2 else "")
         tiles += ", longest tiles first" if tile_order == "longest_first" else ""
         tiles += ", rows warp cull" if cull_rows else ""
         tiles += ", trimmed tile lists" if trim_lists else ""
@@ -410,12 +410,10 @@ def build_step(implementation: str, scene: Dict) -> TrainingStep:
         return BytesplatStep(scene, square_tiles=True)
     if implementation == "bytesplat-reach-torch":
         return BytesplatStep(scene, reach_torch=True)
-    if implementation == "bytesplat-fast-exp":
-        return BytesplatStep(scene, fast_exp=True)
+    if implementation == "bytesplat-exact-exp":
+        return BytesplatStep(scene, exact_exp=True)
     if implementation == "bytesplat-bwd-2px":
         return BytesplatStep(scene, bwd_pixels=2)
-    if implementation == "bytesplat-levers":
-        return BytesplatStep(scene, fast_exp=True, bwd_pixels=2)
     if implementation == "bytesplat-longest-first":
         return BytesplatStep(scene, tile_order="longest_first")
     if implementation == "bytesplat-rows-cull":

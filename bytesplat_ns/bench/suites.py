@@ -82,8 +82,11 @@ _SEEDS = "--scene large --iterations 3000 --num-downscales 0 --seeds 1 2 3 4 5"
 _GSPLAT_153 = "/tmp/gsplat-1.5.3"  # where scripts/gpu_setup.sh installs the carried gsplat 1.5.3 wheel
 _TRAINED_CAPTURE = "{work}/train/bytesplat-seed0/bytesplat/bytesplat/seed0"  # a train_30k / train_5k step's run
 _VISIBLE_ONLY = "visible=bytesplat --pipeline.model.optimize-visible-only True"
+# kernel-levers' arms name each lever against the render's defaults until 2026-12-07 (expf, one pixel per
+# backward thread), so that label stays "bytesplat"; the falloff as 2^q is the default since
+_EXACT_EXP = "bytesplat=bytesplat --pipeline.model.fused.fast-exp False"
 _FAST_EXP = "fast_exp=bytesplat --pipeline.model.fused.fast-exp True"
-_BWD_2PX = "bwd_2px=bytesplat --pipeline.model.fused.bwd-pixels-per-thread 2"
+_BWD_2PX = "bwd_2px=bytesplat --pipeline.model.fused.fast-exp False --pipeline.model.fused.bwd-pixels-per-thread 2"
 _TRIMMED = "trimmed=bytesplat --pipeline.model.fused.trim-tile-lists True"
 _GSPLAT_BACKEND = "gsplat_backend=bytesplat --pipeline.model.rasterizer gsplat"
 # gsplat's rasterizer and splatfacto's optimizer path: torch's Adam (foreach, as splatfacto's), each stepped by
@@ -395,7 +398,7 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
                                  "bytesplat@fused.trim_tile_lists=true "
                                  "--warmup-iters 2000 --profile-iters 50 --work-dir {work}/profile"), name="loop_capture"),
            Step("step", _args(f"--num-gaussians 1000000 --width 1920 --height 1080 --warmup 10 --repeats 50 "
-                              f"--implementations bytesplat bytesplat-untrimmed bytesplat-levers "
+                              f"--implementations bytesplat bytesplat-untrimmed bytesplat-bwd-2px "
                               f"--gsplat-site {_GSPLAT_153}"), name="step_1m")),
           needs_data=True),
     Suite("one-pass-optimizers",
@@ -495,29 +498,28 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           0,
           (Step("loop", _args("--iterations 3000 --repeats 5"), name="cpu"),)),
     Suite("kernel-levers",
-          "the render kernels' opt-in levers against the defaults: the falloff as 2^q from the prescaled conic "
-          "(--pipeline.model.fused.fast-exp True) and two pixels per thread in the backward "
-          "(--pipeline.model.fused.bwd-pixels-per-thread 2): raster + loss and the forward at 1080p with 1M and 4M "
-          "random Gaussians, the whole step with each and with both, and ns-train + ns-eval with both on a real "
-          "capture (--data), 5000 iterations, 3 seeds, each pair back to back; then fast_exp alone against the "
-          "defaults for quality, seeds 3-6, the eight runs at once, each lever alone against the defaults, "
-          "seeds 0-2, the nine runs at once, and both together against the defaults, seeds 3-8, the twelve runs "
-          "at once",
+          "the render kernels' levers against its defaults until 2026-12-07 (expf, one pixel per backward thread): "
+          "the falloff as 2^q from the prescaled conic (--pipeline.model.fused.fast-exp True, the default since) and "
+          "two pixels per thread in the backward (--pipeline.model.fused.bwd-pixels-per-thread 2): raster + loss and "
+          "the forward at 1080p with 1M and 4M random Gaussians, the whole step with expf, with 2^q and with both, "
+          "and ns-train + ns-eval with both on a real capture (--data), 5000 iterations, 3 seeds, each pair back to "
+          "back; then fast_exp alone for quality, seeds 3-6, the eight runs at once, each lever alone, seeds 0-2, the "
+          "nine runs at once, and both together, seeds 3-8, the twelve runs at once",
           1,
           (Step("raster", _args(f"{_RASTER_1080P} --warmup 3 --repeats 10 --raster-only"), name="raster_1080p"),
-           Step("step", _args(f"{_RASTER_1080P} --warmup 10 --repeats 50 --implementations bytesplat "
-                              "bytesplat-fast-exp bytesplat-bwd-2px bytesplat-levers"), name="step_1080p"))
-          + _per_seed_on_capture(f"bytesplat '{_LEVERS}'", 5000, "wallclock", "seed{seed}")
-          # quality only (the eight runs share the GPU): fast_exp alone against the default, seeds 3-6
-          + (Step("wallclock", _args(f"--data {{data}} --methods bytesplat '{_FAST_EXP}' --iterations 5000 "
+           Step("step", _args(f"{_RASTER_1080P} --warmup 10 --repeats 50 --implementations bytesplat-exact-exp "
+                              "bytesplat bytesplat-bwd-2px"), name="step_1080p"))
+          + _per_seed_on_capture(f"'{_EXACT_EXP}' '{_LEVERS}'", 5000, "wallclock", "seed{seed}")
+          # quality only (the eight runs share the GPU): fast_exp alone, seeds 3-6
+          + (Step("wallclock", _args(f"--data {{data}} --methods '{_EXACT_EXP}' '{_FAST_EXP}' --iterations 5000 "
                                      "--seeds 3 4 5 6 --parallel 8 --offline-lpips --work-dir {work}/fast-exp"),
                   name="fast_exp_seeds"),
-             # quality only, the nine runs at once: each lever alone against the default, seeds 0-2
-             Step("wallclock", _args(f"--data {{data}} --methods bytesplat '{_FAST_EXP}' '{_BWD_2PX}' --iterations 5000 "
-                                     "--seeds 0 1 2 --parallel 9 --offline-lpips --work-dir {work}/alone"),
+             # quality only, the nine runs at once: each lever alone, seeds 0-2
+             Step("wallclock", _args(f"--data {{data}} --methods '{_EXACT_EXP}' '{_FAST_EXP}' '{_BWD_2PX}' "
+                                     "--iterations 5000 --seeds 0 1 2 --parallel 9 --offline-lpips --work-dir {work}/alone"),
                   name="alone_seeds_0_2"),
-             # quality only, the twelve runs at once: both levers together against the default, seeds 3-8
-             Step("wallclock", _args(f"--data {{data}} --methods bytesplat '{_LEVERS}' --iterations 5000 "
+             # quality only, the twelve runs at once: both levers together, seeds 3-8
+             Step("wallclock", _args(f"--data {{data}} --methods '{_EXACT_EXP}' '{_LEVERS}' --iterations 5000 "
                                      "--seeds 3 4 5 6 7 8 --parallel 12 --offline-lpips --work-dir {work}/together"),
                   name="together_seeds_3_8")),
           needs_data=True),

@@ -65,7 +65,7 @@ class FusedOptions:
     binning: Binning = "cuda"
     opacity_aware_tiles: bool = True
     tile_reach: TileReach = "cuda"
-    fast_exp: bool = False
+    fast_exp: bool = True
     bwd_pixels_per_thread: int = 1
     tile_order: TileOrder = "raster"
     trim_tile_lists: bool = True
@@ -127,19 +127,18 @@ class FusedRasterConfig:
     tile_reach: TileReach = "cuda"
     """How the opacity-aware reach is computed on CUDA tensors: bytesplat's kernel (cuda/tile_reach.cu, one launch,
     the same radii bit for bit) or its PyTorch definition (raster/tile_reach.py, about 15 elementwise launches)."""
-    fast_exp: bool = False
+    fast_exp: bool = True
     """Evaluate each Gaussian's falloff exp(-sigma) as 2^q, q = -log2(e)*sigma from a conic prescaled once per staged
     Gaussian, with the GPU's approximate exp2 (cuda/common.cuh staged_conic): 11 fewer instructions per Gaussian
     and pixel in the forward loop, 7-16 in the backward's (suite sass-loops), the same image up to float rounding
-    (about 2e-6 relative).
-    Off: raster + loss 1.05-1.06x; eval PSNR +0.02 dB over 7 seeds alone, -0.16 dB over 9 together with two backward
-    pixels per thread (suite kernel-levers)."""
+    (about 2e-6 relative). On: raster + loss 1.05-1.06x, eval PSNR +0.02 dB against expf over 7 seeds on the fox
+    capture (suite kernel-levers); false: expf, for A/B runs."""
     bwd_pixels_per_thread: Literal[1, 2] = 1
     """Pixels per thread of the plain backward kernel (the split schedule's and rasterize_fused's): 2 runs 128
     threads per tile and shares each Gaussian's warp reduction between 64 pixels instead of 32, with the per-pixel
     work still skipped per 8x4-pixel block (cuda/render_bwd.cu render_bwd_2px_kernel; butterfly reduction only; the
     backward that gathers the pruning score keeps 1). The same gradients up to summation order. Off: raster + loss
-    1.01-1.03x (suite kernel-levers)."""
+    1.01-1.03x; together with fast_exp (the default) eval PSNR -0.16 dB over 9 seeds (suite kernel-levers)."""
     tile_order: TileOrder = "raster"
     """The order in which the plain rasterizer's blocks (the split schedule's and rasterize_fused's) take their
     tiles: raster (row by row) or longest_first (longest tile list first, so that no long tile is left for the

@@ -226,6 +226,7 @@ def test_the_trimmed_pass_trims_again_each_time(monkeypatch):
     from bytesplat_ns.bench.raster import StageInputs
     from bytesplat_ns.bench.synthetic import synthetic_scene
     from bytesplat_ns.raster.fused import trim_tile_lists
+    from bytesplat_ns.raster.options import DEFAULT_OPTIONS
 
     inp = StageInputs(0, 0, 0, 0, projection="torch", scene=synthetic_scene(300, 64, 48, 0, device="cpu"))
     rendered = []
@@ -233,6 +234,7 @@ def test_the_trimmed_pass_trims_again_each_time(monkeypatch):
     first = inp.trimmed_bins()
     dram.trimmed_split_pass(inp)
     kw, lists = rendered[0]
-    assert kw == {"schedule": "split", "trimmed": True} and lists is not first  # trimmed again in the pass
+    # trimmed again in the pass, then rendered with training's falloff
+    assert kw == {"schedule": "split", "trimmed": True, "fast_exp": DEFAULT_OPTIONS.fast_exp} and lists is not first
     expected = trim_tile_lists(inp.m2, inp.con, inp.op, *inp.opacity_aware_bins(), inp.W, inp.H)
     assert all(torch.equal(a, b) for a, b in zip(lists, expected))

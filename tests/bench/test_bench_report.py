@@ -143,6 +143,12 @@ def test_baseline_pairs_get_their_own_table_against_the_fused_schedule():
     lines = raster_table([{"name": "s", "result": {"width": 1920, "height": 1080, "runs": [run]}}])
     row = next(line for line in lines if "fussim" in line)
     assert "| 1M | 1.5.3 | fussim | 5.00 | 2.50x | 10.00 | 2.50x | 4.50 | 3.00x | 1.50 | 3.00x | 2.0e-07 |" in row
+    # a run that names training's arm (the falloff as 2^q, the default since) is compared through that arm
+    run.update({"raster_loss_fused_split_trimmed_fast_exp": {"median_ms": 1.05}, "training_arm":
+                "raster_loss_fused_split_trimmed_fast_exp"})
+    lines = raster_table([{"name": "s", "result": {"width": 1920, "height": 1080, "runs": [run]}}])
+    row = next(line for line in lines if "fussim" in line)
+    assert "| 4.50 | 3.00x | 1.25 | 3.60x | 2.0e-07 |" in row
     error_row = next(line for line in lines if "boom" in line)
     assert error_row.count("|") == row.count("|")
 

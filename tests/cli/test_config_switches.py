@@ -17,9 +17,9 @@ from tests.helpers.concurrent_jobs import run_jobs
 FUSED_FLAGS = ["--pipeline.model.fused.schedule", "one_launch", "--pipeline.model.fused.warp-cull", "False",
                "--pipeline.model.fused.bwd-reduce", "shuffle", "--pipeline.model.fused.projection", "torch",
                "--pipeline.model.fused.binning", "torch", "--pipeline.model.fused.tile-reach", "cuda",
-               "--pipeline.model.fused.fast-exp", "True", "--pipeline.model.fused.check-every", "7"]
+               "--pipeline.model.fused.fast-exp", "False", "--pipeline.model.fused.check-every", "7"]
 FUSED_SET = FusedOptions(schedule="one_launch", warp_cull=False, bwd_reduce="shuffle", projection="torch",
-                         binning="torch", tile_reach="cuda", fast_exp=True)
+                         binning="torch", tile_reach="cuda", fast_exp=False)
 OTHER_FLAGS = ["--optimizers.means.optimizer.implementation", "torch-fused"]
 DATAPARSER_FLAGS = ["bytesplat-scene", "--scene-workers", "3"]  # nerfstudio: the dataparser is a subcommand
 SHARDED_FLAGS = ["--pipeline.rank-timeout", "123", "--pipeline.sparse-kernels", "False"]
@@ -134,7 +134,7 @@ def test_fused_config_reaches_the_kernels_front_end(monkeypatch):
     monkeypatch.setattr(diagnostics, "compare_with_unfused", spy("compare_with_unfused"))
     model, camera = _tiny_model(FusedRasterConfig(schedule="one_launch", warp_cull=False, bwd_reduce="shuffle",
                                                   projection="torch", binning="torch", tile_reach="cuda",
-                                                  fast_exp=True))
+                                                  fast_exp=False))
     model.eval()
     with pytest.raises(Reached, match="rasterize"), torch.no_grad():
         model.get_outputs(camera)

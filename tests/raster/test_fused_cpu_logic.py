@@ -189,9 +189,9 @@ def test_warp_cull_flag_reaches_every_kernel(torch_ops, switches, mode):
     assert torch_ops.masks_rows == ([True] * 2 if mode == 2 else [])
 
 
-@pytest.mark.parametrize("value,expect", [(None, False), (True, True), (False, False)])
+@pytest.mark.parametrize("value,expect", [(None, True), (True, True), (False, False)])
 def test_fast_exp_flag_reaches_every_kernel(torch_ops, value, expect):
-    """FusedOptions.fast_exp (default off) reaches every launch of every schedule, forward and backward
+    """FusedOptions.fast_exp (default on) reaches every launch of every schedule, forward and backward
     alike, and the kernel info reports it."""
     infos = _through_every_entry_point(("one_launch", "split"), **({} if value is None else {"fast_exp": value}))
     assert [k["fast_exp"] for k in infos] == [expect, expect]
