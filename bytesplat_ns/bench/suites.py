@@ -83,7 +83,7 @@ _GSPLAT_153 = "/tmp/gsplat-1.5.3"  # where scripts/gpu_setup.sh installs the car
 _TRAINED_CAPTURE = "{work}/train/bytesplat-seed0/bytesplat/bytesplat/seed0"  # a train_30k / train_5k step's run
 _VISIBLE_ONLY = "visible=bytesplat --pipeline.model.optimize-visible-only True"
 # kernel-levers' arms name each lever against the render's defaults until 2026-12-07 (expf, one pixel per
-# backward thread), so that label stays "bytesplat"; the falloff as 2^q is the default since
+# backward thread; the falloff as 2^q is the default since), so that arm keeps the label "bytesplat"
 _EXACT_EXP = "bytesplat=bytesplat --pipeline.model.fused.fast-exp False"
 _FAST_EXP = "fast_exp=bytesplat --pipeline.model.fused.fast-exp True"
 _BWD_2PX = "bwd_2px=bytesplat --pipeline.model.fused.fast-exp False --pipeline.model.fused.bwd-pixels-per-thread 2"
