@@ -663,9 +663,18 @@ def _date(step: Dict) -> Optional[str]:
 
 def _step_gpu(step: Dict, doc: Dict) -> Optional[str]:
     """The GPU a step ran on where it is not the document's (a suite run in parts on different cards)."""
-    result = step.get("result")
-    device = (result.get("device") or result.get("gpu")) if isinstance(result, dict) else None
-    return device if device and device != doc.get("gpu") else None
+    from bytesplat_ns.bench.suite_runner import step_gpu
+
+    device = step_gpu(step, doc.get("gpu"))
+    return device if device and device != _header_gpu(doc) else None
+
+
+def _header_gpu(doc: Dict) -> Optional[str]:
+    """The GPU a document's header names: its steps' (a document written before the steps kept theirs names
+    the machine of one of its runs only)."""
+    from bytesplat_ns.bench.suite_runner import steps_gpu
+
+    return steps_gpu(doc.get("steps", []), doc.get("gpu"))
 
 
 def steps_not_run(doc: Dict) -> List[str]:
@@ -711,7 +720,7 @@ def suite_section(doc: Dict, results_dir: Path, page_dir: Path) -> List[str]:
     versions = ", ".join(f"{k} {v[k]}" for k in ("torch", "cuda", "nccl", "nerfstudio", "gsplat") if v.get(k))
     lines = [f"## {doc['suite']}", "", doc.get("purpose", ""), "",
              f"- Suite command: {suite_command(doc['command'])}",
-             f"- GPU: {doc.get('gpu', '-')}; versions: {versions or '-'}; date: {doc.get('date', '-')}"]
+             f"- GPU: {_header_gpu(doc) or '-'}; versions: {versions or '-'}; date: {doc.get('date', '-')}"]
     if doc.get("measured_with"):
         lines.append(f"- Measured with: {doc['measured_with']}")
     lines += [f"- Step `{s['name']}`: `{s['command']}` ({', '.join(x for x in (s['status'], _date(s), _step_gpu(s, doc)) if x)})"

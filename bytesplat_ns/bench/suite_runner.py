@@ -201,6 +201,7 @@ def merge_earlier(steps: List[Dict], earlier: Optional[Dict], order: Sequence[st
     by_name = {}
     for step in (earlier or {}).get("steps", []):
         step.setdefault("date", earlier.get("date"))
+        step.setdefault("gpu", earlier.get("gpu"))
         by_name[step["name"]] = step
     by_name.update({step["name"]: step for step in steps})
     return [by_name[name] for name in order if name in by_name]
@@ -245,7 +246,7 @@ def run_suite(suite: Suite, out_dir: Path, results_dir: Path, data: Optional[Pat
             log(f"[{suite.name}] {p.name}: {p.status} in {p.seconds:.1f} s" + (f" ({p.reason})" if p.reason else ""))
     for i, p in enumerate(pieces):
         entry = {"name": p.name, "command": user_command(p, suite.steps[i].ranks), "status": p.status,
-                 "seconds": p.seconds, "date": date, "result": None}
+                 "seconds": p.seconds, "date": date, "gpu": doc["gpu"], "result": None}
         output = out_dir / p.output if p.output else None
         if p.status == "ok" and output is not None and output.is_file():
             entry["result"] = json.loads(output.read_text())
@@ -285,12 +286,30 @@ def run_suite(suite: Suite, out_dir: Path, results_dir: Path, data: Optional[Pat
     return doc
 
 
+def step_gpu(step: Dict, default: Optional[str] = None) -> Optional[str]:
+    """The GPU a step ran on: its result's own record where it keeps one, else the suite run's (``default``
+    for a step from before steps named it: its document's)."""
+    result = step.get("result")
+    device = (result.get("device") or result.get("gpu")) if isinstance(result, dict) else None
+    return device or step.get("gpu") or default
+
+
+def steps_gpu(steps: Sequence[Dict], default: Optional[str]) -> Optional[str]:
+    """The document's GPU: the one its steps ran on, or, for a suite run in parts on different cards,
+    each of them (the steps then name their own)."""
+    gpus = list(dict.fromkeys(gpu for gpu in (step_gpu(step, default) for step in steps) if gpu))
+    if len(gpus) <= 1:
+        return gpus[0] if gpus else default
+    return " and ".join(gpus) + " (each step names its own)"
+
+
 def finish_document(doc: Dict, order: Sequence[str], results_dir: Path, drawn: List[Path],
                     earlier: Optional[Dict], plots: bool) -> None:
     """The fields that follow from ``doc``'s steps: the wall-clock runs and their figure, the figures
     listed (``drawn``, then an ``earlier`` document's that are still there and were not redrawn) and
     whether every step of the suite (``order``) is there and ok."""
     doc.pop("runs", None)
+    doc["gpu"] = steps_gpu(doc["steps"], doc.get("gpu"))
     doc.update(wallclock_runs(doc["steps"]))
     if plots:
         figure = wallclock_figure(doc, results_dir / "plots" / doc["suite"])
@@ -340,7 +359,8 @@ def merge_documents(name: str, sources: Sequence[Path], results_dir: Path, plots
             unknown = [step["name"] for step in other["steps"] if step["name"] not in order]
             if unknown:
                 raise BytesplatError(f"{source} holds steps that suite '{name}' does not declare: {', '.join(unknown)}")
-            incoming += [{**step, "date": step.get("date") or other.get("date")} for step in other["steps"]]
+            incoming += [{**step, "date": step.get("date") or other.get("date"), "gpu": step.get("gpu") or other.get("gpu")}
+                         for step in other["steps"]]
             first = first or other
         replaced = {step["name"] for step in incoming}
         header = earlier

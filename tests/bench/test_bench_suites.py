@@ -298,7 +298,10 @@ def test_merge_folds_documents_of_other_results_folders_into_one(tmp_path):
     doc = json.loads((target / f"{suite}.json").read_text())
     assert [s["name"] for s in doc["steps"]] == ["splatfacto_seed0", "splatfacto_seed1_quality", "splatfacto_seed2_quality"]
     assert [s["date"] for s in doc["steps"]] == ["2026-12-03 14:49 UTC", "2026-12-04 13:52 UTC", "2026-12-04 13:50 UTC"]
-    assert doc["date"] == "2026-12-04 13:52 UTC" and doc["gpu"] == "NVIDIA H200" and doc["complete"] is False
+    assert doc["date"] == "2026-12-04 13:52 UTC" and doc["complete"] is False
+    # each step keeps the card of the document it came from (b names none: the header counts it as the target's)
+    assert [s["gpu"] for s in doc["steps"]] == ["NVIDIA H200", None, "other"]
+    assert doc["gpu"] == "NVIDIA H200 and other (each step names its own)"
     assert doc["purpose"] == SUITES[suite].purpose
     assert [(r["seed"], r["wall_s"]) for r in doc["runs"]] == [(0, 1070.0), (1, 1000.0), (2, 1000.0)]
     # the figure draws the run that had the GPU alone, not the quality-only ones
@@ -317,8 +320,8 @@ def test_merge_folds_documents_of_other_results_folders_into_one(tmp_path):
 
 
 def test_a_merge_that_replaces_every_step_takes_the_sources_header(tmp_path):
-    """The header names the machine of the steps shown: kept while an earlier step stays, the source's once
-    every step was run again (here on another card)."""
+    """The header names the machines of the steps shown: both cards while an earlier step stays (its versions
+    the target's), the source's alone once every step was run again (here on another card)."""
     suite = "wallclock-fox-30k"
     target, a = tmp_path / "docs", tmp_path / "a"
     target.mkdir(), a.mkdir()
@@ -330,7 +333,8 @@ def test_a_merge_that_replaces_every_step_takes_the_sources_header(tmp_path):
                                                  "date": "2026-12-07 13:30 UTC",
                                                  "steps": [_quality_step("splatfacto_seed2_quality", 2, None)]}))
     kept = suite_runner.merge_documents(suite, [a / f"{suite}.json"], target, plots=False)
-    assert kept["gpu"] == "NVIDIA H200" and kept["versions"] == {"torch": "old"}
+    assert kept["gpu"] == "NVIDIA H200 and NVIDIA H100 (each step names its own)" and kept["versions"] == {"torch": "old"}
+    assert [s["gpu"] for s in kept["steps"]] == ["NVIDIA H200", "NVIDIA H100"]
     (a / f"{suite}.json").write_text(json.dumps({"suite": suite, "gpu": "NVIDIA H100", "versions": {"torch": "new"},
                                                  "date": "2026-12-07 13:30 UTC",
                                                  "steps": [_quality_step("splatfacto_seed1_quality", 1, None),
@@ -348,3 +352,22 @@ def test_the_page_names_a_steps_card_where_it_is_not_the_documents():
     assert _step_gpu({"result": {"gpu": "NVIDIA H100 80GB HBM3"}}, doc) == "NVIDIA H100 80GB HBM3"  # bytesplat-bench raster
     assert _step_gpu({"result": {"device": "NVIDIA H100 80GB HBM3"}}, doc) == "NVIDIA H100 80GB HBM3"
     assert _step_gpu({"result": {"gpu": "NVIDIA H200"}}, doc) is None and _step_gpu({"result": None}, doc) is None
+    assert _step_gpu({"result": None, "gpu": "NVIDIA H100 80GB HBM3"}, doc) == "NVIDIA H100 80GB HBM3"  # the suite run's
+
+
+def test_the_header_names_every_card_its_steps_ran_on():
+    """A suite run in parts on different cards says so in its header, and a document from before the steps kept
+    their card takes its header's for the steps whose results name none."""
+    from bytesplat_ns.bench.report import suite_section
+
+    steps = [{"name": "a", "command": "c", "status": "ok", "date": "2026-12-03 11:49 UTC", "result": None},
+             {"name": "b", "command": "c", "status": "ok", "date": "2026-12-07 13:35 UTC",
+              "result": {"device": "NVIDIA H100 80GB HBM3"}}]
+    doc = {"suite": "dram-traffic", "command": "bytesplat-bench suite dram-traffic", "gpu": "NVIDIA H200",
+           "date": "2026-12-07 13:35 UTC", "steps": steps}
+    header, first, second = suite_section(doc, Path("."), Path("."))[5:8]
+    assert header.startswith("- GPU: NVIDIA H200 and NVIDIA H100 80GB HBM3 (each step names its own);")
+    assert first.endswith("(ok, 2026-12-03 11:49 UTC, NVIDIA H200)")
+    assert second.endswith("(ok, 2026-12-07 13:35 UTC, NVIDIA H100 80GB HBM3)")
+    assert suite_runner.steps_gpu(steps[1:], "NVIDIA H200") == "NVIDIA H100 80GB HBM3"
+    assert suite_runner.steps_gpu([], "NVIDIA H200") == "NVIDIA H200"
