@@ -296,17 +296,27 @@ def test_an_incomplete_document_names_the_steps_not_run_yet():
     assert steps_not_run(dict(doc, complete=True)) == [] and steps_not_run(dict(doc, suite="no-such-suite")) == []
 
 
-def test_a_step_run_on_another_card_than_the_documents_names_its_card():
+def test_a_suite_run_on_several_cards_names_each_in_its_header_and_steps():
+    """A suite run in parts on different cards says so in its header and each step names its card; a step
+    from before steps kept their card, whose result names none, counts as its document's."""
     from bytesplat_ns.bench.report import suite_section
+    from bytesplat_ns.bench.suite_runner import steps_gpu
 
-    doc = {"suite": "gaussian-budget", "command": "c", "complete": True, "gpu": "NVIDIA H100",
-           "steps": [{"name": "capture_seeds", "command": "x", "status": "ok",
-                      "result": {"device": "NVIDIA H200", "date": "d1"}},
-                     {"name": "capture_wall", "command": "y", "status": "ok",
-                      "result": {"device": "NVIDIA H100", "date": "d2"}}]}
+    steps = [{"name": "capture_seeds", "command": "x", "status": "ok", "result": {"device": "NVIDIA H200", "date": "d1"}},
+             {"name": "capture_wall", "command": "y", "status": "ok", "result": {"device": "NVIDIA H100", "date": "d2"}},
+             {"name": "capture_wall_seed1", "command": "z", "status": "ok", "date": "d3", "result": None}]
+    doc = {"suite": "gaussian-budget", "command": "c", "complete": True, "gpu": "NVIDIA H100", "steps": steps}
     lines = suite_section(doc, Path("docs/results"), Path("docs"))
+    assert any(line.startswith("- GPU: NVIDIA H200 and NVIDIA H100 (each step names its own);") for line in lines)
     assert "- Step `capture_seeds`: `x` (ok, d1, NVIDIA H200)" in lines
+    assert "- Step `capture_wall`: `y` (ok, d2, NVIDIA H100)" in lines
+    assert "- Step `capture_wall_seed1`: `z` (ok, d3, NVIDIA H100)" in lines
+    # one card: the header names it and the steps do not repeat it
+    lines = suite_section({**doc, "steps": steps[1:]}, Path("docs/results"), Path("docs"))
+    assert any(line.startswith("- GPU: NVIDIA H100;") for line in lines)
     assert "- Step `capture_wall`: `y` (ok, d2)" in lines
+    assert steps_gpu([], "NVIDIA H200") == "NVIDIA H200"
+    assert steps_gpu([{"result": None, "gpu": "NVIDIA H100"}], "NVIDIA H200") == "NVIDIA H100"  # the suite run's card
 
 
 def test_a_run_that_saw_other_gpu_processes_counts_for_quality_only():

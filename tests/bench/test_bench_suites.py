@@ -354,20 +354,3 @@ def test_the_page_names_a_steps_card_where_it_is_not_the_documents():
     assert _step_gpu({"result": {"gpu": "NVIDIA H200"}}, doc) is None and _step_gpu({"result": None}, doc) is None
     assert _step_gpu({"result": None, "gpu": "NVIDIA H100 80GB HBM3"}, doc) == "NVIDIA H100 80GB HBM3"  # the suite run's
 
-
-def test_the_header_names_every_card_its_steps_ran_on():
-    """A suite run in parts on different cards says so in its header, and a document from before the steps kept
-    their card takes its header's for the steps whose results name none."""
-    from bytesplat_ns.bench.report import suite_section
-
-    steps = [{"name": "a", "command": "c", "status": "ok", "date": "2026-12-03 11:49 UTC", "result": None},
-             {"name": "b", "command": "c", "status": "ok", "date": "2026-12-07 13:35 UTC",
-              "result": {"device": "NVIDIA H100 80GB HBM3"}}]
-    doc = {"suite": "dram-traffic", "command": "bytesplat-bench suite dram-traffic", "gpu": "NVIDIA H200",
-           "date": "2026-12-07 13:35 UTC", "steps": steps}
-    header, first, second = suite_section(doc, Path("."), Path("."))[5:8]
-    assert header.startswith("- GPU: NVIDIA H200 and NVIDIA H100 80GB HBM3 (each step names its own);")
-    assert first.endswith("(ok, 2026-12-03 11:49 UTC, NVIDIA H200)")
-    assert second.endswith("(ok, 2026-12-07 13:35 UTC, NVIDIA H100 80GB HBM3)")
-    assert suite_runner.steps_gpu(steps[1:], "NVIDIA H200") == "NVIDIA H100 80GB HBM3"
-    assert suite_runner.steps_gpu([], "NVIDIA H200") == "NVIDIA H200"
