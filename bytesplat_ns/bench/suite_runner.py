@@ -169,7 +169,8 @@ def wallclock_figure(doc: Dict, plot_dir: Path) -> Optional[Path]:
     if not alone:
         return None
     iterations = "/".join(str(i) for i in sorted({run["iterations"] for run in alone}))
-    title = (f"launch to exit, {iterations} iterations\n{doc.get('gpu') or 'unknown GPU'}, "
+    gpu = steps_gpu(doc.get("steps", []), doc.get("gpu")) or "unknown GPU"
+    title = (f"launch to exit, {iterations} iterations\n{gpu}, "
              f"{len(alone)} of {len(runs)} runs (those alone on the GPU, nothing skipped)")
     path = plot_dir / WALLCLOCK_FIGURE
     plot_breakdown(summarize(alone), path, title)
@@ -295,8 +296,9 @@ def step_gpu(step: Dict, default: Optional[str] = None) -> Optional[str]:
 
 
 def steps_gpu(steps: Sequence[Dict], default: Optional[str]) -> Optional[str]:
-    """The document's GPU: the one its steps ran on, or, for a suite run in parts on different cards,
-    each of them (the steps then name their own)."""
+    """The GPU a document's page and figure name: the one its steps ran on, or, for a suite run in parts on
+    different cards, each of them (the steps then name their own). ``default``: the document's own ``gpu``,
+    the card of one of its runs, for the steps from before steps kept theirs."""
     gpus = list(dict.fromkeys(gpu for gpu in (step_gpu(step, default) for step in steps) if gpu))
     if len(gpus) <= 1:
         return gpus[0] if gpus else default
@@ -309,7 +311,6 @@ def finish_document(doc: Dict, order: Sequence[str], results_dir: Path, drawn: L
     listed (``drawn``, then an ``earlier`` document's that are still there and were not redrawn) and
     whether every step of the suite (``order``) is there and ok."""
     doc.pop("runs", None)
-    doc["gpu"] = steps_gpu(doc["steps"], doc.get("gpu"))
     doc.update(wallclock_runs(doc["steps"]))
     if plots:
         figure = wallclock_figure(doc, results_dir / "plots" / doc["suite"])

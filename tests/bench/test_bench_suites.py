@@ -300,8 +300,8 @@ def test_merge_folds_documents_of_other_results_folders_into_one(tmp_path):
     assert [s["date"] for s in doc["steps"]] == ["2026-12-03 14:49 UTC", "2026-12-04 13:52 UTC", "2026-12-04 13:50 UTC"]
     assert doc["date"] == "2026-12-04 13:52 UTC" and doc["complete"] is False
     # each step keeps the card of the document it came from (b names none: the header counts it as the target's)
-    assert [s["gpu"] for s in doc["steps"]] == ["NVIDIA H200", None, "other"]
-    assert doc["gpu"] == "NVIDIA H200 and other (each step names its own)"
+    assert [s["gpu"] for s in doc["steps"]] == ["NVIDIA H200", None, "other"] and doc["gpu"] == "NVIDIA H200"
+    assert suite_runner.steps_gpu(doc["steps"], doc["gpu"]) == "NVIDIA H200 and other (each step names its own)"
     assert doc["purpose"] == SUITES[suite].purpose
     assert [(r["seed"], r["wall_s"]) for r in doc["runs"]] == [(0, 1070.0), (1, 1000.0), (2, 1000.0)]
     # the figure draws the run that had the GPU alone, not the quality-only ones
@@ -320,8 +320,8 @@ def test_merge_folds_documents_of_other_results_folders_into_one(tmp_path):
 
 
 def test_a_merge_that_replaces_every_step_takes_the_sources_header(tmp_path):
-    """The header names the machines of the steps shown: both cards while an earlier step stays (its versions
-    the target's), the source's alone once every step was run again (here on another card)."""
+    """The header is the target's while an earlier step stays (its card and versions; the page names both cards
+    from the steps'), the source's once every step was run again (here on another card)."""
     suite = "wallclock-fox-30k"
     target, a = tmp_path / "docs", tmp_path / "a"
     target.mkdir(), a.mkdir()
@@ -333,8 +333,9 @@ def test_a_merge_that_replaces_every_step_takes_the_sources_header(tmp_path):
                                                  "date": "2026-12-07 13:30 UTC",
                                                  "steps": [_quality_step("splatfacto_seed2_quality", 2, None)]}))
     kept = suite_runner.merge_documents(suite, [a / f"{suite}.json"], target, plots=False)
-    assert kept["gpu"] == "NVIDIA H200 and NVIDIA H100 (each step names its own)" and kept["versions"] == {"torch": "old"}
+    assert kept["gpu"] == "NVIDIA H200" and kept["versions"] == {"torch": "old"}
     assert [s["gpu"] for s in kept["steps"]] == ["NVIDIA H200", "NVIDIA H100"]
+    assert suite_runner.steps_gpu(kept["steps"], kept["gpu"]) == "NVIDIA H200 and NVIDIA H100 (each step names its own)"
     (a / f"{suite}.json").write_text(json.dumps({"suite": suite, "gpu": "NVIDIA H100", "versions": {"torch": "new"},
                                                  "date": "2026-12-07 13:30 UTC",
                                                  "steps": [_quality_step("splatfacto_seed1_quality", 1, None),
