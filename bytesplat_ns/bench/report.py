@@ -855,11 +855,14 @@ RUN_LISTS = {"wallclock_fox_h200.json": ("wallclock-fox", "H200"), "wallclock_fo
 def wallclock_runs(docs: Sequence[Dict], suite_prefix: str, gpu: str) -> Dict:
     """Every ``ns-train`` run of the wall-clock steps of the suites named ``suite_prefix``* that ran on
     ``gpu``, each with where it came from; in suite and step order (stable for unchanged documents)."""
+    from bytesplat_ns.bench.suite_runner import step_gpu
+
     runs = []
     for doc, step, result in _wallclock_steps(docs):
-        if doc["suite"].startswith(suite_prefix) and gpu in str(result.get("device") or doc.get("gpu") or ""):
+        card = step_gpu(step, doc.get("gpu"))
+        if doc["suite"].startswith(suite_prefix) and gpu in str(card or ""):
             source = {"suite": doc["suite"], "step": step["name"], "command": step["command"],
-                      "date": result.get("date"), "gpu": result.get("device") or doc.get("gpu"),
+                      "date": result.get("date"), "gpu": card,
                       "versions": {k: result.get(k) for k in ("python", "torch", "nerfstudio", "gsplat") if result.get(k)},
                       "data": Path(str(result.get("data"))).name if result.get("data") else None}
             runs += [{**run, "source": source} for run in result.get("runs", [])]
