@@ -75,9 +75,31 @@ import torch
 LEARNING_RATES = {"means": 1.6e-4, "scales": 5e-3, "quats": 1e-3, "features_dc": 2.5e-3,
                   "features_rest": 2.5e-3 / 20, "opacities": 5e-2}
 ADAM_EPS = 1e-15
-IMPLEMENTATIONS = ("splatfacto", "gsplat", "bytesplat", "bytesplat-visible", "bytesplat-square-tiles",
-                   "bytesplat-reach-torch", "bytesplat-exact-exp", "bytesplat-bwd-2px",
-                   "bytesplat-longest-first", "bytesplat-rows-cull", "bytesplat-untrimmed", "bytesplat-graph")
+
+# The bytesplat steps that differ from the trainer's defaults in fused options only: name -> the changed fields.
+OPTION_VARIANTS: Dict[str, Dict] = {
+    "bytesplat": {},
+    "bytesplat-square-tiles": {"opacity_aware_tiles": False},
+    "bytesplat-reach-torch": {"tile_reach": "torch"},
+    "bytesplat-exact-exp": {"fast_exp": False},
+    "bytesplat-bwd-2px": {"bwd_pixels_per_thread": 2},
+    "bytesplat-longest-first": {"tile_order": "longest_first"},
+    "bytesplat-rows-cull": {"warp_cull_rows": True},
+    "bytesplat-untrimmed": {"trim_tile_lists": False},
+}
+IMPLEMENTATIONS = ("splatfacto", "gsplat", "bytesplat", "bytesplat-visible", *list(OPTION_VARIANTS)[1:], "bytesplat-graph")
+
+
+def options_label(options) -> str:
+    """How a step's fused options read in its label (the results keep these words: do not reword them)."""
+    words = "square tile boxes" if not options.opacity_aware_tiles else "opacity-aware tiles" + (
+        ", reach in torch" if options.tile_reach == "torch" else "")
+    words += ", falloff as expf" if not options.fast_exp else ""
+    words += ", 2 pixels per thread in the backward" if options.bwd_pixels_per_thread == 2 else ""
+    words += ", longest tiles first" if options.tile_order == "longest_first" else ""
+    words += ", rows warp cull" if options.warp_cull_rows else ""
+    return words + (", trimmed tile lists" if options.trim_tile_lists else "")
+
 
 # kernel name -> category; the first pattern that matches wins, "bwd"/"backward" in a name marks it backward
 KERNEL_CATEGORIES: Tuple[Tuple[str, str], ...] = (
@@ -273,23 +295,17 @@ class BytesplatStep(TrainingStep):
     """``raster.fused.fused_render_loss`` (default options) + sync-free statistics + DeviceAdam (our Adam kernel),
     stepped in one pass as the trainer does."""
 
-    def __init__(self, scene: Dict, visible_only: bool = False, square_tiles: bool = False, reach_torch: bool = False,
-                 exact_exp: bool = False, bwd_pixels: int = 1, tile_order: str = "raster", cull_rows: bool = False,
-                 trim_lists: bool = True):
+    def __init__(self, scene: Dict, visible_only: bool = False, **option_changes):
+        """``option_changes``: :class:`FusedOptions` fields that differ from the trainer's defaults."""
         super().__init__(scene)
-        from bytesplat_ns.raster.options import FusedOptions
+        from dataclasses import replace
+
+        from bytesplat_ns.raster.options import DEFAULT_OPTIONS
 
         self.visible_only = visible_only
-        self.options = FusedOptions(opacity_aware_tiles=not square_tiles, tile_reach="torch" if reach_torch else "cuda",
-                                    fast_exp=not exact_exp, bwd_pixels_per_thread=bwd_pixels, tile_order=tile_order,
-                                    warp_cull_rows=cull_rows, trim_tile_lists=trim_lists)
-        tiles = "square tile boxes" if square_tiles else "opacity-aware tiles" + (", reach in torch" if reach_torch else "")
-        tiles += (", falloff as expf" if exact_exp else "") + (", 2 pixels per thread in the backward" if bwd_pixels == 2 else "")
-        tiles += ", longest tiles first" if tile_order == "longest_first" else ""
-        tiles += ", rows warp cull" if cull_rows else ""
-        tiles += ", trimmed tile lists" if trim_lists else ""
+        self.options = replace(DEFAULT_OPTIONS, **option_changes)
         adam = "bytesplat Adam, visible Gaussians only" if visible_only else "bytesplat Adam"
-        self.label = f"bytesplat (fused split, {tiles}) + {adam}"
+        self.label = f"bytesplat (fused split, {options_label(self.options)}) + {adam}"
         from bytesplat_ns.optim import DeviceAdam
         from bytesplat_ns.strategy import SyncFreeDefaultStrategy
 
@@ -402,24 +418,10 @@ def build_step(implementation: str, scene: Dict) -> TrainingStep:
         return GsplatStep(scene, "pytorch_msssim", selective_adam=False)
     if implementation == "gsplat":
         return GsplatStep(scene, "fussim", selective_adam=True)
-    if implementation == "bytesplat":
-        return BytesplatStep(scene)
     if implementation == "bytesplat-visible":
         return BytesplatStep(scene, visible_only=True)
-    if implementation == "bytesplat-square-tiles":
-        return BytesplatStep(scene, square_tiles=True)
-    if implementation == "bytesplat-reach-torch":
-        return BytesplatStep(scene, reach_torch=True)
-    if implementation == "bytesplat-exact-exp":
-        return BytesplatStep(scene, exact_exp=True)
-    if implementation == "bytesplat-bwd-2px":
-        return BytesplatStep(scene, bwd_pixels=2)
-    if implementation == "bytesplat-longest-first":
-        return BytesplatStep(scene, tile_order="longest_first")
-    if implementation == "bytesplat-rows-cull":
-        return BytesplatStep(scene, cull_rows=True)
-    if implementation == "bytesplat-untrimmed":
-        return BytesplatStep(scene, trim_lists=False)
+    if implementation in OPTION_VARIANTS:
+        return BytesplatStep(scene, **OPTION_VARIANTS[implementation])
     if implementation == "bytesplat-graph":
         return BytesplatGraphStep(scene)
     raise ValueError(f"unknown implementation {implementation!r} (choose from {IMPLEMENTATIONS})")

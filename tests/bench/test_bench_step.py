@@ -215,3 +215,30 @@ def test_graph_row_is_registered_and_reports_its_room():
     for name in ("step_trained", "step_1m"):
         args = next(s for s in suites.SUITES["step-graph"].steps if s.name == name).args
         assert args[args.index("--implementations") + 1:][:2] == ("bytesplat", "bytesplat-graph")
+
+
+def test_each_bytesplat_variant_changes_only_its_options_and_keeps_its_label():
+    """A variant is the trainer's fused defaults with its own fields changed, and its label keeps the words the
+    committed results use (the results page finds earlier rows by them)."""
+    from bytesplat_ns.raster.options import DEFAULT_OPTIONS
+
+    scene = synthetic_scene(50, 16, 16, 1, seed=0, device="cpu")
+    labels = {
+        "bytesplat": "opacity-aware tiles, trimmed tile lists",
+        "bytesplat-square-tiles": "square tile boxes, trimmed tile lists",
+        "bytesplat-reach-torch": "opacity-aware tiles, reach in torch, trimmed tile lists",
+        "bytesplat-exact-exp": "opacity-aware tiles, falloff as expf, trimmed tile lists",
+        "bytesplat-bwd-2px": "opacity-aware tiles, 2 pixels per thread in the backward, trimmed tile lists",
+        "bytesplat-longest-first": "opacity-aware tiles, longest tiles first, trimmed tile lists",
+        "bytesplat-rows-cull": "opacity-aware tiles, rows warp cull, trimmed tile lists",
+        "bytesplat-untrimmed": "opacity-aware tiles",
+    }
+    assert set(labels) == set(step.OPTION_VARIANTS)
+    for name, words in labels.items():
+        row = step.build_step(name, scene)
+        assert row.label == f"bytesplat (fused split, {words}) + bytesplat Adam", name
+        changed = {f: getattr(row.options, f) for f in DEFAULT_OPTIONS.__dataclass_fields__
+                   if getattr(row.options, f) != getattr(DEFAULT_OPTIONS, f)}
+        assert changed == step.OPTION_VARIANTS[name], name
+    visible = step.build_step("bytesplat-visible", scene)
+    assert visible.options == DEFAULT_OPTIONS and visible.label.endswith("+ bytesplat Adam, visible Gaussians only")
