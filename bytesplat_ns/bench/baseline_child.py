@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from bytesplat_ns.bench.baselines import SSIM_IMPLEMENTATIONS, measure
+from bytesplat_ns.bench.timing import QUEUE_MS
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -24,6 +25,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--sh-degree", type=int, default=3)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--queue-ms", type=float, default=QUEUE_MS)
     p.add_argument("--projection", choices=["gsplat", "torch"], default="torch")
     p.add_argument("--ssim", nargs="+", default=list(SSIM_IMPLEMENTATIONS), choices=SSIM_IMPLEMENTATIONS)
     p.add_argument("--raster-only", action="store_true")
@@ -35,7 +37,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     scene = load_scene(a.scene_file) if a.scene_file is not None else None
     inputs = StageInputs(a.num_gaussians or 0, a.width, a.height, a.sh_degree, a.projection, scene=scene)
-    rows = measure(inputs, a.ssim, a.warmup, a.repeats, a.raster_only)
+    rows = measure(inputs, a.ssim, a.warmup, a.repeats, a.raster_only, a.queue_ms)
     a.out.write_text(json.dumps(rows, indent=2))
     return 0
 

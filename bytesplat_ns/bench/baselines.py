@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
-from bytesplat_ns.bench.timing import record_or_error, time_ms
+from bytesplat_ns.bench.timing import QUEUE_MS, record_or_error, time_ms
 from bytesplat_ns.raster.loss import (
     SSIM_WIN_SIGMA,
     SSIM_WIN_SIZE,
@@ -119,11 +119,13 @@ def gsplat_raster_loss_pass(inputs, offsets, flatten_ids, ssim: SsimFunction) ->
     return raster_loss
 
 
-def measure(inputs, implementations: Sequence[str], warmup: int, repeats: int, raster_only: bool) -> List[Dict]:
+def measure(inputs, implementations: Sequence[str], warmup: int, repeats: int, raster_only: bool,
+            queue_ms: float = QUEUE_MS) -> List[Dict]:
     """One row per SSIM implementation for the gsplat of this process: ``raster_loss`` (from the
     shared 2D inputs: rasterize_to_pixels + loss + backward), for a gsplat that bins per axis also
     ``raster_loss_opacity_tiles`` (the same on the opacity-aware lists, :func:`gsplat_bins`) and,
-    unless ``raster_only``, ``full`` (gsplat's ``rasterization`` from the 3D Gaussians + loss + backward)."""
+    unless ``raster_only``, ``full`` (gsplat's ``rasterization`` from the 3D Gaussians + loss + backward);
+    timed as ``raster.bench_one`` times ours (inputs cloned untimed, launches queued ``queue_ms`` ahead)."""
     from gsplat.rendering import rasterization
 
     version = gsplat_version()
@@ -148,26 +150,30 @@ def measure(inputs, implementations: Sequence[str], warmup: int, repeats: int, r
             baseline_loss(render, scene["gt"], ssim).backward()
 
         record_or_error(row, "loss_value", lambda: raster_loss().item())
-        record_or_error(row, "raster_loss", lambda: time_ms(raster_loss, warmup, repeats))
+        def timed(fn):
+            return time_ms(fn, warmup, repeats, prepare=inputs.stage_leaves, queue_ms=queue_ms)
+
+        record_or_error(row, "raster_loss", lambda: timed(raster_loss))
         if tight is not None:
             tight_pass = gsplat_raster_loss_pass(inputs, *tight, ssim)
             record_or_error(row, "loss_value_opacity_tiles", lambda: tight_pass().item())
-            record_or_error(row, "raster_loss_opacity_tiles", lambda: time_ms(tight_pass, warmup, repeats))
+            record_or_error(row, "raster_loss_opacity_tiles", lambda: timed(tight_pass))
         if not raster_only:
-            record_or_error(row, "full", lambda: time_ms(full, warmup, repeats))
+            record_or_error(row, "full", lambda: timed(full))
         rows.append(row)
     return rows
 
 
 def child_command(site: str, n: int, width: int, height: int, sh_degree: int, warmup: int, repeats: int,
                   implementations: Sequence[str], raster_only: bool, projection: str, out: Path,
-                  scene_file: Optional[Path] = None) -> Dict:
+                  scene_file: Optional[Path] = None, queue_ms: float = QUEUE_MS) -> Dict:
     """The command and environment that time the gsplat installed in ``site`` on the same scene: the
     random one of ``n`` Gaussians, or the one in ``scene_file`` (``bench.scene_file``)."""
     scene = ["--scene-file", str(scene_file)] if scene_file is not None else ["--num-gaussians", str(n)]
     command = [sys.executable, "-m", "bytesplat_ns.bench.baseline_child", *scene, "--width", str(width),
                "--height", str(height), "--sh-degree", str(sh_degree), "--warmup", str(warmup),
-               "--repeats", str(repeats), "--projection", projection, "--ssim", *implementations, "--out", str(out)]
+               "--repeats", str(repeats), "--queue-ms", str(queue_ms), "--projection", projection, "--ssim", *implementations,
+               "--out", str(out)]
     if raster_only:
         command.append("--raster-only")
     return {"command": command, "env": site_env(site)}
@@ -188,7 +194,7 @@ def child_failure(done: "subprocess.CompletedProcess") -> str:
 
 def measure_in_child(site: str, n: int, width: int, height: int, sh_degree: int, warmup: int, repeats: int,
                      implementations: Sequence[str], raster_only: bool, projection: str,
-                     scene: Optional[Dict] = None) -> List[Dict]:
+                     scene: Optional[Dict] = None, queue_ms: float = QUEUE_MS) -> List[Dict]:
     """``measure`` for the gsplat in ``site``, in a child process, on the random scene of ``n``
     Gaussians or on ``scene`` (handed over in a file); rows carry ``site``, or one row with the error
     when the child fails."""
@@ -198,7 +204,7 @@ def measure_in_child(site: str, n: int, width: int, height: int, sh_degree: int,
         out = Path(tmp) / "rows.json"
         scene_file = save_scene(scene, Path(tmp) / "scene.pt") if scene is not None else None
         spec = child_command(site, n, width, height, sh_degree, warmup, repeats, implementations, raster_only,
-                             projection, out, scene_file)
+                             projection, out, scene_file, queue_ms)
         done = subprocess.run(spec["command"], env=spec["env"], capture_output=True, text=True)
         if done.returncode != 0 or not out.is_file():
             return [{"site": site, "error": child_failure(done)}]
@@ -208,17 +214,17 @@ def measure_in_child(site: str, n: int, width: int, height: int, sh_degree: int,
 
 def baseline_rows(inp, scene_label: str, gsplat_ok: bool, baseline_ssim: Sequence[str],
                   gsplat_sites: Sequence[str], warmup: int, repeats: int, raster_only: bool,
-                  fused_loss: Optional[float]) -> List[Dict]:
+                  fused_loss: Optional[float], queue_ms: float = QUEUE_MS) -> List[Dict]:
     """gsplat + each SSIM: this process's gsplat on ``inp`` (``raster.StageInputs``), and the gsplat
     of each site in a child on the same scene (a trained one is handed over in a file); each row's
     loss against the fused one."""
     rows: List[Dict] = []
     if gsplat_ok and baseline_ssim:
-        rows += measure(inp, baseline_ssim, warmup, repeats, raster_only)
+        rows += measure(inp, baseline_ssim, warmup, repeats, raster_only, queue_ms)
     for site in gsplat_sites:
         rows += measure_in_child(site, int(inp.scene["means"].shape[0]), inp.W, inp.H, inp.sh_degree, warmup, repeats,
                                  baseline_ssim, raster_only, projection="torch",
-                                 scene=None if scene_label == "synthetic" else inp.scene)
+                                 scene=None if scene_label == "synthetic" else inp.scene, queue_ms=queue_ms)
     for row in rows:
         if isinstance(row.get("loss_value"), float) and isinstance(fused_loss, float):
             row["loss_rel_diff_vs_fused"] = abs(row["loss_value"] - fused_loss) / abs(fused_loss)

@@ -55,6 +55,7 @@ from typing import List, Optional
 
 def raster_parser() -> argparse.ArgumentParser:
     """``bytesplat-bench raster``'s options (also how a suite's raster steps are checked)."""
+    from bytesplat_ns.bench.timing import QUEUE_MS
     from bytesplat_ns.bench.trained import add_scene_options
 
     p = argparse.ArgumentParser(prog="bytesplat-bench raster",
@@ -67,6 +68,10 @@ def raster_parser() -> argparse.ArgumentParser:
                    "resized), e.g. 2.4 turns 800x600 into 1920x1440")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--queue-ms", type=float, default=QUEUE_MS,
+                   help="the GPU spins this long before each timed pass, so the host has issued every launch of the "
+                   "pass before its first runs: the events time the GPU's work alone, as a CUDA graph replays it "
+                   "(0: the host's issue time is timed too)")
     p.add_argument("--skip-gsplat", action="store_true", help="time only the fused backend")
     p.add_argument("--projection", choices=["gsplat", "torch"], default="gsplat",
                    help="projection for the fused paths and the shared 2D inputs (gsplat's CUDA one by default)")
@@ -103,7 +108,7 @@ def _raster(argv: List[str]) -> int:
     command = "bytesplat-bench raster " + " ".join(shlex.quote(x) for x in argv)
     run(a.num_gaussians or [1_000_000], a.width or 1920, a.height or 1080, a.sh_degree, a.warmup, a.repeats, a.out,
         command, a.skip_gsplat, a.projection, a.raster_only, trained=a.trained, trained_view=a.trained_view,
-        trained_scale=a.trained_scale, baseline_ssim=a.baseline_ssim, gsplat_sites=a.gsplat_site)
+        trained_scale=a.trained_scale, baseline_ssim=a.baseline_ssim, gsplat_sites=a.gsplat_site, queue_ms=a.queue_ms)
     return 0
 
 

@@ -57,7 +57,8 @@ import torch
 from bytesplat_ns.bench.baselines import baseline_rows
 from bytesplat_ns.bench.synthetic import synthetic_scene
 from bytesplat_ns.bench.timing import record_or_error as _safe
-from bytesplat_ns.bench.timing import time_ms
+from bytesplat_ns.bench.timing import QUEUE_MS
+from bytesplat_ns.bench.timing import time_ms as time_events
 from bytesplat_ns.raster.fused import (
     FusedOptions,
     _FusedLoss,
@@ -118,6 +119,7 @@ class StageInputs:
         self.offsets, self.fids = bin_tiles(self.m2, self.radii, self.depths, width, height)
         self._opacity_aware_bins = None
         self._trimmed_bins = None
+        self._staged_leaves = None
 
     def opacity_aware_bins(self):
         """The tile lists of the same 2D inputs binned into each Gaussian's opacity-aware reach
@@ -154,7 +156,17 @@ class StageInputs:
         p, s = self.params, self.scene
         return (p["means"], p["quats"], p["scales"], p["opacities"], p["colors"], s["viewmats"], s["Ks"], self.W, self.H)
 
+    def stage_leaves(self) -> None:
+        """Clone the next pass's inputs now (``time_ms``'s ``prepare``: outside the timing, as a trainer's
+        tensors exist before its step); :meth:`leaves` hands them out once."""
+        self._staged_leaves = self._fresh_leaves()
+
     def leaves(self):
+        """The 2D inputs as fresh leaves that take gradients: those :meth:`stage_leaves` made, else new clones."""
+        staged, self._staged_leaves = self._staged_leaves, None
+        return staged if staged is not None else self._fresh_leaves()
+
+    def _fresh_leaves(self):
         return [t.detach().clone().requires_grad_(True) for t in (self.m2, self.con, self.col, self.op)]
 
     def fused_raster_loss(self, blocks_per_sm: int = 2, schedule: str = "one_launch", contribution: bool = False,
@@ -201,8 +213,12 @@ class StageInputs:
 def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repeats: int,
               skip_gsplat: bool = False, projection: str = "gsplat", raster_only: bool = False,
               scene: Optional[Dict] = None, scene_label: str = "synthetic", baseline_ssim: Sequence[str] = (),
-              gsplat_sites: Sequence[str] = ()) -> Dict:
+              gsplat_sites: Sequence[str] = (), queue_ms: float = QUEUE_MS) -> Dict:
     inp = StageInputs(n, width, height, sh_degree, projection, scene=scene)
+
+    def time_ms(fn, warmup, repeats):  # each arm's launches queued ahead, the 2D passes' inputs cloned untimed
+        return time_events(fn, warmup, repeats, prepare=inp.stage_leaves, queue_ms=queue_ms)
+
     scene = None  # inp holds it (freed below)
     s, W, H, sh_degree, args3d = inp.scene, inp.W, inp.H, inp.sh_degree, inp.args3d
     m2, con, col, op, radii, depths = inp.m2, inp.con, inp.col, inp.op, inp.radii, inp.depths
@@ -314,7 +330,7 @@ def bench_one(n: int, width: int, height: int, sh_degree: int, warmup: int, repe
         if not raster_only:
             _safe(out, "full_gsplat", lambda: time_ms(gsplat_full, warmup, repeats))
     out["baselines"] = baseline_rows(inp, scene_label, gsplat_ok, baseline_ssim, gsplat_sites, warmup, repeats,
-                                     raster_only, out.get("fused_split_loss_value"))
+                                     raster_only, out.get("fused_split_loss_value"), queue_ms)
 
     def fused_full(schedule=None, opacity_aware_tiles=False):
         options = FusedOptions(projection=projection, opacity_aware_tiles=opacity_aware_tiles,
@@ -364,7 +380,7 @@ def run(num_gaussians: List[int], width: int, height: int, sh_degree: Optional[i
         repeats: int = 20, out: Optional[str] = None, command: Optional[str] = None,
         skip_gsplat: bool = False, projection: str = "gsplat", raster_only: bool = False,
         trained: Optional[str] = None, trained_view: int = 0, trained_scale: float = 1.0,
-        baseline_ssim: Sequence[str] = (), gsplat_sites: Sequence[str] = ()) -> Dict:
+        baseline_ssim: Sequence[str] = (), gsplat_sites: Sequence[str] = (), queue_ms: float = QUEUE_MS) -> Dict:
     """One row per Gaussian count (synthetic scenes), or one row for the trained run ``trained``
     (its view ``trained_view`` at ``trained_scale`` x its resolution; ``num_gaussians``, ``width``
     and ``height`` are then the run's; ``sh_degree`` None: the model's)."""
@@ -403,6 +419,7 @@ def run(num_gaussians: List[int], width: int, height: int, sh_degree: Optional[i
         "views": 1,
         "warmup": warmup,
         "repeats": repeats,
+        "queue_ms": queue_ms,
         "ssim_lambda": 0.2,
         "projection": projection,
         "scene": scene_label,
@@ -415,7 +432,7 @@ def run(num_gaussians: List[int], width: int, height: int, sh_degree: Optional[i
     for n in num_gaussians:
         r = bench_one(n, width, height, sh_degree, warmup, repeats, skip_gsplat=skip_gsplat,
                       projection=projection, raster_only=raster_only, scene=scene, scene_label=scene_label,
-                      baseline_ssim=baseline_ssim, gsplat_sites=gsplat_sites)
+                      baseline_ssim=baseline_ssim, gsplat_sites=gsplat_sites, queue_ms=queue_ms)
         scene = None  # bench_one frees it
         result["runs"].append(r)
         print(json.dumps(r), flush=True)

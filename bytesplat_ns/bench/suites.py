@@ -170,7 +170,11 @@ SUITES: Dict[str, Suite] = {s.name: s for s in (
           "pip-installed into with --target)",
           1,
           (Step("raster", _args("--num-gaussians 1000000 4000000 --width 1920 --height 1080 --warmup 3 --repeats 10 "
-                                "--baseline-ssim pytorch_msssim fussim --gsplat-site {data}"), name="raster_baselines"),),
+                                "--baseline-ssim pytorch_msssim fussim --gsplat-site {data}"), name="raster_baselines"),
+           # the same against the strongest baseline with the host's issue time timed too (no launches queued)
+           Step("raster", _args("--num-gaussians 1000000 4000000 --width 1920 --height 1080 --warmup 3 --repeats 10 "
+                                "--baseline-ssim fussim --gsplat-site {data} --queue-ms 0 --raster-only"),
+                name="raster_baselines_issued")),
           needs_data=True),
     Suite("step-baselines",
           "a whole training step (activations, projection, SH, binning, render, loss, backward, densification "

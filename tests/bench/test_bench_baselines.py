@@ -92,6 +92,11 @@ def test_another_gsplat_runs_in_a_child_with_its_site_first(tmp_path):
     assert spec["env"]["PYTHONPATH"].split(":")[0] == str(tmp_path)
     assert spec["command"][1:3] == ["-m", "bytesplat_ns.bench.baseline_child"]
     assert "--raster-only" in spec["command"] and spec["command"][spec["command"].index("--ssim") + 1] == "fussim"
+    # the child times its passes as the parent times ours: launches queued as far ahead
+    assert spec["command"][spec["command"].index("--queue-ms") + 1] == "5.0"
+    spec = baselines.child_command(str(tmp_path), 1000, 64, 48, 3, 1, 2, ["fussim"], True, "torch", tmp_path / "o.json",
+                                   queue_ms=0.0)
+    assert spec["command"][spec["command"].index("--queue-ms") + 1] == "0.0"
 
 
 def test_a_trained_scene_goes_to_the_child_as_a_file(tmp_path, monkeypatch):

@@ -189,9 +189,10 @@ def test_raster_bench_on_the_trained_scene(monkeypatch, tmp_path, trained):
     seen = {}
 
     def bench_one(n, width, height, sh_degree, warmup, repeats, skip_gsplat=False, projection="gsplat",
-                  raster_only=False, scene=None, scene_label="synthetic", baseline_ssim=(), gsplat_sites=()):
+                  raster_only=False, scene=None, scene_label="synthetic", baseline_ssim=(), gsplat_sites=(),
+                  queue_ms=None):
         inp = raster.StageInputs(n, width, height, sh_degree, "torch", scene=scene)
-        seen.update(baseline_ssim=list(baseline_ssim), gsplat_sites=list(gsplat_sites))
+        seen.update(baseline_ssim=list(baseline_ssim), gsplat_sites=list(gsplat_sites), queue_ms=queue_ms)
         seen.update(n=n, W=inp.W, H=inp.H, sh=inp.sh_degree, visible=int((inp.radii > 0).sum()),
                     lists=int(inp.offsets[-1]), tiles=inp.offsets.numel() - 1)
         # the warp blocks each cull test keeps per opacity-aware entry (the kernel's twin stands in)
@@ -220,7 +221,8 @@ def test_raster_bench_on_the_trained_scene(monkeypatch, tmp_path, trained):
     assert (seen["n"], seen["W"], seen["H"], seen["sh"], seen["tiles"]) == (n, 64, 48, 3, 4 * 3)
     assert seen["visible"] > 0 and seen["lists"] >= seen["visible"]
     assert 0 < seen["rows"] <= seen["box"] <= 8
-    assert seen["baseline_ssim"] == ["pytorch_msssim", "fussim"] and seen["gsplat_sites"] == []  # the defaults
+    # the defaults
+    assert seen["baseline_ssim"] == ["pytorch_msssim", "fussim"] and seen["gsplat_sites"] == [] and seen["queue_ms"] == 5.0
 
 
 def test_distributed_bench_one_process_on_the_trained_scene(tmp_path, trained):
