@@ -287,20 +287,55 @@ __device__ __forceinline__ void load_gaussians_masked(
     }
 }
 
-// Composite shared slots [0, count) (list indices base + slot) into one pixel's state, front to
-// back; a pixel stops before the Gaussian that would take T to kTMin or below (that one is NOT
+// Which slots a warp walks: AllSlots tests every slot's warp mask in the loop (a skipped slot costs its
+// load, test and branch: 9 instructions); WarpSlots walks a list of the warp's own slots built once per
+// batch (warp_slot_list), so a slot the warp cannot see costs it nothing in the loop.
+struct AllSlots {
+    const uint32_t *warps;
+    uint32_t bits;
+    __device__ __forceinline__ bool get(int j, int &k) const {
+        k = j;
+        return warps[j] & bits;
+    }
+};
+struct WarpSlots {
+    const uint8_t *list;
+    __device__ __forceinline__ bool get(int j, int &k) const {
+        k = list[j];
+        return true;
+    }
+};
+
+// The shared slots in [lo, hi) whose warp mask has a bit of `bits`, in ascending order, into this warp's
+// `list` (one byte per slot: hi <= 256); returns how many. Called by all 32 lanes of the warp.
+__device__ __forceinline__ int warp_slot_list(const uint32_t *warps, int lo, int hi, uint32_t bits, uint8_t *list) {
+    const int lane = threadIdx.x & 31;
+    int n = 0;
+    for (int first = lo; first < hi; first += 32) {
+        const int k = first + lane;
+        const bool seen = k < hi && (warps[k] & bits);
+        const uint32_t ballot = __ballot_sync(0xffffffffu, seen);
+        if (seen) list[n + __popc(ballot & ((1u << lane) - 1u))] = uint8_t(k);
+        n += __popc(ballot);
+    }
+    __syncwarp();
+    return n;
+}
+
+// Composite shared slots into one pixel's state, front to back: slots.get(j) for j in [0, count) (AllSlots:
+// slot j, WarpSlots: the warp's j-th listed slot; list index base + slot); a pixel stops before the Gaussian that would take T to kTMin or below (that one is NOT
 // composited, as in gsplat). `stop` gets its list index (untouched if none): the pruning score
 // counts it (docs/pruning.md); callers that do not need it leave it dead. One loop with the steps
 // written out: a step function returning skipped / composited / saturated cost the forward's loop
 // 7 instructions of state passing (suite sass-loops).
-template <bool FASTEXP>
+template <bool FASTEXP, class Slots>
 __device__ __forceinline__ void composite_slots(
-    const SmemGaussians &s, int count, int base, float px, float py, float &T, float3 &acc,
+    const SmemGaussians &s, const Slots &slots, int count, int base, float px, float py, float &T, float3 &acc,
     int &last, int &stop, bool &done) {
     if (done) return;
-    const uint32_t wbit = 1u << (threadIdx.x >> 5);
-    for (int k = 0; k < count; ++k) {
-        if (!(s.warps[k] & wbit)) continue;  // skipped at every pixel of this warp
+    for (int j = 0; j < count; ++j) {
+        int k;
+        if (!slots.get(j, k)) continue;  // skipped at every pixel of this warp
         const float4 a = s.g0[k];
         const float dx = a.x - px, dy = a.y - py;
         const float4 b = s.g1[k];
@@ -525,11 +560,15 @@ __device__ __forceinline__ void write_chunk_grads(
 // reduction, max-reduced (warp, then a shared and a global integer atomicMax on the bits), so the
 // butterfly needs no extra shuffle with absgrad (K 11 -> 12 is still 13); the caller walks up to
 // max(last, stop + 1) instead of last.
-template <int CHUNK, bool ABS, bool BUTTERFLY, bool CONTRIB, bool FASTEXP>
+// LISTS: each warp walks its list of the chunk's slots it can see (warp_slot_list into `list`, CHUNK bytes
+// of its own; at most 256 slots) instead of testing every slot's mask in the loop; the same slots in the
+// same order, so the same sums.
+template <int CHUNK, bool ABS, bool BUTTERFLY, bool CONTRIB, bool FASTEXP, bool LISTS = false>
 __device__ __forceinline__ void backward_slots(
     const SmemGaussians &s, int lo, int hi, int base, int warp_end, PixelBwd &p, float *s_acc,
     float *__restrict__ v_means2d, float *__restrict__ v_conics, float *__restrict__ v_colors,
-    float *__restrict__ v_opacities, float *__restrict__ v_means2d_abs, float *__restrict__ contrib) {
+    float *__restrict__ v_opacities, float *__restrict__ v_means2d_abs, float *__restrict__ contrib,
+    uint8_t *list = nullptr) {
     constexpr int K = CONTRIB ? kContribComp + 1 : (ABS ? kGradComps : 9);  // components actually reduced
     constexpr int KMAX = CONTRIB ? kContribComp : -1;
     constexpr int kStride = CONTRIB ? kAccComps : kGradComps;  // s_acc floats per Gaussian
@@ -537,8 +576,14 @@ __device__ __forceinline__ void backward_slots(
     const uint32_t wbit = 1u << (threadIdx.x >> 5);
     for (int chunk_hi = hi; chunk_hi > lo; chunk_hi -= CHUNK) {
         const int chunk_lo = max(lo, chunk_hi - CHUNK);
-        for (int k = min(chunk_hi, warp_end - base) - 1; k >= chunk_lo; --k) {
-            if (!(s.warps[k] & wbit)) continue;  // warp-uniform: no lane would be valid or stopped
+        const int k_end = min(chunk_hi, warp_end - base);
+        // j over the warp's listed slots, or over every slot of the chunk with its mask tested
+        const int j_lo = LISTS ? 0 : chunk_lo;
+        const int j_hi = LISTS ? warp_slot_list(s.warps, chunk_lo, k_end, wbit, list) : k_end;
+        for (int j = j_hi - 1; j >= j_lo; --j) {
+            int k;
+            // warp-uniform: no lane would be valid or stopped
+            if (LISTS ? !WarpSlots{list}.get(j, k) : !AllSlots{s.warps, wbit}.get(j, k)) continue;
             float g[kGradPad];
 #pragma unroll
             for (int c = kGradComps; c < kGradPad; ++c) g[c] = 0.f;  // butterfly padding (and the score)

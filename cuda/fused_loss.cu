@@ -86,7 +86,8 @@ __global__ void __launch_bounds__(kBlock, 2) fused_loss_kernel(const Params P) {
                                     P.opacities, tx * kTile, ty * kTile, P.warp_cull != 0);
         loaded = b;
         __syncthreads();
-        composite_slots<FASTEXP>(s, cnt, b * P.cap, px, py, T, acc, last, stop, done);
+        composite_slots<FASTEXP>(s, AllSlots{s.warps, 1u << (threadIdx.x >> 5)}, cnt, b * P.cap, px, py, T, acc, last,
+                                 stop, done);
     }
     const float3 bgc = make_float3(P.bg[3 * cam], P.bg[3 * cam + 1], P.bg[3 * cam + 2]);
     const float raw[3] = {acc.x + T * bgc.x, acc.y + T * bgc.y, acc.z + T * bgc.z};

@@ -16,6 +16,9 @@ constexpr int kWarpWidth = 8;
 // batch between two barriers (backward_slots' CHUNK = kBatch).
 constexpr int kBatch = kBlock;
 constexpr int kSmemGauss = kBatch * SmemGaussians::kBytes;
+// Each warp's list of the batch's slots it can see (common.cuh warp_slot_list): one byte per slot.
+constexpr int kSmemWarpLists = kWarps * kBatch;
+static_assert(kBatch <= 256, "a warp's slot list holds slots in one byte");
 
 inline void check_inputs(const at::Tensor &means2d, const at::Tensor &conics, const at::Tensor &colors,
                          const at::Tensor &opacities, const at::Tensor &offsets, const at::Tensor &flatten_ids,

@@ -14,8 +14,9 @@ namespace {
 
 using namespace plain;
 
-// The staged batch, the block's gradient sums per Gaussian and component, and the reduction scratch.
-constexpr int kSmemBwdBytes = kSmemGauss + kBatch * kAccComps * 4 + 64;
+// The staged batch, the block's gradient sums per Gaussian and component, the reduction scratch and the
+// warps' slot lists.
+constexpr int kSmemBwdBytes = kSmemGauss + kBatch * kAccComps * 4 + 64 + kSmemWarpLists;
 
 // The plain backward's arguments (render_bwd_kernel, render_bwd_2px_kernel: one launcher for both).
 // stop_ids and contrib only with the pruning score (CONTRIB), v_means2d_abs only with absgrad.
@@ -33,12 +34,13 @@ struct BwdArgs {
 };
 
 // A backward block's tile and shared memory: the staged Gaussians, the gradient sums (the first
-// `acc_floats` zeroed by the NT threads; block_max_int's barrier orders that before their use) and
-// the reduction scratch.
+// `acc_floats` zeroed by the NT threads; block_max_int's barrier orders that before their use), the
+// reduction scratch and this warp's slot list (backward_slots' LISTS).
 struct BwdBlock {
     SmemGaussians s;
     float *acc;
     int *red;
+    uint8_t *list;
     int cam, tx, ty, start, end;
 };
 
@@ -49,6 +51,7 @@ __device__ __forceinline__ BwdBlock bwd_block(const BwdArgs &a, int acc_floats) 
     char *p_end = blk.s.carve(reinterpret_cast<char *>(smem4), kBatch);
     blk.acc = reinterpret_cast<float *>(p_end);
     blk.red = reinterpret_cast<int *>(blk.acc + kBatch * kAccComps);
+    blk.list = reinterpret_cast<uint8_t *>(blk.red + 16) + (threadIdx.x >> 5) * kBatch;
     for (int i = threadIdx.x; i < acc_floats; i += NT) blk.acc[i] = 0.f;
     const int3 tile = block_tile(a.tile_order, a.tw, a.th);
     blk.tx = tile.x;
@@ -106,9 +109,9 @@ __global__ void __launch_bounds__(kBlock, 5) render_bwd_kernel(const BwdArgs a) 
                                        a.colors, a.opacities, blk.tx * kTile, blk.ty * kTile, a.cull, a.warp_masks);
         __syncthreads();
         const int hi = min(cnt, max_last - b * kBatch);
-        backward_slots<kBatch, ABS, BUTTERFLY, CONTRIB, FASTEXP>(blk.s, 0, hi, b * kBatch, warp_end, p, blk.acc,
-                                                                 a.v_means2d, a.v_conics, a.v_colors, a.v_opacities,
-                                                                 a.v_means2d_abs, a.contrib);
+        backward_slots<kBatch, ABS, BUTTERFLY, CONTRIB, FASTEXP, true>(
+            blk.s, 0, hi, b * kBatch, warp_end, p, blk.acc, a.v_means2d, a.v_conics, a.v_colors, a.v_opacities,
+            a.v_means2d_abs, a.contrib, blk.list);
     }
 }
 

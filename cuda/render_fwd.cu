@@ -14,10 +14,12 @@ namespace {
 
 using namespace plain;
 
-constexpr int kSmemFwdBytes = kSmemGauss;
+constexpr int kSmemFwdBytes = kSmemGauss + kSmemWarpLists;
 
+// 8 blocks per SM (32 registers): walking the warps' slot lists took 38 registers unbounded, 6 blocks per
+// SM; at 32 the 20 bytes spilled are outside the compositing loop (suite sass-loops).
 template <bool FASTEXP>
-__global__ void __launch_bounds__(kBlock) render_fwd_kernel(
+__global__ void __launch_bounds__(kBlock, 8) render_fwd_kernel(
     int W, int H, int tw, int th, const float *__restrict__ means2d,
     const float *__restrict__ conics, const float *__restrict__ colors,
     const float *__restrict__ opacities, const float *__restrict__ bg,
@@ -27,7 +29,8 @@ __global__ void __launch_bounds__(kBlock) render_fwd_kernel(
     const int32_t *__restrict__ tile_order) {
     extern __shared__ float4 smem4[];
     SmemGaussians s;
-    s.carve(reinterpret_cast<char *>(smem4), kBatch);
+    const int warp = threadIdx.x >> 5;
+    uint8_t *list = reinterpret_cast<uint8_t *>(s.carve(reinterpret_cast<char *>(smem4), kBatch)) + warp * kBatch;
 
     const int3 tile = block_tile(tile_order, tw, th);
     const int tx = tile.x, ty = tile.y, cam = tile.z;
@@ -49,7 +52,8 @@ __global__ void __launch_bounds__(kBlock) render_fwd_kernel(
         load_gaussians<kWarpWidth, FASTEXP>(s, flatten_ids, b0, cnt, means2d, conics, colors, opacities,
                                             tx * kTile, ty * kTile, cull);
         __syncthreads();
-        composite_slots<FASTEXP>(s, cnt, b0 - start, px, py, T, acc, last, stop, done);
+        const int n = warp_slot_list(s.warps, 0, cnt, 1u << warp, list);  // rewritten after the next barrier
+        composite_slots<FASTEXP>(s, WarpSlots{list}, n, b0 - start, px, py, T, acc, last, stop, done);
     }
     if (!inside) return;
     const int64_t pix = ((int64_t)cam * H + y) * W + x;
