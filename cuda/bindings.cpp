@@ -21,7 +21,8 @@ std::vector<at::Tensor> render_bwd(const at::Tensor &means2d, const at::Tensor &
                                    const c10::optional<at::Tensor> &stop, bool warp_cull,
                                    const c10::optional<at::Tensor> &warp_masks,
                                    bool fast_exp, int64_t pixels_per_thread,
-                                   const c10::optional<at::Tensor> &tile_order);
+                                   const c10::optional<at::Tensor> &tile_order,
+                                   const c10::optional<at::Tensor> &v_scale);
 int64_t fused_capacity(int64_t blocks_per_sm);
 std::vector<int64_t> fused_smem_layout();
 std::vector<at::Tensor> fused_loss(const at::Tensor &means2d, const at::Tensor &conics,

@@ -1,7 +1,8 @@
 // Plain tile rasterizer, backward: 2D gradients from dL/d render (and, on request, the pruning score:
 // docs/pruning.md), one block per 16x16 tile, the tile's Gaussians walked back to front. Used by
-// rasterize_fused and as the last launch of the fused loss's split schedule; the forward is
-// render_fwd.cu.
+// rasterize_fused and as the last launch of the fused loss's split schedule, which runs it in its autograd
+// backward with the loss's incoming gradient as v_scale (read on the device: no host sync, no pass over
+// the gradients to scale them); the forward is render_fwd.cu.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -27,6 +28,7 @@ struct BwdArgs {
     const float *T_final;
     const int32_t *last_ids, *stop_ids;
     const float *v_render, *v_alpha;
+    const float *v_scale;  // one float on the device multiplying v_render and v_alpha, or nullptr (1)
     float *v_means2d, *v_conics, *v_colors, *v_opacities, *v_means2d_abs, *contrib;
     bool cull;                  // the box test, where there are no masks
     const uint8_t *warp_masks;  // one byte per list entry (cuda/warp_masks.cu: the rows test) or nullptr
@@ -82,8 +84,9 @@ __device__ __forceinline__ PixelBwd pixel_bwd_state(const BwdArgs &a, int x, int
         p.T = p.T_final = a.T_final[pix];
         p.last = a.last_ids[pix];
         if (CONTRIB) p.stop = a.stop_ids[pix];
-        p.v_rgb = make_float3(a.v_render[3 * pix], a.v_render[3 * pix + 1], a.v_render[3 * pix + 2]);
-        float va = a.v_alpha != nullptr ? a.v_alpha[pix] : 0.f;
+        const float k = a.v_scale != nullptr ? *a.v_scale : 1.f;
+        p.v_rgb = make_float3(k * a.v_render[3 * pix], k * a.v_render[3 * pix + 1], k * a.v_render[3 * pix + 2]);
+        float va = a.v_alpha != nullptr ? k * a.v_alpha[pix] : 0.f;
         if (a.bg != nullptr)
             va -= a.bg[3 * cam] * p.v_rgb.x + a.bg[3 * cam + 1] * p.v_rgb.y + a.bg[3 * cam + 2] * p.v_rgb.z;
         p.v_aT = p.T_final * va;
@@ -167,7 +170,8 @@ std::vector<at::Tensor> render_bwd(const at::Tensor &means2d, const at::Tensor &
                                    const c10::optional<at::Tensor> &stop,
                                    bool warp_cull, const c10::optional<at::Tensor> &warp_masks,
                                    bool fast_exp, int64_t pixels_per_thread,
-                                   const c10::optional<at::Tensor> &tile_order) {
+                                   const c10::optional<at::Tensor> &tile_order,
+                                   const c10::optional<at::Tensor> &v_scale) {
     TORCH_CHECK(pixels_per_thread == 1 || pixels_per_thread == 2,
                 "bytesplat: the backward takes 1 or 2 pixels per thread, got ", pixels_per_thread);
     check_inputs(means2d, conics, colors, opacities, offsets, flatten_ids, warp_masks);
@@ -177,6 +181,9 @@ std::vector<at::Tensor> render_bwd(const at::Tensor &means2d, const at::Tensor &
     const at::cuda::CUDAGuard guard(means2d.device());
     const int tw = (W + kTile - 1) / kTile, th = (H + kTile - 1) / kTile;
     check_tile_order(tile_order, offsets, C, tw, th);
+    TORCH_CHECK(!v_scale.has_value() || (v_scale->is_cuda() && v_scale->scalar_type() == at::kFloat &&
+                                         v_scale->numel() == 1 && v_scale->device() == means2d.device()),
+                "bytesplat: v_scale must be one float32 on the Gaussians' GPU");
     // Every output is summed into by atomics: one zeroed buffer and one fill for all of them, each a
     // contiguous slice of it shaped like its input, starting 256-byte aligned as its own allocation
     // would (vectorized consumers such as torch's elementwise kernels check the alignment).
@@ -206,7 +213,7 @@ std::vector<at::Tensor> render_bwd(const at::Tensor &means2d, const at::Tensor &
                        colors.data_ptr<float>(), opacities.data_ptr<float>(), bg, offsets.data_ptr<int32_t>(),
                        flatten_ids.data_ptr<int32_t>(), T_final.data_ptr<float>(), last.data_ptr<int32_t>(),
                        contribution ? stop_keep.data_ptr<int32_t>() : nullptr, vr.data_ptr<float>(), va,
-                       v_means2d.data_ptr<float>(), v_conics.data_ptr<float>(), v_colors.data_ptr<float>(),
+                       v_scale.has_value() ? v_scale->data_ptr<float>() : nullptr, v_means2d.data_ptr<float>(), v_conics.data_ptr<float>(), v_colors.data_ptr<float>(),
                        v_opacities.data_ptr<float>(), absgrad ? v_abs.data_ptr<float>() : nullptr,
                        contribution ? contrib.data_ptr<float>() : nullptr,
                        warp_cull, warp_masks.has_value() ? warp_masks->data_ptr<uint8_t>() : nullptr,

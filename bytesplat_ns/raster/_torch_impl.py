@@ -252,8 +252,13 @@ class TorchOps:
         return rgb, alpha, T, torch.zeros(C, H, W, dtype=torch.int32), stop
 
     def render_bwd(self, m, c, col, o, bg, offsets, fids, C, W, H, T, last, v_rgb, v_alpha, absgrad,
-                   butterfly, contribution, stop, warp_cull, warp_masks, fast_exp, pixels_per_thread, tile_order):
+                   butterfly, contribution, stop, warp_cull, warp_masks, fast_exp, pixels_per_thread, tile_order,
+                   v_scale):
         check_tile_order(tile_order, offsets, W, H)
+        if v_scale is not None:  # the kernel multiplies dL/d render and v_alpha by it as it reads them
+            assert v_scale.dtype == torch.float32 and v_scale.numel() == 1 and v_scale.device == m.device
+            v_rgb = v_rgb * v_scale
+            v_alpha = v_alpha * v_scale if v_alpha is not None else None
         assert isinstance(butterfly, bool) and isinstance(contribution, bool) and isinstance(warp_cull, bool)
         assert warp_masks is None or (warp_masks.dtype == torch.uint8 and warp_masks.shape == fids.shape)
         assert isinstance(fast_exp, bool) and pixels_per_thread in (1, 2)

@@ -124,6 +124,7 @@ class _RasterizeFused(torch.autograd.Function):
         vm, vc, vcol, vo, vabs, _ = ops.render_bwd(
             m, c, col, o, bg, offsets, flatten_ids, C, W, H, T, last, v_rgb.contiguous().float(), va, absgrad,
             ctx.butterfly, False, None, ctx.warp_cull != CULL_OFF, masks, ctx.fast_exp, ctx.bwd_pixels, tile_order,
+            None,
         )
         N = means2d.shape[1]
         if absgrad:
@@ -133,27 +134,29 @@ class _RasterizeFused(torch.autograd.Function):
                 None, None, None, None, None, None, None, None, None, None)
 
 
-def _split_loss(m, c, col, o, bg, gt, offsets, flatten_ids, C, W, H, ssim_lambda, absgrad, butterfly,
-                contribution, cull, fast_exp, bwd_pixels, tile_order):
-    """The split schedule: three plain launches, nothing but images crossing between them.
-
-    render_fwd (with the backgrounds: render + T*bg, alpha, T, last, and with ``contribution`` each
-    pixel's stopping Gaussian) -> loss_grad (dL/d render = the per-pixel loss gradient times
-    torch.clamp's mask, clamped rgb, per-region L1 and SSIM sums) -> render_bwd (v_render and the
-    backgrounds, which it turns into the alpha term; the pruning score with ``contribution``).
-    Returns what fused_loss returns, info = (two_phase, capacity, resident, smem) =
-    (0, RENDER_BATCH, 0, 0)."""
+def _split_forward(m, c, col, o, bg, gt, offsets, flatten_ids, C, W, H, ssim_lambda, contribution, cull, fast_exp,
+                   tile_order):
+    """The split schedule's first two launches: render_fwd (with the backgrounds: render + T*bg, alpha, T,
+    last, and with ``contribution`` each pixel's stopping Gaussian) -> loss_grad (dL/d render = the per-pixel
+    loss gradient times torch.clamp's mask, clamped rgb, per-region L1 and SSIM sums). Returns (rgb, alpha,
+    partials, T, last, stop, v_render): nothing but images crosses to :func:`_split_backward`."""
     ops = _ops()
     render, alpha, T, last, stop = ops.render_fwd(m, c, col, o, bg, offsets, flatten_ids, C, W, H, bool(contribution),
                                                   cull != CULL_OFF, fast_exp, tile_order)
     v_render, rgb, partials = ops.loss_grad(render, gt, float(ssim_lambda), ssim_window(), _torch_clamp_inclusive())
-    del render
+    return rgb, alpha, partials, T, last, stop, v_render
+
+
+def _split_backward(m, c, col, o, bg, offsets, flatten_ids, C, W, H, T, last, stop, v_render, absgrad, butterfly,
+                    contribution, cull, fast_exp, bwd_pixels, tile_order, v_scale=None):
+    """The split schedule's last launch: render_bwd from v_render (times ``v_scale``, a device scalar, when
+    given) and the backgrounds, which it turns into the alpha term; the pruning score with ``contribution``.
+    Returns (v_means2d, v_conics, v_colors, v_opacities, v_abs, contribution)."""
+    ops = _ops()
     masks = _backward_masks(ops, m, c, o, offsets, flatten_ids, C, W, H, cull)
-    vm, vc, vcol, vo, vabs, contrib = ops.render_bwd(
-        m, c, col, o, bg, offsets, flatten_ids, C, W, H, T, last, v_render, None, bool(absgrad), bool(butterfly),
-        bool(contribution), stop if contribution else None, cull != CULL_OFF, masks, fast_exp, bwd_pixels, tile_order)
-    info = torch.tensor([0, RENDER_BATCH, 0, 0], dtype=torch.long)
-    return rgb, alpha, partials, vm, vc, vcol, vo, vabs, info, contrib
+    return ops.render_bwd(m, c, col, o, bg, offsets, flatten_ids, C, W, H, T, last, v_render, None, bool(absgrad),
+                          bool(butterfly), bool(contribution), stop if contribution else None, cull != CULL_OFF, masks,
+                          fast_exp, bwd_pixels, tile_order, v_scale)
 
 
 @functools.lru_cache(maxsize=64)
@@ -178,8 +181,10 @@ class _FusedLoss(torch.autograd.Function):
     """Render + loss + its 2D gradients (``schedule``: one_launch, two_launch, split; ``butterfly``,
     ``warp_cull``, ``fast_exp`` and ``bwd_pixels``: the launches' switches; ``tile_order``: the split schedule's
     block order, ``tiles.tile_order``, None: row by row). Forward returns (loss, rgb, alpha, stats,
-    contribution); only the loss is differentiable; backward scales the stashed gradients.
-    ``contribution=True``: the backward walk, which runs inside this forward, also gathers the
+    contribution); only the loss is differentiable. The split schedule runs its backward launch in
+    backward(), with the incoming gradient as the scale of dL/d render; the fused schedules, and the split one
+    with ``contribution``, compute the gradients here and backward scales them.
+    ``contribution=True``: the backward walk, which then runs inside this forward, also gathers the
     pruning score (largest alpha*T per view and Gaussian, ``pruning.contribution_scores_2d``'s
     definition) into ``contribution`` [C,N]; otherwise it is an empty tensor and the kernels skip it."""
 
@@ -195,9 +200,22 @@ class _FusedLoss(torch.autograd.Function):
         butterfly, cull, fast_exp = bool(butterfly), _cull(warp_cull), bool(fast_exp)
         m, c, col, o = _flat(means2d, 2), _flat(conics, 3), _flat(colors, 3), _flat(opacities, 1)
         bg, gtc = backgrounds.contiguous().float(), gt.contiguous().float()
+        # the split schedule's backward launch waits for backward() and its incoming gradient, unless the
+        # pruning score, an output of this forward, needs it now
+        deferred = schedule == "split" and not contribution
         if schedule == "split":
-            out = _split_loss(m, c, col, o, bg, gtc, offsets, flatten_ids, C, W, H, ssim_lambda, absgrad,
-                              butterfly, contribution, cull, fast_exp, int(bwd_pixels), tile_order)
+            rgb, alpha, partials, T, last, stop, v_render = _split_forward(
+                m, c, col, o, bg, gtc, offsets, flatten_ids, C, W, H, ssim_lambda, contribution, cull, fast_exp,
+                tile_order)
+            if deferred:
+                vm = vc = vcol = vo = vabs = contrib = None
+            else:
+                vm, vc, vcol, vo, vabs, contrib = _split_backward(
+                    m, c, col, o, bg, offsets, flatten_ids, C, W, H, T, last, stop, v_render, absgrad, butterfly,
+                    contribution, cull, fast_exp, int(bwd_pixels), tile_order)
+            del stop
+            kinfo = torch.tensor([0, RENDER_BATCH, 0, 0], dtype=torch.long)
+            out = rgb, alpha, partials, vm, vc, vcol, vo, vabs, kinfo, contrib
         else:
             out = _ops().fused_loss(
                 m, c, col, o, bg, gtc, offsets, flatten_ids,
@@ -206,7 +224,7 @@ class _FusedLoss(torch.autograd.Function):
                 fast_exp,
             )
         rgb, alpha, partials, vm, vc, vcol, vo, vabs, kinfo, contrib = out
-        contrib = contrib.view(C, N) if contribution else contrib
+        contrib = contrib.view(C, N) if contribution else (torch.empty(0, device=m.device) if contrib is None else contrib)
         two_phase, cap, resident, smem = (int(v) for v in kinfo.tolist())
         if two_phase and not two_launch and not _two_phase_logged:
             _two_phase_logged = True
@@ -219,7 +237,12 @@ class _FusedLoss(torch.autograd.Function):
         l1_ssim_loss = torch.addmv(*_loss_map(partials.device, C, W, H, float(ssim_lambda)),
                                    partials.sum(0, dtype=torch.float64)).float()
         stats, loss = l1_ssim_loss[:2], l1_ssim_loss[2]
-        ctx.save_for_backward(means2d, vm, vc, vcol, vo, vabs)
+        if deferred:
+            ctx.save_for_backward(means2d, m, c, col, o, bg, offsets, flatten_ids, T, last, v_render, tile_order)
+            ctx.launch = (W, H, butterfly, cull, fast_exp, int(bwd_pixels))
+        else:
+            ctx.save_for_backward(means2d, vm, vc, vcol, vo, vabs)
+        ctx.deferred = deferred
         ctx.meta = (C, N, absgrad)
         ctx.mark_non_differentiable(rgb, alpha, stats, contrib)
         ctx.kinfo = dict(schedule=schedule, two_phase=bool(two_phase), capacity=cap, resident_blocks=resident,
@@ -233,12 +256,23 @@ class _FusedLoss(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g, _g_rgb, _g_alpha, _g_stats, _g_contrib):
-        means2d, vm, vc, vcol, vo, vabs = ctx.saved_tensors
         C, N, absgrad = ctx.meta
-        if absgrad:
-            means2d.absgrad = (vabs * g.abs()).view(C, N, 2)
-        # one multi-tensor launch instead of four elementwise ones (g is a device scalar: no host read)
-        vm, vc, vcol, vo = torch._foreach_mul([vm, vc, vcol, vo], g)
+        if ctx.deferred:
+            # the split schedule's backward launch, dL/d render scaled by g on the device as it is read: the
+            # gradients come out scaled, with no pass over them (and |g| in the absolute sums)
+            means2d, m, c, col, o, bg, offsets, flatten_ids, T, last, v_render, tile_order = ctx.saved_tensors
+            W, H, butterfly, cull, fast_exp, bwd_pixels = ctx.launch
+            vm, vc, vcol, vo, vabs, _ = _split_backward(
+                m, c, col, o, bg, offsets, flatten_ids, C, W, H, T, last, None, v_render, absgrad, butterfly, False,
+                cull, fast_exp, bwd_pixels, tile_order, g.detach().reshape(1).float().contiguous())
+            if absgrad:
+                means2d.absgrad = vabs.view(C, N, 2)
+        else:
+            means2d, vm, vc, vcol, vo, vabs = ctx.saved_tensors
+            if absgrad:
+                means2d.absgrad = (vabs * g.abs()).view(C, N, 2)
+            # one multi-tensor launch instead of four elementwise ones (g is a device scalar: no host read)
+            vm, vc, vcol, vo = torch._foreach_mul([vm, vc, vcol, vo], g)
         return (
             vm.view(C, N, 2), vc.view(C, N, 3), vcol.view(C, N, 3), vo.view(C, N),
             None, None, None, None, None, None, None, None, None, None, None, None, None, None, None, None, None,

@@ -18,6 +18,7 @@ class RecordingOps(TorchOps):
         self.fast_exp = []  # (entry point, fast_exp flag) per launch
         self.bwd_pixels = []  # render_bwd's pixels per thread, per launch
         self.tile_order = []  # (entry point, tile order or None) per plain launch
+        self.v_scale = []  # render_bwd's scale of dL/d render (the loss's incoming gradient) or None, per launch
 
     def render_fwd(self, m, c, col, o, bg, offsets, fids, C, W, H, with_stop, warp_cull, fast_exp, tile_order):
         self.calls["render_fwd"] += 1
@@ -27,8 +28,10 @@ class RecordingOps(TorchOps):
         return super().render_fwd(m, c, col, o, bg, offsets, fids, C, W, H, with_stop, warp_cull, fast_exp, tile_order)
 
     def render_bwd(self, m, c, col, o, bg, offsets, fids, C, W, H, T, last, v_rgb, v_alpha, absgrad,
-                   butterfly, contribution, stop, warp_cull, warp_masks, fast_exp, pixels_per_thread, tile_order):
+                   butterfly, contribution, stop, warp_cull, warp_masks, fast_exp, pixels_per_thread, tile_order,
+                   v_scale):
         self.calls["render_bwd"] += 1
+        self.v_scale.append(v_scale)
         self.tile_order.append(("render_bwd", tile_order))
         self.bwd_pixels.append(pixels_per_thread)
         self.warp_cull.append(("render_bwd", "masks" if warp_masks is not None else warp_cull))
@@ -37,7 +40,7 @@ class RecordingOps(TorchOps):
         self.contribution.append(("render_bwd", contribution))
         return super().render_bwd(m, c, col, o, bg, offsets, fids, C, W, H, T, last, v_rgb, v_alpha, absgrad,
                                   butterfly, contribution, stop, warp_cull, warp_masks, fast_exp, pixels_per_thread,
-                                  tile_order)
+                                  tile_order, v_scale)
 
     def warp_masks(self, m, c, o, offsets, fids, C, W, H, rows):
         self.masks_rows.append(rows)

@@ -304,6 +304,30 @@ def test_fused_render_loss_glue_matches_reference(torch_ops, absgrad, mode):
     assert abs(inf["l1"].item() - torch.abs(gt - render_r.clamp(0, 1)).mean().item()) <= 1e-6
 
 
+def test_split_schedule_runs_its_backward_launch_in_backward_scaled_by_the_incoming_gradient(torch_ops):
+    """The split schedule launches render_bwd from backward(), with the loss's incoming gradient as the scale
+    of dL/d render (no pass over the gradients), so forward alone launches no backward; a second backward
+    through a retained graph gives the same gradients again, scaled by its own incoming gradient."""
+    scene = make_scene(N=60, seed=3)
+    gt = torch.rand(1, scene["height"], scene["width"], 3, generator=torch.Generator().manual_seed(4))
+    p = _params(scene)
+    loss, _, _, info = F.fused_render_loss(*_args(p, scene), gt, sh_degree=2, absgrad=True,
+                                           options=FusedOptions(schedule="split"))
+    assert torch_ops.calls["render_bwd"] == 0 and torch_ops.calls["loss_grad"] == 1
+    info["means2d"].retain_grad()
+    (3.0 * loss).backward(retain_graph=True)
+    assert torch_ops.calls["render_bwd"] == 1 and torch_ops.v_scale[0].item() == 3.0
+    first = {k: v.grad.clone() for k, v in p.items()}
+    absgrad = info["means2d"].absgrad.clone()
+    for v in p.values():
+        v.grad = None
+    (-1.5 * loss).backward()
+    assert torch_ops.calls["render_bwd"] == 2 and torch_ops.v_scale[1].item() == -1.5
+    for k, v in p.items():
+        assert torch.allclose(v.grad, -0.5 * first[k], rtol=1e-5, atol=1e-12), k
+    assert torch.allclose(info["means2d"].absgrad, 0.5 * absgrad, rtol=1e-5, atol=1e-12)  # |g| in the sums
+
+
 @pytest.mark.parametrize("mode", F.SCHEDULES)
 def test_fused_render_loss_contribution_glue(torch_ops, mode):
     """fused_render_loss(contribution=True): the flag reaches the schedule's backward entry point
@@ -353,7 +377,8 @@ def test_schedule_option_picks_the_schedule(torch_ops, schedule):
     scene = make_scene(N=40, seed=7)
     gt = torch.rand(1, scene["height"], scene["width"], 3, generator=torch.Generator().manual_seed(8))
     options = FusedOptions() if schedule is None else FusedOptions(schedule=schedule)
-    _, _, _, info = F.fused_render_loss(*_args(_params(scene), scene), gt, sh_degree=2, options=options)
+    loss, _, _, info = F.fused_render_loss(*_args(_params(scene), scene), gt, sh_degree=2, options=options)
+    loss.backward()  # the split schedule's backward launch runs there
     assert info["kernel"]["schedule"] == (schedule or "split")
     assert torch_ops.calls == EXPECTED_CALLS[schedule or "split"]
 
