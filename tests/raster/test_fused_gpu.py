@@ -464,7 +464,7 @@ def test_fused_render_loss_matches_reference(case, projection, schedule, bwd_pix
     gt = torch.rand(C, H, W, 3, device="cuda", generator=g)
     gt = torch.nn.functional.avg_pool2d(gt.permute(0, 3, 1, 2), 3, 1, 1).permute(0, 2, 3, 1).contiguous()
     bg = torch.rand(C, 3, device="cuda", generator=g) if use_bg else None
-    scale = 2.5  # the backward must scale the stashed gradients by grad_output
+    scale = 2.5  # split: render_bwd scales dL/d render by grad_output; the fused schedules their stashed gradients
 
     pf = _params(scene)
     loss_f, rgb_f, alpha_f, inf = fused_render_loss(
