@@ -208,7 +208,8 @@ class _FusedLoss(torch.autograd.Function):
                 m, c, col, o, bg, gtc, offsets, flatten_ids, C, W, H, ssim_lambda, contribution, cull, fast_exp,
                 tile_order)
             if deferred:
-                vm = vc = vcol = vo = vabs = contrib = None
+                vm = vc = vcol = vo = vabs = None
+                contrib = torch.empty(0, device=m.device)  # the score's absence, as render_bwd returns it
             else:
                 vm, vc, vcol, vo, vabs, contrib = _split_backward(
                     m, c, col, o, bg, offsets, flatten_ids, C, W, H, T, last, stop, v_render, absgrad, butterfly,
@@ -224,7 +225,7 @@ class _FusedLoss(torch.autograd.Function):
                 fast_exp,
             )
         rgb, alpha, partials, vm, vc, vcol, vo, vabs, kinfo, contrib = out
-        contrib = contrib.view(C, N) if contribution else (torch.empty(0, device=m.device) if contrib is None else contrib)
+        contrib = contrib.view(C, N) if contribution else contrib
         two_phase, cap, resident, smem = (int(v) for v in kinfo.tolist())
         if two_phase and not two_launch and not _two_phase_logged:
             _two_phase_logged = True
