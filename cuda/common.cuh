@@ -323,11 +323,11 @@ __device__ __forceinline__ int warp_slot_list(const uint32_t *warps, int lo, int
 }
 
 // Composite shared slots into one pixel's state, front to back: slots.get(j) for j in [0, count) (AllSlots:
-// slot j, WarpSlots: the warp's j-th listed slot; list index base + slot); a pixel stops before the Gaussian that would take T to kTMin or below (that one is NOT
-// composited, as in gsplat). `stop` gets its list index (untouched if none): the pruning score
-// counts it (docs/pruning.md); callers that do not need it leave it dead. One loop with the steps
-// written out: a step function returning skipped / composited / saturated cost the forward's loop
-// 7 instructions of state passing (suite sass-loops).
+// slot j, WarpSlots: the warp's j-th listed slot; list index base + slot); a pixel stops before the
+// Gaussian that would take T to kTMin or below (that one is NOT composited, as in gsplat). `stop` gets
+// its list index (untouched if none): the pruning score counts it (docs/pruning.md); callers that do
+// not need it leave it dead. One loop with the steps written out: a step function returning skipped /
+// composited / saturated cost the forward's loop 7 instructions of state passing (suite sass-loops).
 template <bool FASTEXP, class Slots>
 __device__ __forceinline__ void composite_slots(
     const SmemGaussians &s, const Slots &slots, int count, int base, float px, float py, float &T, float3 &acc,

@@ -172,8 +172,8 @@ def child_command(site: str, n: int, width: int, height: int, sh_degree: int, wa
     scene = ["--scene-file", str(scene_file)] if scene_file is not None else ["--num-gaussians", str(n)]
     command = [sys.executable, "-m", "bytesplat_ns.bench.baseline_child", *scene, "--width", str(width),
                "--height", str(height), "--sh-degree", str(sh_degree), "--warmup", str(warmup),
-               "--repeats", str(repeats), "--queue-ms", str(queue_ms), "--projection", projection, "--ssim", *implementations,
-               "--out", str(out)]
+               "--repeats", str(repeats), "--queue-ms", str(queue_ms), "--projection", projection,
+               "--ssim", *implementations, "--out", str(out)]
     if raster_only:
         command.append("--raster-only")
     return {"command": command, "env": site_env(site)}
